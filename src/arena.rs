@@ -1,0 +1,892 @@
+//! # Arena: one mapped DAX device, file, memfd or anonymous region
+//!
+//! The arena owns the mapping and the *gate* that lets it be remapped (grow /
+//! shrink) or closed while other threads use it.
+//!
+//! ## Safety
+//!
+//! The mapping is memory another agent may write (a device-dax node can be
+//! mapped by another process), so, like `memmap2::MmapRaw` and rust-vmm's
+//! `vm-memory`, the arena never creates `&[u8]` or `&mut [u8]` into it. All
+//! access is a raw-pointer copy ([`ArenaGuard::write`], [`ArenaGuard::read`]).
+//! Exclusive use of a byte range is the slot state machine's job (`slot`); if
+//! it were violated the result would be torn bytes, never a dangling pointer:
+//! the gate guarantees the mapping outlives every [`ArenaGuard`].
+//!
+//! ## Gate protocol
+//!
+//! One `AtomicU64`: bits 0..48 count the live guards, bit 62 is `EXCLUSIVE`
+//! (a remap is pending or running), bit 63 is `CLOSED`.
+//!
+//! ```text
+//! enter:     prev = fetch_add(1, Acquire)
+//!            prev has EXCLUSIVE|CLOSED ? fetch_sub, then wait or fail : proceed
+//! exit:      fetch_sub(1, Release)  (notify the waiter if it was the last)
+//! exclusive: fetch_or(EXCLUSIVE) ; wait count == 0 ; mutate ; fetch_and(!EXCLUSIVE)
+//! ```
+//!
+//! New guards wait while a remap is pending, so a stream of readers cannot
+//! starve it (upstream's remap could starve, reference §9.4 item 8). A thread
+//! that already holds a guard may take another one while the bit is set, so
+//! a reader that deletes a key while holding its read reservation does not
+//! deadlock against a pending remap.
+
+use std::cell::{Cell, UnsafeCell};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::copy;
+use crate::error::OpenError;
+use crate::sys;
+
+const COUNT_MASK: u64 = (1 << 48) - 1;
+const EXCLUSIVE: u64 = 1 << 62;
+const CLOSED: u64 = 1 << 63;
+
+/// Device-dax alignment assumed when sysfs has no `align` attribute.
+pub const DEFAULT_DEVDAX_ALIGN_BYTES: usize = 2 << 20;
+
+thread_local! {
+    /// Guards this thread holds on any arena (see the module doc).
+    static GUARDS_HELD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// What to map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArenaSource {
+    /// An existing device-dax character device or regular (e.g. tmpfs) file;
+    /// the kind is read from `stat`.
+    Path(PathBuf),
+    /// A regular file, created if missing and sized to the requested length.
+    CreateFile(PathBuf),
+    /// A fresh memfd (volatile, private to this process and its children).
+    Memfd,
+    /// Anonymous memory (tests).
+    Anonymous,
+}
+
+/// How to map it.
+#[derive(Clone, Debug)]
+pub struct ArenaSpec {
+    pub source: ArenaSource,
+    /// Bytes to map now.
+    pub size_bytes: usize,
+    /// The largest size a later grow may ask for. For a device or an existing
+    /// file it defaults to what the device or file holds; for a memfd,
+    /// anonymous memory or a created file, to `size_bytes`.
+    pub max_size_bytes: Option<usize>,
+    /// Pre-fault the mapping (`MAP_POPULATE`) so first-touch faults stay off
+    /// the data path.
+    pub populate: bool,
+    /// Where sysfs lives (a fake root in tests).
+    pub sysfs_root: PathBuf,
+}
+
+impl ArenaSpec {
+    pub fn new(source: ArenaSource, size_bytes: usize) -> ArenaSpec {
+        ArenaSpec {
+            source,
+            size_bytes,
+            max_size_bytes: None,
+            populate: false,
+            sysfs_root: PathBuf::from("/sys"),
+        }
+    }
+
+    /// A memfd arena of `size_bytes`.
+    pub fn memfd(size_bytes: usize) -> ArenaSpec {
+        ArenaSpec::new(ArenaSource::Memfd, size_bytes)
+    }
+
+    #[must_use]
+    pub fn populate(mut self, yes: bool) -> ArenaSpec {
+        self.populate = yes;
+        self
+    }
+
+    #[must_use]
+    pub fn max_size_bytes(mut self, max: usize) -> ArenaSpec {
+        self.max_size_bytes = Some(max);
+        self
+    }
+
+    #[must_use]
+    pub fn sysfs_root(mut self, root: impl Into<PathBuf>) -> ArenaSpec {
+        self.sysfs_root = root.into();
+        self
+    }
+}
+
+/// The kind of mapping, as detected at open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArenaKind {
+    DevDax,
+    File,
+    Memfd,
+    Anonymous,
+}
+
+/// Physical identity of a device (reference §3.2): a character device by its
+/// `st_rdev`, a regular file by `(st_dev, st_ino)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceIdentity {
+    Char { rdev: u64 },
+    File { dev: u64, ino: u64 },
+}
+
+impl DeviceIdentity {
+    /// The identity of `path`, or `None` for a missing or unsupported path.
+    pub fn of_path(path: &Path) -> Option<DeviceIdentity> {
+        let md = std::fs::metadata(path).ok()?;
+        if md.file_type().is_char_device() {
+            Some(DeviceIdentity::Char { rdev: md.rdev() })
+        } else if md.is_file() {
+            Some(DeviceIdentity::File {
+                dev: md.dev(),
+                ino: md.ino(),
+            })
+        } else {
+            None
+        }
+    }
+}
+
+/// Read a device-dax attribute (`size`, `align`) from sysfs without opening
+/// the device (opening an unbound node can fork modprobe).
+pub fn devdax_attr(sysfs_root: &Path, rdev: u64, attr: &'static str) -> std::io::Result<u64> {
+    let (maj, min) = sys::major_minor(rdev);
+    let dir = sysfs_root.join(format!("dev/char/{maj}:{min}"));
+    let text = std::fs::read_to_string(dir.join(attr))
+        .or_else(|_| std::fs::read_to_string(dir.join("device").join(attr)))?;
+    let t = text.trim();
+    let v = if let Some(hex) = t.strip_prefix("0x") {
+        u64::from_str_radix(hex, 16)
+    } else {
+        t.parse()
+    };
+    v.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+struct Mapped {
+    map: Option<MmapRaw>,
+    base: *mut u8,
+    len: usize,
+}
+
+/// One mapping plus its gate. See the module doc for the protocol.
+pub struct Arena {
+    describe: String,
+    kind: ArenaKind,
+    path: Option<PathBuf>,
+    identity: Option<DeviceIdentity>,
+    file: Option<File>,
+    /// The file or memfd may be ftruncate'd when growing (we created it).
+    resizable_file: bool,
+    align_bytes: usize,
+    max_len: usize,
+    populate: bool,
+    mapped: UnsafeCell<Mapped>,
+    gate: CachePadded<AtomicU64>,
+    admin: Mutex<()>,
+    waiters: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: `mapped` is mutated only by `exclusive` and `close`, which hold
+// `admin` and run only while the gate count is zero with EXCLUSIVE or CLOSED
+// set, so no `ArenaGuard` (the only reader) exists concurrently. The raw
+// pointer it holds points into a shared mapping that any thread may access by
+// copy; the other fields are immutable or themselves `Sync`.
+unsafe impl Sync for Arena {}
+// SAFETY: nothing in `Arena` is tied to the creating thread; the mapping and
+// the file are process-wide resources.
+unsafe impl Send for Arena {}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("describe", &self.describe)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+fn map_err(what: &str, len: usize, source: std::io::Error) -> OpenError {
+    OpenError::Map {
+        what: what.to_string(),
+        len,
+        source,
+    }
+}
+
+fn map_fd(file: &File, len: usize, populate: bool, what: &str) -> Result<MmapRaw, OpenError> {
+    let mut opts = MmapOptions::new();
+    opts.len(len);
+    if populate {
+        opts.populate();
+    }
+    opts.map_raw(file).map_err(|e| map_err(what, len, e))
+}
+
+fn map_anon(len: usize, populate: bool) -> Result<MmapRaw, OpenError> {
+    let mut opts = MmapOptions::new();
+    opts.len(len);
+    if populate {
+        opts.populate();
+    }
+    opts.map_anon()
+        .map(MmapRaw::from)
+        .map_err(|e| map_err("anonymous", len, e))
+}
+
+impl Arena {
+    /// Open and map per `spec`. Every refusal names the path and the problem.
+    pub fn open(spec: &ArenaSpec) -> Result<Arena, OpenError> {
+        let len = spec.size_bytes;
+        if len == 0 {
+            return Err(OpenError::Zero {
+                what: "size_bytes",
+                value: 0,
+            });
+        }
+        let max_len = spec.max_size_bytes.unwrap_or(len).max(len);
+        match &spec.source {
+            ArenaSource::Anonymous => {
+                let map = map_anon(len, spec.populate)?;
+                Ok(Arena::new(
+                    "anonymous".into(),
+                    ArenaKind::Anonymous,
+                    None,
+                    None,
+                    None,
+                    false,
+                    1,
+                    max_len,
+                    spec.populate,
+                    map,
+                ))
+            }
+            ArenaSource::Memfd => {
+                let file = sys::memfd_create("daxkv").map_err(|e| map_err("memfd", len, e))?;
+                file.set_len(len as u64).map_err(|e| OpenError::Truncate {
+                    what: "memfd".into(),
+                    len,
+                    source: e,
+                })?;
+                let map = map_fd(&file, len, spec.populate, "memfd")?;
+                Ok(Arena::new(
+                    "memfd".into(),
+                    ArenaKind::Memfd,
+                    None,
+                    None,
+                    Some(file),
+                    true,
+                    1,
+                    max_len,
+                    spec.populate,
+                    map,
+                ))
+            }
+            ArenaSource::CreateFile(path) => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(|e| OpenError::Open {
+                        path: path.clone(),
+                        source: e,
+                    })?;
+                let cur = file
+                    .metadata()
+                    .map_err(|e| OpenError::Open {
+                        path: path.clone(),
+                        source: e,
+                    })?
+                    .len();
+                if cur < len as u64 {
+                    file.set_len(len as u64).map_err(|e| OpenError::Truncate {
+                        what: path.display().to_string(),
+                        len,
+                        source: e,
+                    })?;
+                }
+                let what = path.display().to_string();
+                let map = map_fd(&file, len, spec.populate, &what)?;
+                let identity = DeviceIdentity::of_path(path);
+                Ok(Arena::new(
+                    what,
+                    ArenaKind::File,
+                    Some(path.clone()),
+                    identity,
+                    Some(file),
+                    true,
+                    1,
+                    max_len,
+                    spec.populate,
+                    map,
+                ))
+            }
+            ArenaSource::Path(path) => Arena::open_path(path, spec, len),
+        }
+    }
+
+    fn open_path(path: &Path, spec: &ArenaSpec, len: usize) -> Result<Arena, OpenError> {
+        let md = match std::fs::metadata(path) {
+            Ok(md) => md,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(OpenError::Missing { path: path.into() })
+            }
+            Err(e) => {
+                return Err(OpenError::Open {
+                    path: path.into(),
+                    source: e,
+                })
+            }
+        };
+        let ft = md.file_type();
+        let (kind, align, max_len) = if ft.is_dir() {
+            return Err(OpenError::IsDirectory { path: path.into() });
+        } else if ft.is_char_device() {
+            // Size and alignment come from sysfs, before the device is
+            // opened: mapping past its end would SIGBUS on first touch, and a
+            // length that is not a multiple of `align` fails with EINVAL.
+            let sysfs = |attr| {
+                devdax_attr(&spec.sysfs_root, md.rdev(), attr).map_err(|e| OpenError::Sysfs {
+                    path: path.into(),
+                    attr,
+                    sysfs: spec.sysfs_root.clone(),
+                    source: e,
+                })
+            };
+            let device_bytes = sysfs("size")?;
+            let align = match devdax_attr(&spec.sysfs_root, md.rdev(), "align") {
+                Ok(a) if a > 0 => a as usize,
+                _ => DEFAULT_DEVDAX_ALIGN_BYTES,
+            };
+            if len % align != 0 {
+                return Err(OpenError::Misaligned {
+                    path: path.into(),
+                    len,
+                    align_bytes: align,
+                });
+            }
+            if len as u64 > device_bytes {
+                return Err(OpenError::DeviceTooSmall {
+                    path: path.into(),
+                    device_bytes,
+                    requested_bytes: len,
+                });
+            }
+            let usable = (device_bytes as usize) / align * align;
+            (ArenaKind::DevDax, align, spec.max_size_bytes.unwrap_or(usable).min(usable))
+        } else if ft.is_file() {
+            if md.len() < len as u64 {
+                return Err(OpenError::FileTooSmall {
+                    path: path.into(),
+                    file_bytes: md.len(),
+                    requested_bytes: len,
+                });
+            }
+            let file_len = md.len() as usize;
+            (ArenaKind::File, 1, spec.max_size_bytes.unwrap_or(file_len).min(file_len))
+        } else {
+            let kind = if ft.is_block_device() {
+                "block device"
+            } else if ft.is_fifo() {
+                "fifo"
+            } else if ft.is_socket() {
+                "socket"
+            } else {
+                "unknown"
+            };
+            return Err(OpenError::Unsupported {
+                path: path.into(),
+                kind,
+            });
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| OpenError::Open {
+                path: path.into(),
+                source: e,
+            })?;
+        let what = path.display().to_string();
+        let map = map_fd(&file, len, spec.populate, &what)?;
+        Ok(Arena::new(
+            what,
+            kind,
+            Some(path.into()),
+            DeviceIdentity::of_path(path),
+            Some(file),
+            false,
+            align,
+            max_len.max(len),
+            spec.populate,
+            map,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        describe: String,
+        kind: ArenaKind,
+        path: Option<PathBuf>,
+        identity: Option<DeviceIdentity>,
+        file: Option<File>,
+        resizable_file: bool,
+        align_bytes: usize,
+        max_len: usize,
+        populate: bool,
+        map: MmapRaw,
+    ) -> Arena {
+        let base = map.as_mut_ptr();
+        let len = map.len();
+        Arena {
+            describe,
+            kind,
+            path,
+            identity,
+            file,
+            resizable_file,
+            align_bytes,
+            max_len,
+            populate,
+            mapped: UnsafeCell::new(Mapped {
+                map: Some(map),
+                base,
+                len,
+            }),
+            gate: CachePadded::new(AtomicU64::new(0)),
+            admin: Mutex::new(()),
+            waiters: Mutex::new(()),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// "memfd", "anonymous" or the path.
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    pub fn kind(&self) -> ArenaKind {
+        self.kind
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    pub fn identity(&self) -> Option<DeviceIdentity> {
+        self.identity
+    }
+
+    /// The largest length a remap may ask for.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    pub fn align_bytes(&self) -> usize {
+        self.align_bytes
+    }
+
+    pub fn is_closed(&self) -> bool {
+        // ORDERING: Relaxed — advisory; `enter` re-checks with Acquire.
+        self.gate.load(Ordering::Relaxed) & CLOSED != 0
+    }
+
+    /// Live guards (status only).
+    pub fn active_guards(&self) -> usize {
+        // ORDERING: Relaxed — a statistic.
+        (self.gate.load(Ordering::Relaxed) & COUNT_MASK) as usize
+    }
+
+    /// Take a guard: the mapping stays valid until it drops. Waits while a
+    /// remap is pending (unless this thread already holds a guard); fails
+    /// once the arena is closing or closed.
+    pub fn enter(&self) -> Result<ArenaGuard<'_>, Closed> {
+        loop {
+            // ORDERING: Acquire — pairs with the Release `fetch_and` in
+            // `exclusive` so a guard taken after a remap sees the new mapping.
+            let prev = self.gate.fetch_add(1, Ordering::Acquire);
+            let nested = GUARDS_HELD.with(Cell::get) > 0;
+            if prev & CLOSED == 0 && (prev & EXCLUSIVE == 0 || nested) {
+                GUARDS_HELD.with(|g| g.set(g.get() + 1));
+                // SAFETY: the count we hold keeps `exclusive` and `close`
+                // from mutating `mapped` until this guard drops.
+                let m = unsafe { &*self.mapped.get() };
+                return Ok(ArenaGuard {
+                    arena: self,
+                    base: m.base,
+                    len: m.len,
+                });
+            }
+            self.leave();
+            if prev & CLOSED != 0 {
+                return Err(Closed);
+            }
+            let mut g = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // ORDERING: Acquire — see the new state before retrying.
+            while self.gate.load(Ordering::Acquire) & EXCLUSIVE != 0 {
+                g = self
+                    .wake
+                    .wait_timeout(g, Duration::from_millis(10))
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0;
+            }
+        }
+    }
+
+    fn leave(&self) {
+        // ORDERING: Release — this guard's copies happen-before the Acquire
+        // load in `wait_idle` that sees the count reach zero.
+        let prev = self.gate.fetch_sub(1, Ordering::Release);
+        if prev & (EXCLUSIVE | CLOSED) != 0 && prev & COUNT_MASK == 1 {
+            let _g = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.wake.notify_all();
+        }
+    }
+
+    fn wait_idle(&self) {
+        let mut g = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // ORDERING: Acquire — pairs with the Release in `leave`.
+        while self.gate.load(Ordering::Acquire) & COUNT_MASK != 0 {
+            g = self
+                .wake
+                .wait_timeout(g, Duration::from_millis(10))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Run `f` with no guard alive and new guards held off: the place to
+    /// remap and to change anything the data path reads without locks.
+    pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, Closed> {
+        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // ORDERING: AcqRel — the bit must be visible to new `enter`s before
+        // we wait for the count to drain.
+        let prev = self.gate.fetch_or(EXCLUSIVE, Ordering::AcqRel);
+        if prev & CLOSED != 0 {
+            // ORDERING: Release — undo; nothing was published.
+            self.gate.fetch_and(!EXCLUSIVE, Ordering::Release);
+            return Err(Closed);
+        }
+        self.wait_idle();
+        let r = f(&mut Exclusive {
+            arena: self,
+            old: Vec::new(),
+        });
+        // ORDERING: Release — publishes the new mapping to the Acquire
+        // `fetch_add` in `enter`.
+        self.gate.fetch_and(!EXCLUSIVE, Ordering::Release);
+        {
+            let _g = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.wake.notify_all();
+        }
+        Ok(r)
+    }
+
+    /// Refuse new guards, wait for the live ones, run `f`, then unmap.
+    /// Idempotent: a second call returns `false` without running `f`.
+    pub fn close(&self, f: impl FnOnce()) -> bool {
+        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // ORDERING: AcqRel — as in `exclusive`.
+        let prev = self.gate.fetch_or(CLOSED, Ordering::AcqRel);
+        if prev & CLOSED != 0 {
+            return false;
+        }
+        self.wait_idle();
+        f();
+        // SAFETY: CLOSED is set and the count is zero, so no guard exists and
+        // none can be created; `admin` excludes `exclusive`.
+        let m = unsafe { &mut *self.mapped.get() };
+        m.map = None;
+        m.base = std::ptr::null_mut();
+        m.len = 0;
+        true
+    }
+}
+
+/// The arena refused a guard because it is closing or closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Closed;
+
+/// Mutation rights while no guard is alive (from [`Arena::exclusive`]).
+pub struct Exclusive<'a> {
+    arena: &'a Arena,
+    old: Vec<MmapRaw>,
+}
+
+impl Exclusive<'_> {
+    pub fn len(&self) -> usize {
+        // SAFETY: we run inside `exclusive`: no guard exists.
+        unsafe { (*self.arena.mapped.get()).len }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Map the same device or file at `new_len`. On failure the old mapping
+    /// stays in place untouched.
+    pub fn remap(&mut self, new_len: usize) -> Result<(), OpenError> {
+        let a = self.arena;
+        if new_len == 0 {
+            return Err(OpenError::Zero {
+                what: "size_bytes",
+                value: 0,
+            });
+        }
+        if new_len > a.max_len {
+            return Err(OpenError::BeyondCapacity {
+                what: a.describe.clone(),
+                requested_bytes: new_len,
+                max_bytes: a.max_len,
+            });
+        }
+        if new_len % a.align_bytes != 0 {
+            return Err(OpenError::Misaligned {
+                path: a.path.clone().unwrap_or_default(),
+                len: new_len,
+                align_bytes: a.align_bytes,
+            });
+        }
+        let new_map = match &a.file {
+            Some(file) => {
+                if a.resizable_file {
+                    let cur = file.metadata().map(|m| m.len()).unwrap_or(0);
+                    if cur < new_len as u64 {
+                        file.set_len(new_len as u64).map_err(|e| OpenError::Truncate {
+                            what: a.describe.clone(),
+                            len: new_len,
+                            source: e,
+                        })?;
+                    }
+                }
+                map_fd(file, new_len, a.populate, &a.describe)?
+            }
+            None => {
+                let m = map_anon(new_len, a.populate)?;
+                // Anonymous memory has no backing to re-map: carry the bytes.
+                let keep = self.len().min(new_len);
+                // SAFETY: no guard exists (we are inside `exclusive`); the old
+                // mapping is valid for `len` bytes and the new one for
+                // `new_len`; they are distinct mappings.
+                unsafe {
+                    let old = &*a.mapped.get();
+                    std::ptr::copy_nonoverlapping(old.base, m.as_mut_ptr(), keep);
+                }
+                m
+            }
+        };
+        // SAFETY: inside `exclusive`: no guard exists and `admin` is held.
+        let m = unsafe { &mut *a.mapped.get() };
+        m.base = new_map.as_mut_ptr();
+        m.len = new_map.len();
+        if let Some(old) = m.map.replace(new_map) {
+            // Unmapped when `Exclusive` drops, after the swap is complete.
+            self.old.push(old);
+        }
+        Ok(())
+    }
+}
+
+/// A live use of the mapping. While it exists the mapping is not remapped or
+/// unmapped. Accesses are raw copies (see the module's Safety section).
+pub struct ArenaGuard<'a> {
+    arena: &'a Arena,
+    base: *mut u8,
+    len: usize,
+}
+
+impl Drop for ArenaGuard<'_> {
+    fn drop(&mut self) {
+        GUARDS_HELD.with(|g| g.set(g.get() - 1));
+        self.arena.leave();
+    }
+}
+
+/// An access outside the mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("access of {len} bytes at offset {offset} is outside the {mapped} byte mapping")]
+pub struct OutOfBounds {
+    pub offset: usize,
+    pub len: usize,
+    pub mapped: usize,
+}
+
+impl ArenaGuard<'_> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn arena(&self) -> &Arena {
+        self.arena
+    }
+
+    #[inline]
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfBounds {
+                offset,
+                len,
+                mapped: self.len,
+            }),
+        }
+    }
+
+    /// Copy `src` into the mapping at `offset` with non-temporal stores,
+    /// fenced (`sfence`) before returning.
+    #[inline]
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
+        self.check(offset, src.len())?;
+        // SAFETY:
+        // 1. offset + len <= mapping length (checked) and the guard keeps the
+        //    mapping alive;
+        // 2. `src` is a caller slice, which cannot alias the mapping because
+        //    the arena never hands out references into it.
+        unsafe { copy::to_dax(self.base.add(offset), src.as_ptr(), src.len()) };
+        Ok(())
+    }
+
+    /// [`ArenaGuard::write`] from a raw source (a buffer another agent owns,
+    /// or another arena's mapping).
+    ///
+    /// # Safety
+    /// `src` is valid for reads of `len` bytes for the duration of the call
+    /// and does not overlap `offset..offset+len` of this mapping.
+    #[inline]
+    pub unsafe fn write_from_ptr(&self, offset: usize, src: *const u8, len: usize) -> Result<(), OutOfBounds> {
+        self.check(offset, len)?;
+        // SAFETY: bounds checked; the caller vouches for `src`.
+        unsafe { copy::to_dax(self.base.add(offset), src, len) };
+        Ok(())
+    }
+
+    /// Copy `dst.len()` bytes out of the mapping at `offset`.
+    #[inline]
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+        self.check(offset, dst.len())?;
+        // SAFETY: bounds checked; `dst` is a unique caller slice outside the
+        // mapping (the arena never hands out references into it).
+        unsafe { copy::from_dax(dst.as_mut_ptr(), self.base.add(offset), dst.len()) };
+        Ok(())
+    }
+
+    /// Copy `len` bytes at `offset` into a raw destination.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of `len` bytes for the duration of the call,
+    /// nothing else accesses it meanwhile, and it does not overlap the range.
+    #[inline]
+    pub unsafe fn read_to_ptr(&self, offset: usize, dst: *mut u8, len: usize) -> Result<(), OutOfBounds> {
+        self.check(offset, len)?;
+        // SAFETY: bounds checked; the caller vouches for `dst`.
+        unsafe { copy::from_dax(dst, self.base.add(offset), len) };
+        Ok(())
+    }
+
+    /// Plain `memcpy` into the mapping (the benchmark baseline).
+    pub fn write_plain(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
+        self.check(offset, src.len())?;
+        // SAFETY: as in `write`.
+        unsafe { copy::plain_copy(self.base.add(offset), src.as_ptr(), src.len()) };
+        Ok(())
+    }
+
+    /// Copy `len` bytes between two ranges of this mapping (migration within
+    /// one device, or restore staging).
+    pub fn copy_within(&self, from: usize, to: usize, len: usize) -> Result<(), OutOfBounds> {
+        self.check(from, len)?;
+        self.check(to, len)?;
+        // SAFETY: both ranges are in bounds; `copy` handles overlap.
+        unsafe { std::ptr::copy(self.base.add(from), self.base.add(to), len) };
+        Ok(())
+    }
+
+    /// Touch every page so first-touch faults happen now (benchmarks; real
+    /// DAX has none).
+    pub fn prefault(&self) {
+        let page = 4096;
+        let mut off = 0;
+        while off < self.len {
+            // SAFETY: off < len, inside the mapping the guard keeps alive;
+            // a volatile read-modify-write of one byte per page keeps its value.
+            unsafe {
+                let p = self.base.add(off);
+                p.write_volatile(p.read_volatile());
+            }
+            off += page;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    #[test]
+    fn memfd_round_trip_and_bounds() {
+        let a = Arena::open(&ArenaSpec::memfd(1 << 16)).unwrap();
+        let g = a.enter().unwrap();
+        g.write(100, b"hello").unwrap();
+        let mut out = [0u8; 5];
+        g.read(100, &mut out).unwrap();
+        assert_eq!(&out, b"hello");
+        let e = g.write((1 << 16) - 2, b"abc").unwrap_err();
+        assert_eq!(e.mapped, 1 << 16);
+        assert!(e.to_string().contains("outside the 65536 byte mapping"), "{e}");
+    }
+
+    #[test]
+    fn exclusive_waits_for_guards_and_blocks_new_ones() {
+        let a = Arc::new(Arena::open(&ArenaSpec::memfd(1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let g = a.enter().unwrap();
+        g.write(0, b"keep").unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let (a2, d2) = (a.clone(), done.clone());
+        let t = std::thread::spawn(move || {
+            a2.exclusive(|ex| {
+                ex.remap(1 << 17).unwrap();
+                d2.store(true, Ordering::SeqCst);
+            })
+            .unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!done.load(Ordering::SeqCst), "remap ran while a guard was alive");
+        drop(g);
+        t.join().unwrap();
+        assert!(done.load(Ordering::SeqCst));
+        let g = a.enter().unwrap();
+        assert_eq!(g.len(), 1 << 17);
+        let mut out = [0u8; 4];
+        g.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"keep", "memfd bytes survive a remap");
+    }
+
+    #[test]
+    fn close_is_idempotent_and_refuses_guards() {
+        let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 4096)).unwrap();
+        assert!(a.close(|| ()));
+        assert!(!a.close(|| panic!("second close must not run f")));
+        assert_eq!(a.enter().err(), Some(Closed));
+        assert_eq!(a.exclusive(|_| ()).err(), Some(Closed));
+    }
+}

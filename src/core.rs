@@ -1,0 +1,913 @@
+//! # DaxCore: one device's slots, index and copies
+//!
+//! The operations of LMCache's `DaxCore` (reference §2.4) with the same
+//! results, without its lock: every data-path operation is a few CASes on a
+//! slot's state word and an index bucket, plus the copy.
+//!
+//! ## Protocol
+//!
+//! ```text
+//! put:     claim bitmap bit → state.reserve (WRITING, gen+1) → write key/len
+//!          → index.insert (put-if-absent) → copy (NT stores + sfence)
+//!          → state.commit (Release)
+//! lookup:  index.find → state.load (Acquire) → key check → [state.lock]
+//! read:    index.find → state.borrow → copy out → state.release
+//! delete:  index.find → state.detach → index.remove → state.unlink
+//! ```
+//!
+//! A slot is freed by whichever transition completes its free condition (see
+//! `slot`): the deleter's unlink, the last reader's release, or a canceled
+//! writer's commit. Exactly one caller sees `freed` and clears the bitmap bit.
+//!
+//! All operations run under an arena guard (one per call), so `remap` and
+//! `close` wait for them and new ones wait for a pending remap.
+//!
+//! ## Memory
+//!
+//! Per slot: 32 bytes of metadata (state word, 128-bit key, length and a
+//! caller tag), 16 bytes of index buckets plus 2 bytes of probe hints, and one
+//! bitmap bit: about 50 bytes, for the largest slot count the device can
+//! reach ([`DaxCore::dram_bytes_per_slot`]).
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
+
+use crate::arena::{Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity};
+use crate::error::{CoreError, OpenError, PutError};
+use crate::index::{Entry, Index, Insert, SLOT_MAX};
+use crate::key::Key;
+use crate::slot::{Bitmap, Commit, Generation, SlotError, SlotId, SlotState, State, Transition, PENDING_FREE, REFERENCED, WRITING};
+
+/// Retries of an operation whose slot changed generation under it. Each
+/// retry needs another thread to complete a transition on the same key.
+const RETRY_MAX: usize = 64;
+
+/// How to open a core.
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    pub arena: ArenaSpec,
+    pub slot_bytes: usize,
+}
+
+impl CoreConfig {
+    pub fn new(arena: ArenaSpec, slot_bytes: usize) -> CoreConfig {
+        CoreConfig { arena, slot_bytes }
+    }
+}
+
+/// A successful put.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The bytes were copied in and committed.
+    Stored,
+    /// The key was already stored or being stored: a successful no-op.
+    AlreadyPresent,
+}
+
+/// `put_reserved_from` results (reference §2.4 `DaxPutFromPtrResult`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutFromPtrResult {
+    Inserted,
+    AlreadyExists,
+    InFlight,
+    NoSpace,
+    Closed,
+    Invalid,
+    CopyFailed,
+}
+
+/// One reserved read: the slot stays readable (borrowed) until its
+/// [`ReadSet`] drops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// Position of the key in the caller's list.
+    pub index: usize,
+    pub key: Key,
+    pub slot: SlotId,
+    pub generation: Generation,
+    /// Byte offset of the slot in the device.
+    pub offset: usize,
+    /// Payload bytes.
+    pub len: usize,
+    /// The caller's tag given at put (e.g. a dtype / format code).
+    pub meta: u32,
+}
+
+/// Reserved reads plus the arena guard that keeps their bytes mapped.
+/// Dropping it finalizes the reads (reference `finalize_reads`).
+pub struct ReadSet<'a> {
+    core: &'a DaxCore,
+    guard: Option<ArenaGuard<'a>>,
+    items: Vec<Reservation>,
+}
+
+impl ReadSet<'_> {
+    pub fn items(&self) -> &[Reservation] {
+        &self.items
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Copy reservation `r`'s payload into `dst`; `None` (and `dst`
+    /// untouched) when `dst` is shorter than the payload. Bytes of `dst`
+    /// beyond the payload are untouched.
+    pub fn read(&self, r: &Reservation, dst: &mut [u8]) -> Option<usize> {
+        if dst.len() < r.len {
+            return None;
+        }
+        let g = self.guard.as_ref()?;
+        g.read(r.offset, &mut dst[..r.len]).ok()?;
+        Some(r.len)
+    }
+
+    /// Copy raw device bytes `offset..offset+dst.len()` (merged spans of
+    /// adjacent reservations). The range must lie within this set's slots.
+    pub fn read_span(&self, offset: usize, dst: &mut [u8]) -> bool {
+        let end = offset + dst.len();
+        let sb = self.core.slot_bytes;
+        let covered = self.items.iter().any(|r| r.offset <= offset && offset < r.offset + sb)
+            && (offset..end)
+                .step_by(sb)
+                .all(|o| self.items.iter().any(|r| r.offset <= o && o < r.offset + sb));
+        match (&self.guard, covered) {
+            (Some(g), true) => g.read(offset, dst).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// The guard over the source device (migration copies from it).
+    pub(crate) fn guard(&self) -> Option<&ArenaGuard<'_>> {
+        self.guard.as_ref()
+    }
+}
+
+impl Drop for ReadSet<'_> {
+    fn drop(&mut self) {
+        if self.items.is_empty() {
+            return;
+        }
+        for r in &self.items {
+            if let Ok(t) = self.core.slots[r.slot.0 as usize].state.release(r.generation) {
+                self.core.settle(r.slot, t);
+            }
+        }
+        // ORDERING: Relaxed — a statistic.
+        self.core.active_reads.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Per-slot metadata next to the state word: 32 bytes.
+#[derive(Debug, Default)]
+struct SlotMeta {
+    state: SlotState,
+    key_hi: AtomicU64,
+    key_lo: AtomicU64,
+    /// Payload length (low 32 bits) and the caller's tag (high 32 bits).
+    len_meta: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<SlotMeta>() == 32);
+
+/// Status fields (reference §2.4 `report_status`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoreStatus {
+    pub is_healthy: bool,
+    pub device_path: String,
+    pub max_dax_size_bytes: usize,
+    pub slot_bytes: usize,
+    pub max_slots: usize,
+    pub capacity_slots: usize,
+    pub live_slot_count: usize,
+    pub committed_key_count: usize,
+    pub locked_key_count: usize,
+    pub borrowed_slot_count: usize,
+    pub pending_free_slot_count: usize,
+    pub active_read_count: usize,
+    pub active_write_count: usize,
+    pub closing: bool,
+    pub supports_restart_recovery: bool,
+    pub dram_bytes: usize,
+}
+
+/// One DAX device: a mapped arena of fixed-size slots and its index.
+#[derive(Debug)]
+pub struct DaxCore {
+    arena: Arena,
+    slot_bytes: usize,
+    capacity_slots: usize,
+    max_slots: AtomicUsize,
+    slots: Box<[SlotMeta]>,
+    bitmap: Bitmap,
+    index: Index,
+    /// Slots whose bitmap bit is set (in flight, committed, pending free).
+    live: CachePadded<AtomicUsize>,
+    /// Slots detached but not yet free.
+    pending: CachePadded<AtomicUsize>,
+    active_reads: AtomicUsize,
+    active_writes: AtomicUsize,
+    clock_hand: AtomicUsize,
+}
+
+impl DaxCore {
+    /// Map the arena and build the slot tables. Tables are sized for the
+    /// largest the device can grow to (`Arena::max_len`).
+    pub fn open(cfg: &CoreConfig) -> Result<DaxCore, OpenError> {
+        let slot_bytes = cfg.slot_bytes;
+        if slot_bytes == 0 {
+            return Err(OpenError::Zero {
+                what: "slot_bytes",
+                value: 0,
+            });
+        }
+        if slot_bytes > u32::MAX as usize {
+            return Err(OpenError::SlotTooLarge {
+                slot_bytes,
+                max: u32::MAX as usize,
+            });
+        }
+        if cfg.arena.size_bytes / slot_bytes == 0 {
+            return Err(OpenError::NoSlot {
+                size_bytes: cfg.arena.size_bytes,
+                slot_bytes,
+            });
+        }
+        let arena = Arena::open(&cfg.arena)?;
+        let max_slots = cfg.arena.size_bytes / slot_bytes;
+        let capacity_slots = (arena.max_len() / slot_bytes).max(max_slots);
+        if capacity_slots > SLOT_MAX {
+            return Err(OpenError::TooManySlots {
+                slots: capacity_slots,
+                max: SLOT_MAX,
+            });
+        }
+        Ok(DaxCore {
+            slots: (0..capacity_slots).map(|_| SlotMeta::default()).collect(),
+            bitmap: Bitmap::new(capacity_slots, max_slots),
+            index: Index::with_slots(capacity_slots),
+            arena,
+            slot_bytes,
+            capacity_slots,
+            max_slots: AtomicUsize::new(max_slots),
+            live: CachePadded::new(AtomicUsize::new(0)),
+            pending: CachePadded::new(AtomicUsize::new(0)),
+            active_reads: AtomicUsize::new(0),
+            active_writes: AtomicUsize::new(0),
+            clock_hand: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    pub fn max_slots(&self) -> usize {
+        // ORDERING: Relaxed — changes only inside `Arena::exclusive`, whose
+        // gate Release/Acquire orders it for every guarded operation.
+        self.max_slots.load(Ordering::Relaxed)
+    }
+
+    /// Bytes currently addressable as slots.
+    pub fn arena_bytes(&self) -> usize {
+        self.max_slots() * self.slot_bytes
+    }
+
+    pub fn describe(&self) -> &str {
+        self.arena.describe()
+    }
+
+    pub fn kind(&self) -> ArenaKind {
+        self.arena.kind()
+    }
+
+    pub fn identity(&self) -> Option<DeviceIdentity> {
+        self.arena.identity()
+    }
+
+    /// True if `path` is the same physical device or file as this core's.
+    pub fn owns_device(&self, path: &std::path::Path) -> bool {
+        !self.is_closing() && self.identity().is_some() && DeviceIdentity::of_path(path) == self.identity()
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.arena.is_closed()
+    }
+
+    /// DRAM bytes of slot metadata, index and bitmap.
+    pub fn dram_bytes(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<SlotMeta>() + self.index.bytes() + self.bitmap.capacity().div_ceil(8)
+    }
+
+    /// [`DaxCore::dram_bytes`] per slot of capacity.
+    pub fn dram_bytes_per_slot(&self) -> f64 {
+        self.dram_bytes() as f64 / self.capacity_slots as f64
+    }
+
+    #[inline]
+    fn meta(&self, s: SlotId) -> &SlotMeta {
+        &self.slots[s.0 as usize]
+    }
+
+    #[inline]
+    fn slot_key(&self, s: SlotId) -> Key {
+        let m = self.meta(s);
+        // ORDERING: Relaxed — ordered by the Acquire load of the bucket or of
+        // the state word that led here (both published after these stores).
+        Key::from_parts(m.key_hi.load(Ordering::Relaxed), m.key_lo.load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    fn len_meta(&self, s: SlotId) -> (usize, u32) {
+        // ORDERING: Relaxed — as in `slot_key`.
+        let v = self.meta(s).len_meta.load(Ordering::Relaxed);
+        ((v & 0xFFFF_FFFF) as usize, (v >> 32) as u32)
+    }
+
+    #[inline]
+    fn is_key(&self, key: Key) -> impl Fn(SlotId) -> bool + '_ {
+        move |s| self.slot_key(s) == key
+    }
+
+    /// Book-keeping after a transition: the pending-free count, and the
+    /// bitmap bit when the transition freed the slot.
+    #[inline]
+    fn settle(&self, s: SlotId, t: Transition) {
+        if t.next.has(PENDING_FREE) && !t.prev.has(PENDING_FREE) {
+            // ORDERING: Relaxed — a counter for `usage`.
+            self.pending.fetch_add(1, Ordering::Relaxed);
+        }
+        if t.freed {
+            if t.prev.has(PENDING_FREE) {
+                // ORDERING: Relaxed — a counter for `usage`.
+                self.pending.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.bitmap.release(s);
+            // ORDERING: Relaxed — a counter for `usage`.
+            self.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The entry and generation of a readable (committed, not detached) key,
+    /// as one consistent snapshot.
+    #[inline]
+    fn readable(&self, key: Key) -> Option<(Entry, State)> {
+        for _ in 0..RETRY_MAX {
+            let e = self.index.find(key, self.is_key(key))?;
+            let st = self.meta(e.slot).state.load();
+            if !st.is_readable() {
+                return None;
+            }
+            if self.slot_key(e.slot) != key {
+                continue; // the slot moved on after the index lookup
+            }
+            if self.meta(e.slot).state.load().generation() == st.generation() {
+                return Some((e, st));
+            }
+        }
+        None
+    }
+
+    // ----- put -----
+
+    /// Store `data` under `key` with the caller's tag `meta`.
+    pub fn put(&self, key: Key, data: &[u8], meta: u32) -> Result<PutOutcome, PutError> {
+        if data.len() > self.slot_bytes {
+            return Err(PutError::TooLarge {
+                len: data.len(),
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        let g = self.arena.enter().map_err(|_| PutError::Closed)?;
+        self.put_with(key, data.len(), meta, |off| g.write(off, data).is_ok())
+    }
+
+    /// `put` for many keys: per-key success (a full arena or a failed copy is
+    /// `false`, never an error). Unequal lengths are an error.
+    pub fn put_many(&self, keys: &[Key], bufs: &[&[u8]]) -> Result<Vec<bool>, CoreError> {
+        if keys.len() != bufs.len() {
+            return Err(CoreError::LengthMismatch {
+                what: "put_many",
+                keys: keys.len(),
+                bufs: bufs.len(),
+            });
+        }
+        let Ok(g) = self.arena.enter() else {
+            return Ok(vec![false; keys.len()]);
+        };
+        Ok(keys
+            .iter()
+            .zip(bufs)
+            .map(|(&k, b)| b.len() <= self.slot_bytes && self.put_with(k, b.len(), 0, |off| g.write(off, b).is_ok()).is_ok())
+            .collect())
+    }
+
+    /// The put protocol with the copy left to `copy(offset) -> ok`. The
+    /// caller holds an arena guard and checked `len <= slot_bytes`.
+    fn put_with(&self, key: Key, len: usize, meta: u32, copy: impl FnOnce(usize) -> bool) -> Result<PutOutcome, PutError> {
+        // Cheap early exit for re-stores, the common case in LMCache.
+        if self.index.contains_live(key, self.is_key(key)) {
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        let s = self.bitmap.claim().ok_or(PutError::Full)?;
+        // ORDERING: Relaxed — a counter for `usage`.
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let m = self.meta(s);
+        let gen = m.state.reserve();
+        // ORDERING: Relaxed — published by the index insert (SeqCst CAS) and
+        // by the commit (Release).
+        m.key_hi.store(key.hi(), Ordering::Relaxed);
+        m.key_lo.store(key.lo(), Ordering::Relaxed);
+        m.len_meta.store(len as u64 | (u64::from(meta) << 32), Ordering::Relaxed);
+        let e = match self.index.insert(key, s, self.is_key(key)) {
+            Insert::Inserted(e) => e,
+            other => {
+                // Never published (or retracted): nobody else can reach it.
+                let t = m.state.abort(gen, true).expect("a fresh reservation aborts");
+                self.settle(s, t);
+                return match other {
+                    Insert::Full => Err(PutError::IndexFull),
+                    _ => Ok(PutOutcome::AlreadyPresent),
+                };
+            }
+        };
+        // ORDERING: Relaxed — a statistic.
+        self.active_writes.fetch_add(1, Ordering::Relaxed);
+        let copied = copy(s.0 as usize * self.slot_bytes);
+        let r = if copied {
+            match m.state.commit(gen).expect("only the writer clears WRITING") {
+                Commit::Committed => Ok(PutOutcome::Stored),
+                Commit::Canceled(t) => {
+                    self.settle(s, t);
+                    Err(PutError::Canceled)
+                }
+            }
+        } else {
+            // Whoever removes the bucket sets UNLINKED (a forced deleter may
+            // have beaten us to it).
+            let unlinked = self.index.remove(e);
+            let t = m.state.abort(gen, unlinked).expect("only the writer clears WRITING");
+            self.settle(s, t);
+            Err(PutError::CopyFailed)
+        };
+        // ORDERING: Relaxed — a statistic.
+        self.active_writes.fetch_sub(1, Ordering::Relaxed);
+        r
+    }
+
+    /// Store a payload read from another device's reservation (migration;
+    /// reference `put_reserved_from_ptr`). `src` must be a live read set of
+    /// the source core that contains `r`.
+    pub fn put_reserved_from(&self, key: Key, src: &ReadSet<'_>, r: &Reservation) -> PutFromPtrResult {
+        if r.len == 0 || r.len > self.slot_bytes || !src.items.contains(r) {
+            return PutFromPtrResult::Invalid;
+        }
+        let Some(sg) = src.guard() else {
+            return PutFromPtrResult::Invalid;
+        };
+        let Ok(g) = self.arena.enter() else {
+            return PutFromPtrResult::Closed;
+        };
+        if let Some(e) = self.index.find(key, self.is_key(key)) {
+            return if self.meta(e.slot).state.load().has(WRITING) {
+                PutFromPtrResult::InFlight
+            } else {
+                PutFromPtrResult::AlreadyExists
+            };
+        }
+        let res = self.put_with(key, r.len, r.meta, |off| {
+            let mut ok = true;
+            // Stream through a bounded stack buffer: two mappings, no heap.
+            let mut buf = [0u8; 16 * 1024];
+            let mut done = 0;
+            while done < r.len && ok {
+                let n = (r.len - done).min(buf.len());
+                ok = sg.read(r.offset + done, &mut buf[..n]).is_ok() && g.write(off + done, &buf[..n]).is_ok();
+                done += n;
+            }
+            ok
+        });
+        match res {
+            Ok(PutOutcome::Stored) => PutFromPtrResult::Inserted,
+            Ok(PutOutcome::AlreadyPresent) => match self.index.find(key, self.is_key(key)) {
+                Some(e) if self.meta(e.slot).state.load().has(WRITING) => PutFromPtrResult::InFlight,
+                _ => PutFromPtrResult::AlreadyExists,
+            },
+            Err(PutError::Full | PutError::IndexFull) => PutFromPtrResult::NoSpace,
+            Err(PutError::Closed) => PutFromPtrResult::Closed,
+            Err(_) => PutFromPtrResult::CopyFailed,
+        }
+    }
+
+    // ----- lookup -----
+
+    /// Per key: committed and readable? With `lock`, each hit takes one
+    /// lookup lock (released by `unlock_many`). In-flight keys are misses.
+    pub fn exists_many(&self, keys: &[Key], lock: bool) -> Vec<bool> {
+        let Ok(_g) = self.arena.enter() else {
+            return vec![false; keys.len()];
+        };
+        keys.iter().map(|&k| self.exists_in(k, lock)).collect()
+    }
+
+    /// `exists_many` for one key.
+    pub fn exists(&self, key: Key, lock: bool) -> bool {
+        let Ok(_g) = self.arena.enter() else {
+            return false;
+        };
+        self.exists_in(key, lock)
+    }
+
+    fn exists_in(&self, key: Key, lock: bool) -> bool {
+        for _ in 0..RETRY_MAX {
+            let Some((e, st)) = self.readable(key) else {
+                return false;
+            };
+            if !lock {
+                return true;
+            }
+            match self.meta(e.slot).state.lock(st.generation()) {
+                Ok(_) => return true,
+                Err(SlotError::Stale) => {}
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// True while a store of `key` is in flight.
+    pub fn has_inflight(&self, key: Key) -> bool {
+        let Ok(_g) = self.arena.enter() else {
+            return false;
+        };
+        self.index
+            .find(key, self.is_key(key))
+            .is_some_and(|e| self.meta(e.slot).state.load().has(WRITING))
+    }
+
+    /// Release one lookup lock per key. Unknown or unlocked keys do nothing.
+    pub fn unlock_many(&self, keys: &[Key]) {
+        let Ok(_g) = self.arena.enter() else {
+            return;
+        };
+        for &k in keys {
+            self.unlock_in(k);
+        }
+    }
+
+    fn unlock_in(&self, key: Key) -> bool {
+        for _ in 0..RETRY_MAX {
+            let Some(e) = self.index.find(key, self.is_key(key)) else {
+                return false;
+            };
+            let st = self.meta(e.slot).state.load();
+            if self.slot_key(e.slot) != key {
+                continue;
+            }
+            match self.meta(e.slot).state.unlock(st.generation()) {
+                Ok(_) => return true,
+                Err(SlotError::Stale) => {}
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Lock count of a key (0 if absent).
+    pub fn lock_count(&self, key: Key) -> u32 {
+        let Ok(_g) = self.arena.enter() else {
+            return 0;
+        };
+        self.readable(key).map_or(0, |(_, st)| st.lock_count())
+    }
+
+    // ----- read -----
+
+    /// Borrow the readable keys. Positional (`prefix_only = false`): misses
+    /// are skipped and each reservation carries its position. Prefix-only:
+    /// stop at the first miss. The reads finalize when the set drops.
+    pub fn reserve_reads(&self, keys: &[Key], prefix_only: bool) -> ReadSet<'_> {
+        let mut set = ReadSet {
+            core: self,
+            guard: None,
+            items: Vec::new(),
+        };
+        let Ok(g) = self.arena.enter() else {
+            return set;
+        };
+        for (i, &k) in keys.iter().enumerate() {
+            match self.borrow_in(k) {
+                Some((s, gen)) => {
+                    let (len, meta) = self.len_meta(s);
+                    set.items.push(Reservation {
+                        index: i,
+                        key: k,
+                        slot: s,
+                        generation: gen,
+                        offset: s.0 as usize * self.slot_bytes,
+                        len,
+                        meta,
+                    });
+                }
+                None if prefix_only => break,
+                None => {}
+            }
+        }
+        if !set.items.is_empty() {
+            // ORDERING: Relaxed — a statistic.
+            self.active_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        set.guard = Some(g);
+        set
+    }
+
+    fn borrow_in(&self, key: Key) -> Option<(SlotId, Generation)> {
+        for _ in 0..RETRY_MAX {
+            let (e, st) = self.readable(key)?;
+            match self.meta(e.slot).state.borrow(st.generation()) {
+                Ok(_) => return Some((e.slot, st.generation())),
+                Err(SlotError::Stale) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Copy each key's payload into its buffer: per key, true when copied.
+    /// A miss or a buffer shorter than the payload gives false and leaves the
+    /// buffer untouched; bytes beyond the payload are untouched too.
+    pub fn load_many_into(&self, keys: &[Key], bufs: &mut [&mut [u8]]) -> Result<Vec<bool>, CoreError> {
+        if keys.len() != bufs.len() {
+            return Err(CoreError::LengthMismatch {
+                what: "load_many_into",
+                keys: keys.len(),
+                bufs: bufs.len(),
+            });
+        }
+        let mut out = vec![false; keys.len()];
+        let set = self.reserve_reads(keys, false);
+        for r in set.items() {
+            out[r.index] = set.read(r, bufs[r.index]).is_some();
+        }
+        Ok(out)
+    }
+
+    /// Copy one key's payload into `dst`: `Some(len)` on a hit, `None` on a
+    /// miss or when `dst` is too short (then untouched).
+    pub fn load_into(&self, key: Key, dst: &mut [u8]) -> Option<usize> {
+        let set = self.reserve_reads(&[key], false);
+        let r = set.items().first()?;
+        set.read(r, dst)
+    }
+
+    /// Payload length and tag of a readable key.
+    pub fn payload_len(&self, key: Key) -> Option<(usize, u32)> {
+        let _g = self.arena.enter().ok()?;
+        self.readable(key).map(|(e, _)| self.len_meta(e.slot))
+    }
+
+    // ----- delete -----
+
+    /// Delete keys: per key, true when deleted. Locked and in-flight keys are
+    /// skipped unless `force`; a forced in-flight key is canceled (its writer
+    /// frees the slot). A borrowed slot becomes pending-free and the last
+    /// reader frees it. Works while closing is not yet complete; after close,
+    /// all false.
+    pub fn delete_many(&self, keys: &[Key], force: bool) -> Vec<bool> {
+        let Ok(_g) = self.arena.enter() else {
+            return vec![false; keys.len()];
+        };
+        keys.iter().map(|&k| self.delete_in(k, force)).collect()
+    }
+
+    fn delete_in(&self, key: Key, force: bool) -> bool {
+        for _ in 0..RETRY_MAX {
+            let Some(e) = self.index.find(key, self.is_key(key)) else {
+                return false;
+            };
+            let m = self.meta(e.slot);
+            let st = m.state.load();
+            if self.slot_key(e.slot) != key {
+                continue;
+            }
+            match m.state.detach(st.generation(), force) {
+                Ok(t) => {
+                    self.settle(e.slot, t);
+                    if self.index.remove(e) {
+                        let t = m.state.unlink(st.generation()).expect("the deleter unlinks once");
+                        self.settle(e.slot, t);
+                    }
+                    return true;
+                }
+                Err(SlotError::Stale) => {}
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    // ----- capacity -----
+
+    /// `(current, after pending frees)` as fractions of the slot count.
+    pub fn usage(&self) -> (f64, f64) {
+        let max = self.max_slots();
+        if max == 0 || self.is_closing() {
+            return (0.0, 0.0);
+        }
+        // ORDERING: Relaxed — statistics.
+        let live = self.live.load(Ordering::Relaxed);
+        let pending = self.pending.load(Ordering::Relaxed);
+        (live as f64 / max as f64, live.saturating_sub(pending) as f64 / max as f64)
+    }
+
+    /// Slots in use (in flight, committed or pending free).
+    pub fn live_slot_count(&self) -> usize {
+        // ORDERING: Relaxed — a statistic.
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// The committed, readable keys (a copy).
+    pub fn snapshot_keys(&self) -> Vec<Key> {
+        let Ok(_g) = self.arena.enter() else {
+            return Vec::new();
+        };
+        (0..self.max_slots())
+            .map(|i| SlotId(i as u32))
+            .filter(|&s| self.meta(s).state.load().is_readable())
+            .map(|s| self.slot_key(s))
+            .collect()
+    }
+
+    /// Up to `n` unlocked committed keys to evict, by CLOCK (second chance):
+    /// a slot whose REFERENCED bit is set gets it cleared and is skipped
+    /// once. At most two sweeps.
+    pub fn eviction_candidates(&self, n: usize) -> Vec<Key> {
+        let mut out = Vec::new();
+        let Ok(_g) = self.arena.enter() else {
+            return out;
+        };
+        let max = self.max_slots();
+        for _ in 0..2 * max {
+            if out.len() >= n {
+                break;
+            }
+            // ORDERING: Relaxed — the hand is a hint shared by sweepers.
+            let i = self.clock_hand.fetch_add(1, Ordering::Relaxed) % max;
+            let s = SlotId(i as u32);
+            let st = self.meta(s).state.load();
+            if !st.is_readable() || st.lock_count() > 0 {
+                continue;
+            }
+            if st.has(REFERENCED) && self.meta(s).state.clear_referenced(st.generation()) {
+                continue;
+            }
+            let k = self.slot_key(s);
+            if self.meta(s).state.load().generation() == st.generation() && !out.contains(&k) {
+                out.push(k);
+            }
+        }
+        out
+    }
+
+    /// True if every live slot sits below `new_slots`.
+    pub fn can_shrink_to(&self, new_slots: usize) -> bool {
+        if new_slots == 0 || self.is_closing() {
+            return false;
+        }
+        !self.bitmap.any_taken(new_slots, self.max_slots())
+    }
+
+    /// Grow or shrink the mapping to `new_bytes`. Waits for in-flight
+    /// operations (new ones wait behind it); a shrink that would cut off a
+    /// live slot is refused and changes nothing; a failed remap keeps the
+    /// old mapping. The index and generations are kept.
+    pub fn remap(&self, new_bytes: usize) -> Result<(), CoreError> {
+        let new_slots = new_bytes / self.slot_bytes;
+        if new_slots == 0 {
+            return Err(OpenError::NoSlot {
+                size_bytes: new_bytes,
+                slot_bytes: self.slot_bytes,
+            }
+            .into());
+        }
+        if new_slots > self.capacity_slots {
+            return Err(OpenError::BeyondCapacity {
+                what: self.describe().to_string(),
+                requested_bytes: new_bytes,
+                max_bytes: self.capacity_slots * self.slot_bytes,
+            }
+            .into());
+        }
+        self.arena
+            .exclusive(|ex| {
+                let cur = self.max_slots();
+                if new_slots < cur && self.bitmap.any_taken(new_slots, cur) {
+                    return Err(CoreError::WouldCutLiveSlots { new_bytes, new_slots });
+                }
+                ex.remap(new_bytes)?;
+                self.bitmap.set_available(cur.min(new_slots), new_slots);
+                // ORDERING: Relaxed — published by the gate's Release.
+                self.max_slots.store(new_slots, Ordering::Relaxed);
+                Ok(())
+            })
+            .map_err(|_| CoreError::Closed)?
+    }
+
+    /// Refuse new work, wait for in-flight reads and writes, forget every
+    /// key and unmap. Idempotent.
+    pub fn close(&self) {
+        self.arena.close(|| {
+            self.index.clear();
+            for m in &*self.slots {
+                m.state.reset();
+            }
+            self.bitmap.set_available(0, self.max_slots());
+            // ORDERING: Relaxed — no users remain.
+            self.live.store(0, Ordering::Relaxed);
+            self.pending.store(0, Ordering::Relaxed);
+        });
+    }
+
+    /// Status fields (reference §2.4). Scans the slot table: cold path.
+    pub fn status(&self) -> CoreStatus {
+        let closing = self.is_closing();
+        let (mut committed, mut locked, mut borrowed) = (0, 0, 0);
+        if !closing {
+            for m in &self.slots[..self.max_slots()] {
+                let st = m.state.load();
+                committed += usize::from(st.is_readable());
+                locked += usize::from(st.lock_count() > 0);
+                borrowed += usize::from(st.borrow_count() > 0);
+            }
+        }
+        CoreStatus {
+            is_healthy: !closing,
+            device_path: self.describe().to_string(),
+            max_dax_size_bytes: self.arena_bytes(),
+            slot_bytes: self.slot_bytes,
+            max_slots: self.max_slots(),
+            capacity_slots: self.capacity_slots,
+            live_slot_count: self.live_slot_count(),
+            committed_key_count: committed,
+            locked_key_count: locked,
+            borrowed_slot_count: borrowed,
+            // ORDERING: Relaxed — statistics.
+            pending_free_slot_count: self.pending.load(Ordering::Relaxed),
+            active_read_count: self.active_reads.load(Ordering::Relaxed),
+            active_write_count: self.active_writes.load(Ordering::Relaxed),
+            closing,
+            supports_restart_recovery: false,
+            dram_bytes: self.dram_bytes(),
+        }
+    }
+
+    /// Check the bookkeeping invariants (tests and model checks): every set
+    /// bitmap bit below `max_slots` is a non-free slot and vice versa, the
+    /// live count matches, and every OWNED index entry points at a slot that
+    /// holds its key. Only meaningful while no operation is in flight.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let max = self.max_slots();
+        let mut live = 0;
+        let mut pending = 0;
+        for i in 0..max {
+            let st = self.slots[i].state.load();
+            let taken = self.bitmap.is_taken(i);
+            if taken == st.is_free() {
+                return Err(format!("slot {i}: bitmap taken={taken} but state {st:?}"));
+            }
+            live += usize::from(taken);
+            pending += usize::from(st.has(PENDING_FREE));
+            if st.has(WRITING) {
+                return Err(format!("slot {i}: WRITING with no store in flight: {st:?}"));
+            }
+        }
+        if live != self.live_slot_count() {
+            return Err(format!("live count {} but {live} slots taken", self.live_slot_count()));
+        }
+        // ORDERING: Relaxed — quiescent check.
+        let pc = self.pending.load(Ordering::Relaxed);
+        if pending != pc {
+            return Err(format!("pending count {pc} but {pending} slots pending"));
+        }
+        let committed = self.slots[..max].iter().filter(|m| m.state.load().is_readable()).count();
+        if committed != self.index.owned_count() {
+            return Err(format!(
+                "{committed} committed slots but {} index entries",
+                self.index.owned_count()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DaxCore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

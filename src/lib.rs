@@ -1,0 +1,39 @@
+//! # daxkv
+//!
+//! A KV-cache store for LLM inference servers that keeps fixed-size cache
+//! chunks in CXL / DAX memory (device-dax, fsdax or tmpfs files, memfds, or
+//! anonymous memory for tests).
+//!
+//! The layers, bottom to top (one concept per module, see `DESIGN.md`):
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`arena`] | one mapping, its size / alignment checks, the remap / close gate |
+//! | [`copy`] | non-temporal `to_dax` / `from_dax` with run-time CPU dispatch |
+//! | [`slot`] | the atomic free bitmap and the per-slot state word |
+//! | [`index`] | the lock-free key → slot index |
+//! | [`core`] | [`DaxCore`]: one device's put / lookup+lock / load / delete |
+//! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
+//! | [`bench`] | the standard `daxkv bench` workload |
+//!
+//! Unsafe code lives only in `arena`, `copy` and `sys`; every other module is
+//! `#![forbid(unsafe_code)]`.
+
+pub mod arena;
+pub mod bench;
+pub mod copy;
+pub mod core;
+pub mod error;
+pub mod index;
+pub mod key;
+pub mod slot;
+pub mod store;
+pub mod sync;
+mod sys;
+
+pub use crate::arena::{ArenaSource, ArenaSpec};
+pub use crate::core::{CoreConfig, CoreStatus, DaxCore, PutFromPtrResult, PutOutcome, Reservation};
+pub use crate::error::{CoreError, OpenError, PutError};
+pub use crate::key::Key;
+pub use crate::slot::{Generation, SlotId};
+

@@ -1,0 +1,586 @@
+//! # Slots: the free bitmap and the per-slot state word
+//!
+//! Every slot has one `AtomicU64` state word; every transition is a single
+//! CAS on it, so the data path takes no lock.
+//!
+//! ## Bit layout
+//!
+//! ```text
+//! bits 0..16   lock count     lookup-and-lock refcount; unlock decrements
+//! bits 16..32  borrow count   reads copying out of the slot
+//! bit  32      WRITING        a store is in flight (reserved, not readable)
+//! bit  33      COMMITTED      readable
+//! bit  34      PENDING_FREE   detached from its key; freed once idle
+//! bit  35      REFERENCED     CLOCK bit, set on lookup / load hits
+//! bit  36      CANCELED       deleted (forced) while WRITING
+//! bit  37      UNLINKED       its index bucket is gone
+//! bits 40..64  generation     bumped on every reservation
+//! ```
+//!
+//! ## Transitions
+//!
+//! | op | from | to |
+//! |---|---|---|
+//! | `reserve` | FREE(g) | WRITING(g+1) |
+//! | `commit` | WRITING | COMMITTED (or PENDING_FREE if CANCELED) |
+//! | `abort` | WRITING | PENDING_FREE (the writer failed) |
+//! | `lock` / `unlock` | COMMITTED | COMMITTED, lock ± 1 |
+//! | `borrow` / `release` | COMMITTED or PENDING_FREE (release only) | borrow ± 1 |
+//! | `detach` | COMMITTED, lock 0 (or forced) | PENDING_FREE, lock 0 |
+//! | `detach` (forced) | WRITING | WRITING + CANCELED |
+//! | `unlink` | any but FREE | + UNLINKED |
+//! | free | PENDING_FREE + UNLINKED, not WRITING, borrow 0 | FREE(g) |
+//!
+//! A slot goes back to FREE exactly once per generation, by whichever
+//! transition completes the free condition (the last reader's `release`,
+//! the deleter's `unlink`, or the writer's `commit` / `abort`); that caller
+//! then clears its bitmap bit. This is DESIGN.md's rule: a slot is reusable
+//! only when it is out of the index (UNLINKED), unlocked, not WRITING and not
+//! borrowed.
+//!
+//! Every op names the generation it saw and fails with [`SlotError::Stale`]
+//! if the slot moved on. Counts saturate with an error, never wrap. The
+//! generation is 24 bits; a wrap would need 2^24 reservations of one slot
+//! between an op's load and its CAS.
+#![forbid(unsafe_code)]
+
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+
+/// A slot number within one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SlotId(pub u32);
+
+/// A slot's generation (bumped on every reservation; the first is 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Generation(pub u32);
+
+pub const LOCK_ONE: u64 = 1;
+pub const LOCK_MASK: u64 = 0xFFFF;
+pub const BORROW_SHIFT: u32 = 16;
+pub const BORROW_ONE: u64 = 1 << BORROW_SHIFT;
+pub const BORROW_MASK: u64 = 0xFFFF << BORROW_SHIFT;
+pub const WRITING: u64 = 1 << 32;
+pub const COMMITTED: u64 = 1 << 33;
+pub const PENDING_FREE: u64 = 1 << 34;
+pub const REFERENCED: u64 = 1 << 35;
+pub const CANCELED: u64 = 1 << 36;
+pub const UNLINKED: u64 = 1 << 37;
+pub const GEN_SHIFT: u32 = 40;
+pub const GEN_MASK: u64 = 0xFF_FFFF << GEN_SHIFT;
+/// Largest lock or borrow count.
+pub const COUNT_MAX: u64 = 0xFFFF;
+
+const _: () = assert!(LOCK_MASK & BORROW_MASK == 0);
+const _: () = assert!((BORROW_MASK | WRITING | COMMITTED | PENDING_FREE | REFERENCED | CANCELED | UNLINKED) < (1 << GEN_SHIFT));
+
+/// A decoded state word.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct State(pub u64);
+
+impl State {
+    pub fn lock_count(self) -> u32 {
+        (self.0 & LOCK_MASK) as u32
+    }
+    pub fn borrow_count(self) -> u32 {
+        ((self.0 & BORROW_MASK) >> BORROW_SHIFT) as u32
+    }
+    pub fn generation(self) -> Generation {
+        Generation(((self.0 & GEN_MASK) >> GEN_SHIFT) as u32)
+    }
+    pub fn has(self, flag: u64) -> bool {
+        self.0 & flag != 0
+    }
+    /// FREE: only a generation.
+    pub fn is_free(self) -> bool {
+        self.0 & !GEN_MASK == 0
+    }
+    /// Readable: committed and not detached.
+    pub fn is_readable(self) -> bool {
+        self.has(COMMITTED) && !self.has(PENDING_FREE)
+    }
+    /// The free condition (see the module doc).
+    fn can_free(self) -> bool {
+        self.has(PENDING_FREE) && self.has(UNLINKED) && !self.has(WRITING) && self.borrow_count() == 0
+    }
+    fn free_of(self) -> State {
+        State(self.0 & GEN_MASK)
+    }
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut flags = String::new();
+        for (bit, name) in [
+            (WRITING, "W"),
+            (COMMITTED, "C"),
+            (PENDING_FREE, "P"),
+            (REFERENCED, "R"),
+            (CANCELED, "X"),
+            (UNLINKED, "U"),
+        ] {
+            if self.has(bit) {
+                flags.push_str(name);
+            }
+        }
+        write!(
+            f,
+            "State(gen={} lock={} borrow={} {flags})",
+            self.generation().0,
+            self.lock_count(),
+            self.borrow_count()
+        )
+    }
+}
+
+/// Why a state transition was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotError {
+    /// The slot's generation moved on.
+    Stale,
+    /// Not in the state the op needs (e.g. lock on a non-committed slot).
+    WrongState,
+    /// Lock or borrow count at its maximum.
+    Saturated,
+    /// Delete refused: locked (not forced).
+    Locked,
+    /// Delete refused: store in flight (not forced).
+    InFlight,
+    /// Unlock or release of a zero count.
+    NotHeld,
+}
+
+/// What a transition did; `freed` means the caller must clear the bitmap bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub prev: State,
+    pub next: State,
+    pub freed: bool,
+}
+
+/// Outcome of `commit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Commit {
+    Committed,
+    /// A forced delete canceled the store; the slot is detached (and freed
+    /// if `t.freed`).
+    Canceled(Transition),
+}
+
+/// One slot's state word.
+#[derive(Debug, Default)]
+pub struct SlotState(AtomicU64);
+
+impl SlotState {
+    pub fn new() -> SlotState {
+        SlotState(AtomicU64::new(0))
+    }
+
+    /// Current state.
+    #[inline]
+    pub fn load(&self) -> State {
+        // ORDERING: Acquire — pairs with the Release CAS in `commit`, so a
+        // reader that sees COMMITTED sees the payload bytes and the slot's
+        // key, length and metadata.
+        State(self.0.load(Ordering::Acquire))
+    }
+
+    /// Reset to FREE at generation 0 (close; no concurrent users).
+    pub fn reset(&self) {
+        // ORDERING: Relaxed — only called with the arena closed (no users).
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// Apply `f` to the state in a CAS loop. `f` returns the next state or
+    /// an error; the loop retries only when the word changed under it.
+    #[inline]
+    fn update(&self, gen: Generation, mut f: impl FnMut(State) -> Result<State, SlotError>) -> Result<Transition, SlotError> {
+        // ORDERING: Acquire — see `load`.
+        let mut cur = State(self.0.load(Ordering::Acquire));
+        loop {
+            if cur.generation() != gen {
+                return Err(SlotError::Stale);
+            }
+            let mut next = f(cur)?;
+            let freed = next.can_free();
+            if freed {
+                next = next.free_of();
+            }
+            // ORDERING: AcqRel — Release publishes what this thread wrote to
+            // the slot before the transition (payload + fields on commit);
+            // Acquire sees what the previous owner wrote before its own.
+            match self.0.compare_exchange_weak(cur.0, next.0, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return Ok(Transition {
+                        prev: cur,
+                        next,
+                        freed,
+                    })
+                }
+                Err(actual) => cur = State(actual),
+            }
+        }
+    }
+
+    /// FREE(g) → WRITING(g+1). The caller owns the slot's bitmap bit, so the
+    /// slot must be FREE; anything else is a bookkeeping bug.
+    pub fn reserve(&self) -> Generation {
+        // ORDERING: Acquire — the bitmap claim already ordered us after the
+        // previous free; this load only reads the generation.
+        let cur = State(self.0.load(Ordering::Acquire));
+        assert!(cur.is_free(), "reserving a slot that is not free: {cur:?}");
+        let g = (cur.generation().0 + 1) & 0xFF_FFFF;
+        let g = if g == 0 { 1 } else { g };
+        let next = (u64::from(g) << GEN_SHIFT) | WRITING;
+        // ORDERING: AcqRel — as in `update`; a CAS (not a store) so a broken
+        // invariant shows up as a panic instead of a lost update.
+        let r = self.0.compare_exchange(cur.0, next, Ordering::AcqRel, Ordering::Acquire);
+        assert!(r.is_ok(), "slot changed while reserved by its bitmap owner");
+        Generation(g)
+    }
+
+    /// WRITING → COMMITTED (with REFERENCED), after the payload copy and its
+    /// `sfence`. If a forced delete canceled the store, → PENDING_FREE.
+    pub fn commit(&self, gen: Generation) -> Result<Commit, SlotError> {
+        let mut canceled = false;
+        let t = self.update(gen, |s| {
+            if !s.has(WRITING) {
+                return Err(SlotError::WrongState);
+            }
+            canceled = s.has(CANCELED);
+            if canceled {
+                Ok(State((s.0 & !WRITING) | PENDING_FREE))
+            } else {
+                Ok(State((s.0 & !WRITING) | COMMITTED | REFERENCED))
+            }
+        })?;
+        Ok(if canceled { Commit::Canceled(t) } else { Commit::Committed })
+    }
+
+    /// WRITING → PENDING_FREE: the writer gives up (copy failed, or it lost
+    /// the race to insert the key). `unlinked` says the writer's index
+    /// bucket is already gone (or was never published).
+    pub fn abort(&self, gen: Generation, unlinked: bool) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if !s.has(WRITING) {
+                return Err(SlotError::WrongState);
+            }
+            let mut n = (s.0 & !WRITING) | PENDING_FREE;
+            if unlinked {
+                n |= UNLINKED;
+            }
+            Ok(State(n))
+        })
+    }
+
+    /// Lookup-and-lock: lock + 1 on a readable slot; sets REFERENCED.
+    pub fn lock(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if !s.is_readable() {
+                return Err(SlotError::WrongState);
+            }
+            if u64::from(s.lock_count()) == COUNT_MAX {
+                return Err(SlotError::Saturated);
+            }
+            Ok(State((s.0 + LOCK_ONE) | REFERENCED))
+        })
+    }
+
+    /// lock − 1. Works in any state that still carries the count.
+    pub fn unlock(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if s.lock_count() == 0 {
+                return Err(SlotError::NotHeld);
+            }
+            Ok(State(s.0 - LOCK_ONE))
+        })
+    }
+
+    /// A read starts: borrow + 1 on a readable slot; sets REFERENCED.
+    pub fn borrow(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if !s.is_readable() {
+                return Err(SlotError::WrongState);
+            }
+            if u64::from(s.borrow_count()) == COUNT_MAX {
+                return Err(SlotError::Saturated);
+            }
+            Ok(State((s.0 + BORROW_ONE) | REFERENCED))
+        })
+    }
+
+    /// A read ends: borrow − 1; frees a detached, unlinked slot at zero.
+    pub fn release(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if s.borrow_count() == 0 {
+                return Err(SlotError::NotHeld);
+            }
+            Ok(State(s.0 - BORROW_ONE))
+        })
+    }
+
+    /// Delete: detach the slot from its key. A committed slot becomes
+    /// PENDING_FREE (locks dropped when forced); an in-flight one becomes
+    /// CANCELED when forced. The caller then removes the index bucket and
+    /// calls [`SlotState::unlink`].
+    pub fn detach(&self, gen: Generation, force: bool) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if s.has(WRITING) {
+                if !force {
+                    return Err(SlotError::InFlight);
+                }
+                if s.has(CANCELED) {
+                    return Err(SlotError::WrongState);
+                }
+                return Ok(State(s.0 | CANCELED));
+            }
+            if !s.is_readable() {
+                return Err(SlotError::WrongState);
+            }
+            if s.lock_count() > 0 && !force {
+                return Err(SlotError::Locked);
+            }
+            Ok(State((s.0 & !(COMMITTED | LOCK_MASK | REFERENCED)) | PENDING_FREE))
+        })
+    }
+
+    /// The slot's index bucket is gone: set UNLINKED, freeing it if idle.
+    pub fn unlink(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if s.is_free() || s.has(UNLINKED) {
+                return Err(SlotError::WrongState);
+            }
+            Ok(State(s.0 | UNLINKED))
+        })
+    }
+
+    /// CLOCK: clear REFERENCED; true if it was set.
+    pub fn clear_referenced(&self, gen: Generation) -> bool {
+        matches!(
+            self.update(gen, |s| if s.has(REFERENCED) { Ok(State(s.0 & !REFERENCED)) } else { Err(SlotError::WrongState) }),
+            Ok(_)
+        )
+    }
+}
+
+/// An atomic free bitmap: bit set = slot taken (or beyond the current
+/// slot count). Allocation prefers the lowest free slot, which keeps live
+/// slots packed low and makes shrink cheap (reference §9.4 item 11).
+#[derive(Debug)]
+pub struct Bitmap {
+    words: Box<[AtomicU64]>,
+    /// No free bit below word `hint` (a lower bound, kept with `fetch_min`).
+    hint: AtomicUsize,
+    bits: usize,
+}
+
+impl Bitmap {
+    /// `bits` slots, of which the first `available` are free.
+    pub fn new(bits: usize, available: usize) -> Bitmap {
+        let n = bits.div_ceil(64).max(1);
+        let words: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        let b = Bitmap {
+            words,
+            hint: AtomicUsize::new(0),
+            bits,
+        };
+        b.set_available(0, available.min(bits));
+        b
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.bits
+    }
+
+    /// Mark slots `[avail, bits)` taken and `[from, avail)` free. Only with
+    /// no concurrent users (construction, or inside `Arena::exclusive`),
+    /// and only over slots that are free.
+    pub fn set_available(&self, from: usize, avail: usize) {
+        for (w, word) in self.words.iter().enumerate() {
+            let lo = w * 64;
+            let mut v = 0u64;
+            for b in 0..64 {
+                let i = lo + b;
+                if i >= avail || i >= self.bits {
+                    v |= 1 << b;
+                }
+            }
+            if lo + 64 <= from {
+                continue;
+            }
+            // ORDERING: Relaxed — exclusive section; the arena gate's
+            // Release/Acquire publishes it.
+            let cur = word.load(Ordering::Relaxed);
+            let keep_mask = if lo >= from { 0 } else { (1u64 << (from - lo)) - 1 };
+            word.store((cur & keep_mask) | (v & !keep_mask), Ordering::Relaxed);
+        }
+        // ORDERING: Relaxed — as above.
+        self.hint.store(0, Ordering::Relaxed);
+    }
+
+    /// Claim the lowest free slot.
+    pub fn claim(&self) -> Option<SlotId> {
+        // ORDERING: Relaxed — a hint; correctness comes from the CAS below.
+        let start = self.hint.load(Ordering::Relaxed);
+        let n = self.words.len();
+        for w in start..n {
+            // ORDERING: Relaxed — re-validated by the CAS.
+            let mut cur = self.words[w].load(Ordering::Relaxed);
+            while cur != u64::MAX {
+                let bit = (!cur).trailing_zeros();
+                // ORDERING: Acquire — pairs with the Release in `release`,
+                // so the slot's last free (state word) happens-before our
+                // reservation.
+                match self.words[w].compare_exchange_weak(cur, cur | (1 << bit), Ordering::Acquire, Ordering::Relaxed) {
+                    Ok(_) => {
+                        if w > start {
+                            // ORDERING: Relaxed — hint only.
+                            let _ = self.hint.compare_exchange(start, w, Ordering::Relaxed, Ordering::Relaxed);
+                        }
+                        return Some(SlotId((w * 64) as u32 + bit));
+                    }
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+        None
+    }
+
+    /// Free a slot the caller owns.
+    pub fn release(&self, slot: SlotId) {
+        let i = slot.0 as usize;
+        let (w, b) = (i / 64, i % 64);
+        // ORDERING: Release — everything the freeing thread did to the slot
+        // happens-before the next `claim` of it.
+        let prev = self.words[w].fetch_and(!(1 << b), Ordering::Release);
+        assert!(prev & (1 << b) != 0, "double free of slot {i}");
+        // ORDERING: Relaxed — hint only.
+        self.hint.fetch_min(w, Ordering::Relaxed);
+    }
+
+    /// Whether a slot is taken.
+    pub fn is_taken(&self, slot: usize) -> bool {
+        // ORDERING: Acquire — status / shrink checks read it under the gate.
+        self.words[slot / 64].load(Ordering::Acquire) & (1 << (slot % 64)) != 0
+    }
+
+    /// Whether any slot in `[from, to)` is taken.
+    pub fn any_taken(&self, from: usize, to: usize) -> bool {
+        (from..to.min(self.bits)).any(|i| self.is_taken(i))
+    }
+}
+
+#[cfg(all(test, not(daxkv_loom)))]
+mod tests {
+    use super::*;
+
+    fn committed(s: &SlotState) -> Generation {
+        let g = s.reserve();
+        assert_eq!(s.commit(g), Ok(Commit::Committed));
+        g
+    }
+
+    #[test]
+    fn transition_table() {
+        let s = SlotState::new();
+        let g = s.reserve();
+        assert_eq!(g, Generation(1));
+        assert!(s.load().has(WRITING));
+        assert_eq!(s.lock(g).unwrap_err(), SlotError::WrongState, "in-flight is not readable");
+        assert_eq!(s.detach(g, false).unwrap_err(), SlotError::InFlight);
+        assert_eq!(s.commit(g), Ok(Commit::Committed));
+        assert!(s.load().is_readable() && s.load().has(REFERENCED));
+        s.lock(g).unwrap();
+        s.lock(g).unwrap();
+        assert_eq!(s.load().lock_count(), 2);
+        assert_eq!(s.detach(g, false).unwrap_err(), SlotError::Locked);
+        s.unlock(g).unwrap();
+        s.unlock(g).unwrap();
+        assert_eq!(s.unlock(g).unwrap_err(), SlotError::NotHeld);
+        s.borrow(g).unwrap();
+        let t = s.detach(g, false).unwrap();
+        assert!(!t.freed && t.next.has(PENDING_FREE));
+        assert_eq!(s.borrow(g).unwrap_err(), SlotError::WrongState, "detached is not readable");
+        assert!(!s.unlink(g).unwrap().freed, "still borrowed");
+        let t = s.release(g).unwrap();
+        assert!(t.freed, "last reader frees");
+        assert!(s.load().is_free());
+        assert_eq!(s.lock(Generation(7)).unwrap_err(), SlotError::Stale);
+        assert_eq!(s.reserve(), Generation(2));
+    }
+
+    #[test]
+    fn forced_delete_of_in_flight_store() {
+        let s = SlotState::new();
+        let g = s.reserve();
+        s.detach(g, true).unwrap();
+        assert!(!s.unlink(g).unwrap().freed, "writer still copying");
+        match s.commit(g).unwrap() {
+            Commit::Canceled(t) => assert!(t.freed, "writer frees after unlink"),
+            Commit::Committed => panic!("canceled store committed"),
+        }
+        // Commit first, then unlink: the unlink frees.
+        let g = s.reserve();
+        s.detach(g, true).unwrap();
+        match s.commit(g).unwrap() {
+            Commit::Canceled(t) => assert!(!t.freed),
+            Commit::Committed => panic!("canceled store committed"),
+        }
+        assert!(s.unlink(g).unwrap().freed);
+    }
+
+    #[test]
+    fn counts_saturate_instead_of_wrapping() {
+        let s = SlotState::new();
+        let g = committed(&s);
+        for _ in 0..COUNT_MAX {
+            s.lock(g).unwrap();
+            s.borrow(g).unwrap();
+        }
+        assert_eq!(s.lock(g).unwrap_err(), SlotError::Saturated);
+        assert_eq!(s.borrow(g).unwrap_err(), SlotError::Saturated);
+        assert_eq!(s.load().lock_count(), 0xFFFF);
+        assert!(s.load().has(COMMITTED), "saturation left the flags alone");
+        let t = s.detach(g, true).unwrap();
+        assert_eq!(t.next.lock_count(), 0, "forced delete drops the locks");
+        assert_eq!(t.next.borrow_count(), 0xFFFF);
+    }
+
+    #[test]
+    fn abort_frees_when_unlinked() {
+        let s = SlotState::new();
+        let g = s.reserve();
+        assert!(s.abort(g, true).unwrap().freed);
+        let g = s.reserve();
+        assert!(!s.abort(g, false).unwrap().freed);
+        assert!(s.unlink(g).unwrap().freed);
+    }
+
+    #[test]
+    fn bitmap_prefers_lowest_and_respects_availability() {
+        let b = Bitmap::new(130, 100);
+        let got: Vec<u32> = (0..100).map(|_| b.claim().unwrap().0).collect();
+        assert_eq!(got, (0..100).collect::<Vec<_>>());
+        assert_eq!(b.claim(), None, "slots >= available stay taken");
+        b.release(SlotId(70));
+        b.release(SlotId(3));
+        assert_eq!(b.claim(), Some(SlotId(3)));
+        assert_eq!(b.claim(), Some(SlotId(70)));
+        // Grow to 130, then shrink back to 100 (no live slot above).
+        b.set_available(100, 130);
+        assert!(!b.any_taken(100, 130));
+        assert_eq!(b.claim(), Some(SlotId(100)));
+        b.release(SlotId(100));
+        b.set_available(100, 100);
+        assert!(b.any_taken(100, 130));
+        assert_eq!(b.claim(), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "double free")]
+    fn bitmap_double_free_panics() {
+        let b = Bitmap::new(64, 64);
+        let s = b.claim().unwrap();
+        b.release(s);
+        b.release(s);
+    }
+}

@@ -1,0 +1,11 @@
+//! Atomics shim: `std` atomics normally, loom's under `--cfg daxkv_loom`.
+//!
+//! A crate-specific cfg (not `loom`) so dependencies don't switch with it
+//! (the crossbeam habit). Only the modules whose state machines loom checks
+//! (`slot`) import from here.
+#![forbid(unsafe_code)]
+
+#[cfg(daxkv_loom)]
+pub use loom::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+#[cfg(not(daxkv_loom))]
+pub use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
