@@ -164,6 +164,29 @@ impl Drop for ReadSet<'_> {
     }
 }
 
+/// Write access to one reserved slot, bounded to the payload length.
+pub struct SlotWriter<'a> {
+    guard: &'a ArenaGuard<'a>,
+    offset: usize,
+    len: usize,
+}
+
+impl SlotWriter<'_> {
+    /// Payload length being stored.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copy `src` to payload offset `at`; false if it would pass the end.
+    pub fn write(&self, at: usize, src: &[u8]) -> bool {
+        at.checked_add(src.len()).is_some_and(|end| end <= self.len) && self.guard.write(self.offset + at, src).is_ok()
+    }
+}
+
 /// Per-slot metadata next to the state word: 32 bytes.
 #[derive(Debug, Default)]
 struct SlotMeta {
@@ -459,6 +482,26 @@ impl DaxCore {
         // ORDERING: Relaxed — a statistic.
         self.active_writes.fetch_sub(1, Ordering::Relaxed);
         r
+    }
+
+    /// Store a payload written by `writer` (reference `put_one(writer=...)`):
+    /// the slot is reserved and the key in flight while `writer` runs;
+    /// returning false fails the store and frees the slot.
+    pub fn put_with_writer(
+        &self,
+        key: Key,
+        len: usize,
+        meta: u32,
+        writer: impl FnOnce(&SlotWriter<'_>) -> bool,
+    ) -> Result<PutOutcome, PutError> {
+        if len > self.slot_bytes {
+            return Err(PutError::TooLarge {
+                len,
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        let g = self.arena.enter().map_err(|_| PutError::Closed)?;
+        self.put_with(key, len, meta, |offset| writer(&SlotWriter { guard: &g, offset, len }))
     }
 
     /// Store a payload read from another device's reservation (migration;
