@@ -709,6 +709,12 @@ pub struct ArenaGuard<'a> {
     len: usize,
 }
 
+// SAFETY: a shared guard only copies through its raw pointer, which the
+// module's Safety section allows from any thread while the guard keeps the
+// mapping alive. It is deliberately not `Send`: dropping it on another thread
+// would unbalance that thread's `GUARDS_HELD` count.
+unsafe impl Sync for ArenaGuard<'_> {}
+
 impl Drop for ArenaGuard<'_> {
     fn drop(&mut self) {
         GUARDS_HELD.with(|g| g.set(g.get() - 1));

@@ -128,19 +128,11 @@ impl ReadSet<'_> {
         Some(r.len)
     }
 
-    /// Copy raw device bytes `offset..offset+dst.len()` (merged spans of
-    /// adjacent reservations). The range must lie within this set's slots.
-    pub fn read_span(&self, offset: usize, dst: &mut [u8]) -> bool {
-        let end = offset + dst.len();
-        let sb = self.core.slot_bytes;
-        let covered = self.items.iter().any(|r| r.offset <= offset && offset < r.offset + sb)
-            && (offset..end)
-                .step_by(sb)
-                .all(|o| self.items.iter().any(|r| r.offset <= o && o < r.offset + sb));
-        match (&self.guard, covered) {
-            (Some(g), true) => g.read(offset, dst).is_ok(),
-            _ => false,
-        }
+    /// Copy raw device bytes `offset..offset+dst.len()`: merged spans of
+    /// adjacent reservations (batched restore). The caller built the span
+    /// from this set's reservations; bounds are checked against the mapping.
+    pub(crate) fn read_span(&self, offset: usize, dst: &mut [u8]) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.read(offset, dst).is_ok())
     }
 
     /// The guard over the source device (migration copies from it).

@@ -37,3 +37,4 @@ pub use crate::error::{CoreError, OpenError, PutError};
 pub use crate::key::Key;
 pub use crate::slot::{Generation, SlotId};
 
+pub use crate::store::{DaxStore, StoreConfig, StoreError};

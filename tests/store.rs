@@ -1,0 +1,286 @@
+//! DaxStore (the non-MP facade): reference §8.4 scenarios on memfd arenas.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use daxkv::arena::{ArenaSource, ArenaSpec};
+use daxkv::{CoreConfig, DaxStore, Key, PutOutcome, StoreConfig, StoreError};
+
+const SLOT: usize = 4096;
+
+fn cfg(slots: usize) -> StoreConfig {
+    let mut c = StoreConfig::new(CoreConfig::new(ArenaSpec::memfd(slots * SLOT), SLOT));
+    c.restore_workers = 2;
+    c.restore_max_regions = 2;
+    c.staging_slab_bytes = 3 * SLOT;
+    c
+}
+
+fn store(slots: usize) -> DaxStore {
+    DaxStore::open(cfg(slots)).unwrap()
+}
+
+fn k(i: u32) -> Key {
+    Key::digest(format!("m@0@0@{i}").as_bytes())
+}
+
+fn payload(i: u32, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (j as u32 ^ i.wrapping_mul(2_654_435_761)) as u8).collect()
+}
+
+#[test]
+fn round_trip_with_tag() {
+    let s = store(4);
+    assert_eq!(s.put_tagged(k(1), &payload(1, 1000), 42).unwrap(), PutOutcome::Stored);
+    let mut b = vec![0u8; 1000];
+    assert_eq!(s.get(k(1), &mut b).unwrap(), Some(1000));
+    assert_eq!(b, payload(1, 1000));
+    assert_eq!(s.info(k(1)), Some((1000, 42)), "the stored format tag comes back");
+    assert_eq!(s.get_vec(k(1)).unwrap(), payload(1, 1000));
+    assert_eq!(s.get(k(2), &mut b).unwrap(), None);
+}
+
+#[test]
+fn oversized_put_and_short_buffers_are_errors_that_name_sizes() {
+    let s = store(2);
+    let e = s.put(k(1), &vec![0u8; SLOT + 5]).unwrap_err();
+    assert_eq!(e.to_string(), "object of 4101 bytes exceeds the slot size of 4096 bytes");
+    s.put(k(1), &payload(1, 100)).unwrap();
+    let mut small = vec![7u8; 50];
+    let e = s.get(k(1), &mut small).unwrap_err();
+    assert_eq!(e.to_string(), "buffer of 50 bytes is too small for the 100 byte payload");
+    assert!(small.iter().all(|&b| b == 7), "untouched");
+    let e = s.batched_get(&[k(1), k(2)], &mut [&mut [0u8; 4][..]]).unwrap_err();
+    assert_eq!(e.to_string(), "batched_get: 2 keys but 1 buffers");
+    assert_eq!(s.core().live_slot_count(), 1);
+}
+
+#[test]
+fn config_errors_name_the_field_and_leak_no_fds() {
+    fn fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+    let before = fds();
+    let mut c = cfg(2);
+    c.staging_slab_bytes = SLOT;
+    let e = DaxStore::open(c).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid config: staging_slab_bytes must be at least restore_max_regions x slot_bytes = 8192 (got 4096)"
+    );
+    let mut c = cfg(2);
+    c.restore_workers = 0;
+    assert!(DaxStore::open(c).unwrap_err().to_string().contains("restore_workers must be a positive integer"));
+    let mut c = cfg(2);
+    c.core.arena = ArenaSpec::new(ArenaSource::Path("/nonexistent/dax0.0".into()), 2 * SLOT);
+    assert!(DaxStore::open(c).unwrap_err().to_string().contains("/nonexistent/dax0.0"));
+    for _ in 0..10 {
+        let mut c = cfg(2);
+        c.core.slot_bytes = 3 * SLOT;
+        let _ = DaxStore::open(c);
+    }
+    assert!(fds() <= before + 1, "fds {before} -> {}", fds());
+}
+
+#[test]
+fn batched_get_has_positional_holes_and_prefix_stops_at_first_miss() {
+    let s = store(8);
+    for i in [0, 1, 3] {
+        s.put(k(i), &payload(i, 200)).unwrap();
+    }
+    let keys: Vec<Key> = (0..4).map(k).collect();
+    let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; 200]; 4];
+    let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(s.batched_get(&keys, &mut refs).unwrap(), vec![Some(200), Some(200), None, Some(200)]);
+    assert_eq!(bufs[3], payload(3, 200));
+    let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(s.batched_get_prefix(&keys, &mut refs).unwrap(), 2);
+    assert_eq!(s.batched_contains(&keys, false), 2);
+}
+
+#[test]
+fn batched_restore_handles_heterogeneous_sizes_and_holes() {
+    let s = store(16);
+    // Full chunks and short tails, stored out of order so slots interleave.
+    let sizes = [SLOT, SLOT, 1000, SLOT, 17, SLOT, SLOT, 2048];
+    for (i, &n) in sizes.iter().enumerate().rev() {
+        s.put(k(i as u32), &payload(i as u32, n)).unwrap();
+    }
+    let mut keys: Vec<Key> = (0..8).map(k).collect();
+    keys.insert(3, k(99)); // a miss in the middle
+    let mut bufs: Vec<Vec<u8>> = keys.iter().map(|_| vec![0u8; SLOT]).collect();
+    let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = s.batched_restore(&keys, &mut refs).unwrap();
+    let mut want: Vec<Option<usize>> = sizes.iter().map(|&n| Some(n)).collect();
+    want.insert(3, None);
+    assert_eq!(got, want);
+    for (j, key_i) in [0u32, 1, 2, 99, 3, 4, 5, 6, 7].iter().enumerate() {
+        if *key_i != 99 {
+            let n = sizes[*key_i as usize];
+            assert_eq!(&bufs[j][..n], &payload(*key_i, n)[..], "key {key_i}");
+        }
+    }
+    // Concurrent restores from two threads serialize on the slab and agree.
+    let s = Arc::new(s);
+    let hs: Vec<_> = (0..2)
+        .map(|_| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for _ in 0..20 {
+                    let keys: Vec<Key> = (0..8).map(k).collect();
+                    let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; SLOT]; 8];
+                    let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    let got = s.batched_restore(&keys, &mut refs).unwrap();
+                    for i in 0..8 {
+                        assert_eq!(got[i], Some(sizes[i]));
+                        assert_eq!(&bufs[i][..sizes[i]], &payload(i as u32, sizes[i])[..]);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn pins_are_refcounted_and_never_auto_evicted() {
+    let mut c = cfg(2);
+    c.auto_evict = true;
+    let s = DaxStore::open(c).unwrap();
+    s.put(k(1), b"one").unwrap();
+    s.put(k(2), b"two").unwrap();
+    assert!(s.pin(k(1)));
+    assert!(s.pin(k(1)), "overlapping pins");
+    assert!(s.unpin(k(1)), "still exists after one unpin");
+    // Full: auto-evict must pick key 2 (key 1 is pinned).
+    assert_eq!(s.put(k(3), b"three").unwrap(), PutOutcome::Stored);
+    assert!(s.contains(k(1), false));
+    assert!(!s.contains(k(2), false));
+    assert!(s.unpin(k(1)));
+    // Pin both remaining keys: nothing evictable, so the put fails.
+    assert!(s.pin(k(1)) && s.pin(k(3)));
+    assert!(matches!(s.put(k(4), b"four"), Err(StoreError::Full)));
+}
+
+#[test]
+fn full_arena_without_auto_evict_is_an_error() {
+    let s = store(1);
+    s.put(k(1), b"a").unwrap();
+    let e = s.put(k(2), b"b").unwrap_err();
+    assert_eq!(e.to_string(), "no free slots available; eviction required");
+}
+
+#[test]
+fn remove_is_forced_by_default() {
+    let s = store(2);
+    s.put(k(1), b"a").unwrap();
+    s.put(k(2), b"b").unwrap();
+    assert!(s.pin(k(1)));
+    assert!(!s.remove_with(k(1), false), "a pinned key survives an unforced remove");
+    assert!(s.remove(k(1)), "the default remove is forced");
+    assert_eq!(s.batched_remove(&[k(1), k(2), k(3)]), 1);
+    assert_eq!(s.core().live_slot_count(), 0);
+    s.core().check_invariants().unwrap();
+}
+
+#[test]
+fn remove_during_a_read_finishes_and_defers_slot_reuse() {
+    let s = store(1);
+    s.put(k(1), &payload(1, 64)).unwrap();
+    let set = s.core().reserve_reads(&[k(1)], false);
+    assert!(s.remove(k(1)), "remove does not wait for the read");
+    assert!(matches!(s.put(k(2), b"x"), Err(StoreError::Full)), "no free slot until the read finishes");
+    let mut out = vec![0u8; 64];
+    assert_eq!(set.read(&set.items()[0], &mut out), Some(64));
+    assert_eq!(out, payload(1, 64));
+    drop(set);
+    assert_eq!(s.put(k(2), b"x").unwrap(), PutOutcome::Stored);
+}
+
+#[test]
+fn async_put_completes_through_the_callback_and_close_waits_for_it() {
+    let s = store(8);
+    let (tx, rx) = mpsc::channel();
+    for i in 0..4 {
+        let tx = tx.clone();
+        s.put_async(k(i), payload(i, 500).into(), move |r| tx.send((i, r.is_ok())).unwrap()).unwrap();
+    }
+    let e = s.put_async(k(9), vec![0u8; SLOT + 1].into(), |_| panic!("oversized put must not run")).unwrap_err();
+    assert!(matches!(e, StoreError::TooLarge { .. }));
+    let mut seen: Vec<(u32, bool)> = (0..4).map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..4).map(|i| (i, true)).collect::<Vec<_>>());
+    for i in 0..4 {
+        assert_eq!(s.get_vec(k(i)).unwrap(), payload(i, 500));
+    }
+    // close waits for a queued slow async put.
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    s.put_async(k(20), payload(20, 10).into(), move |_| {
+        std::thread::sleep(Duration::from_millis(100));
+        d.store(true, Ordering::SeqCst);
+    })
+    .unwrap();
+    s.close();
+    assert!(done.load(Ordering::SeqCst), "close returned before the async put finished");
+    assert!(matches!(s.put(k(1), b"x"), Err(StoreError::Closed)));
+    assert!(matches!(s.put_async(k(1), vec![1u8].into(), |_| ()), Err(StoreError::Closed)));
+    assert_eq!(s.get(k(1), &mut [0u8; 500]).unwrap(), None, "gets after close are misses");
+    s.close();
+}
+
+#[test]
+fn close_waits_for_an_active_get() {
+    let s = Arc::new(store(2));
+    s.put(k(1), &payload(1, 100)).unwrap();
+    let set_taken = Arc::new(std::sync::Barrier::new(2));
+    let closed = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (s, b, closed) = (s.clone(), set_taken.clone(), closed.clone());
+        std::thread::spawn(move || {
+            let set = s.core().reserve_reads(&[k(1)], false);
+            b.wait();
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!closed.load(Ordering::SeqCst), "close finished during the read");
+            let mut out = vec![0u8; 100];
+            assert_eq!(set.read(&set.items()[0], &mut out), Some(100));
+            assert_eq!(out, payload(1, 100));
+        })
+    };
+    set_taken.wait();
+    s.close();
+    closed.store(true, Ordering::SeqCst);
+    reader.join().unwrap();
+}
+
+#[test]
+fn multithreaded_put_get_smoke() {
+    let s = Arc::new(store(256));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let hs: Vec<_> = (0..4u32)
+        .map(|t| {
+            let (s, ok) = (s.clone(), ok.clone());
+            std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    let id = t * 1000 + i % 50;
+                    let _ = s.put(k(id), &payload(id, 300));
+                    if let Some(v) = s.get_vec(k(id)) {
+                        assert_eq!(v, payload(id, 300));
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if i % 7 == 0 {
+                        s.remove(k(id));
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert!(ok.load(Ordering::Relaxed) > 0);
+    s.core().check_invariants().unwrap();
+}
