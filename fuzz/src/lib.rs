@@ -1,0 +1,1 @@
+//! Model-based fuzz targets live in `tests/`.
