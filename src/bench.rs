@@ -1,1 +1,490 @@
-//! placeholder
+//! # The standard `daxkv bench` workload
+//!
+//! For each object size: N = min(max_objects, total_bytes / size) objects
+//! go through the phases store → lookup-and-lock → load → unlock → delete,
+//! in tasks of 16 keys, on a fresh device (memfd by default) with one slot
+//! per object. Before the phases, the same mapping's raw limits are
+//! measured in the same run: single-thread non-temporal copy in, plain
+//! `memcpy` in, and copy out. Each phase prints its ratio to its limit.
+//!
+//! This runs through the synchronous [`DaxCore`] API on one thread; the
+//! engine (rings, worker pools) will run the same workload.
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use crate::arena::{ArenaSource, ArenaSpec};
+use crate::core::{CoreConfig, DaxCore};
+use crate::key::Key;
+
+/// Keys per task.
+pub const TASK_KEYS: usize = 16;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub sizes: Vec<usize>,
+    pub total_bytes: usize,
+    pub max_objects: usize,
+    /// A device or file to use instead of a memfd (must hold `total_bytes`).
+    pub path: Option<std::path::PathBuf>,
+    /// Pre-fault the mapping (first-touch faults of fresh tmpfs pages would
+    /// otherwise dominate; a real DAX device has none).
+    pub prefault: bool,
+    /// Every `verify_every`-th loaded object is compared byte for byte.
+    pub verify_every: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> BenchConfig {
+        BenchConfig {
+            sizes: vec![4 << 10, 64 << 10, 256 << 10, 2 << 20, 8 << 20],
+            total_bytes: 1 << 30,
+            max_objects: 20_000,
+            path: None,
+            prefault: true,
+            verify_every: 64,
+        }
+    }
+}
+
+/// Raw limits of one mapping for one object size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limits {
+    pub size_bytes: usize,
+    pub nt_copy_in_gb_s: f64,
+    pub memcpy_in_gb_s: f64,
+    pub copy_out_gb_s: f64,
+}
+
+/// One phase's result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhaseResult {
+    pub size_bytes: usize,
+    pub phase: &'static str,
+    pub objects: usize,
+    pub seconds: f64,
+    pub objects_per_s: f64,
+    pub gb_per_s: Option<f64>,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub ratio_to_limit: Option<f64>,
+    pub verified: Option<bool>,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub cpu: String,
+    pub cores: usize,
+    pub numa_nodes: usize,
+    pub kernel: &'static str,
+    pub device: String,
+    pub limits: Vec<Limits>,
+    pub results: Vec<PhaseResult>,
+}
+
+/// Errors of a bench run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Open(#[from] crate::error::OpenError),
+    #[error("bench: {0}")]
+    Failed(String),
+}
+
+fn machine() -> (String, usize, usize) {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let numa = std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    let n = e.file_name();
+                    let n = n.to_string_lossy();
+                    n.starts_with("node") && n[4..].chars().all(|c| c.is_ascii_digit())
+                })
+                .count()
+        })
+        .unwrap_or(1)
+        .max(1);
+    (cpu, cores, numa)
+}
+
+fn gb_s(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e9
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+/// A source object: distinct bytes per object id.
+fn fill(buf: &mut [u8], id: usize) {
+    let mut x = (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+struct Phase {
+    lat_us: Vec<f64>,
+    start: Instant,
+}
+
+impl Phase {
+    fn start() -> Phase {
+        Phase {
+            lat_us: Vec::new(),
+            start: Instant::now(),
+        }
+    }
+    fn task<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let t = Instant::now();
+        let r = f();
+        self.lat_us.push(t.elapsed().as_secs_f64() * 1e6);
+        r
+    }
+    fn finish(mut self, size: usize, phase: &'static str, objects: usize, bytes: Option<usize>, limit: Option<f64>) -> PhaseResult {
+        let secs = self.start.elapsed().as_secs_f64().max(1e-9);
+        self.lat_us.sort_by(f64::total_cmp);
+        let gb = bytes.map(|b| gb_s(b, secs));
+        PhaseResult {
+            size_bytes: size,
+            phase,
+            objects,
+            seconds: secs,
+            objects_per_s: objects as f64 / secs,
+            gb_per_s: gb,
+            p50_us: percentile(&self.lat_us, 0.5),
+            p99_us: percentile(&self.lat_us, 0.99),
+            max_us: self.lat_us.last().copied().unwrap_or(0.0),
+            ratio_to_limit: gb.zip(limit).map(|(g, l)| g / l),
+            verified: None,
+        }
+    }
+}
+
+/// Run the workload; `progress` is called with a line per finished phase.
+pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, BenchError> {
+    let (cpu, cores, numa_nodes) = machine();
+    let mut report = Report {
+        cpu,
+        cores,
+        numa_nodes,
+        kernel: crate::copy::selected().name(),
+        device: cfg.path.as_ref().map_or_else(|| "memfd".to_string(), |p| p.display().to_string()),
+        limits: Vec::new(),
+        results: Vec::new(),
+    };
+    for &size in &cfg.sizes {
+        if size == 0 {
+            return Err(BenchError::Failed("object size must be > 0".into()));
+        }
+        let n = cfg.max_objects.min(cfg.total_bytes / size).max(1);
+        let source = match &cfg.path {
+            Some(p) => ArenaSource::Path(p.clone()),
+            None => ArenaSource::Memfd,
+        };
+        let core = DaxCore::open(&CoreConfig::new(ArenaSpec::new(source, n * size).populate(cfg.prefault), size))?;
+        if cfg.prefault {
+            if let Some(g) = core.raw_guard() {
+                g.prefault();
+            }
+        }
+        // Sources: a ring of distinct objects (bounded memory); destinations:
+        // one buffer per object, touched before timing.
+        let ring = n.min(64);
+        let sources: Vec<Vec<u8>> = (0..ring)
+            .map(|i| {
+                let mut v = vec![0u8; size];
+                fill(&mut v, i);
+                v
+            })
+            .collect();
+        let mut dests: Vec<Vec<u8>> = (0..n).map(|_| vec![1u8; size]).collect();
+        let keys: Vec<Key> = (0..n).map(|i| Key::digest(format!("bench@0@0@{size:x}@{i:x}").as_bytes())).collect();
+
+        // Limits, on this very mapping.
+        let limits = {
+            let g = core.raw_guard().ok_or_else(|| BenchError::Failed("device closed".into()))?;
+            let t = Instant::now();
+            for i in 0..n {
+                g.write(i * size, &sources[i % ring]).map_err(|e| BenchError::Failed(e.to_string()))?;
+            }
+            let nt = gb_s(n * size, t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for i in 0..n {
+                g.write_plain(i * size, &sources[i % ring]).map_err(|e| BenchError::Failed(e.to_string()))?;
+            }
+            let mc = gb_s(n * size, t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for (i, d) in dests.iter_mut().enumerate() {
+                g.read(i * size, d).map_err(|e| BenchError::Failed(e.to_string()))?;
+            }
+            let out = gb_s(n * size, t.elapsed().as_secs_f64());
+            Limits {
+                size_bytes: size,
+                nt_copy_in_gb_s: nt,
+                memcpy_in_gb_s: mc,
+                copy_out_gb_s: out,
+            }
+        };
+
+        // store
+        let mut ph = Phase::start();
+        let mut stored = 0;
+        for (t, chunk) in keys.chunks(TASK_KEYS).enumerate() {
+            let bufs: Vec<&[u8]> = (0..chunk.len()).map(|j| &sources[(t * TASK_KEYS + j) % ring][..]).collect();
+            let ok = ph.task(|| core.put_many(chunk, &bufs)).map_err(|e| BenchError::Failed(e.to_string()))?;
+            stored += ok.iter().filter(|&&b| b).count();
+        }
+        if stored != n {
+            return Err(BenchError::Failed(format!("stored {stored} of {n} objects of {size} bytes")));
+        }
+        let store = ph.finish(size, "store", n, Some(n * size), Some(limits.nt_copy_in_gb_s));
+
+        // lookup-and-lock
+        let mut ph = Phase::start();
+        let mut hits = 0;
+        for chunk in keys.chunks(TASK_KEYS) {
+            hits += ph.task(|| core.exists_many(chunk, true)).iter().filter(|&&b| b).count();
+        }
+        if hits != n {
+            return Err(BenchError::Failed(format!("lookup found {hits} of {n}")));
+        }
+        let lookup = ph.finish(size, "lookup", n, None, None);
+
+        // load
+        let mut ph = Phase::start();
+        let mut loaded = 0;
+        for (t, (chunk, dchunk)) in keys.chunks(TASK_KEYS).zip(dests.chunks_mut(TASK_KEYS)).enumerate() {
+            let _ = t;
+            let mut bufs: Vec<&mut [u8]> = dchunk.iter_mut().map(|d| &mut d[..]).collect();
+            let ok = ph.task(|| core.load_many_into(chunk, &mut bufs)).map_err(|e| BenchError::Failed(e.to_string()))?;
+            loaded += ok.iter().filter(|&&b| b).count();
+        }
+        let mut load = ph.finish(size, "load", n, Some(n * size), Some(limits.copy_out_gb_s));
+        let verified = loaded == n && (0..n).step_by(cfg.verify_every.max(1)).all(|i| dests[i] == sources[i % ring]);
+        load.verified = Some(verified);
+
+        // unlock
+        let mut ph = Phase::start();
+        for chunk in keys.chunks(TASK_KEYS) {
+            ph.task(|| core.unlock_many(chunk));
+        }
+        let unlock = ph.finish(size, "unlock", n, None, None);
+
+        // delete
+        let mut ph = Phase::start();
+        let mut deleted = 0;
+        for chunk in keys.chunks(TASK_KEYS) {
+            deleted += ph.task(|| core.delete_many(chunk, false)).iter().filter(|&&b| b).count();
+        }
+        if deleted != n || core.live_slot_count() != 0 {
+            return Err(BenchError::Failed(format!(
+                "deleted {deleted} of {n}; {} slots still live",
+                core.live_slot_count()
+            )));
+        }
+        let delete = ph.finish(size, "delete", n, None, None);
+        core.close();
+
+        for r in [&store, &lookup, &load, &unlock, &delete] {
+            progress(&format_row(r));
+        }
+        report.limits.push(limits);
+        report.results.extend([store, lookup, load, unlock, delete]);
+    }
+    Ok(report)
+}
+
+fn human(size: usize) -> String {
+    if size >= 1 << 20 && size % (1 << 20) == 0 {
+        format!("{} MiB", size >> 20)
+    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+        format!("{} KiB", size >> 10)
+    } else {
+        format!("{size} B")
+    }
+}
+
+fn format_row(r: &PhaseResult) -> String {
+    format!(
+        "{:>8} {:<7} {:>7} {:>12.0} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>8}",
+        human(r.size_bytes),
+        r.phase,
+        r.objects,
+        r.objects_per_s,
+        r.gb_per_s.map_or("-".into(), |g| format!("{g:.2}")),
+        r.p50_us,
+        r.p99_us,
+        r.max_us,
+        r.ratio_to_limit.map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+        r.verified.map_or("-", |v| if v { "ok" } else { "FAILED" }),
+    )
+}
+
+impl Report {
+    /// The human-readable table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "daxkv bench: DaxCore, 1 thread, tasks of {TASK_KEYS} keys, device {}, copy kernel {}",
+            self.device, self.kernel
+        );
+        let _ = writeln!(s, "machine: {}, {} cores, {} NUMA node(s)", self.cpu, self.cores, self.numa_nodes);
+        let _ = writeln!(s, "\nlimits (same mapping, single thread):");
+        let _ = writeln!(s, "{:>8} {:>12} {:>12} {:>12}", "size", "nt_in GB/s", "memcpy GB/s", "out GB/s");
+        for l in &self.limits {
+            let _ = writeln!(
+                s,
+                "{:>8} {:>12.2} {:>12.2} {:>12.2}",
+                human(l.size_bytes),
+                l.nt_copy_in_gb_s,
+                l.memcpy_in_gb_s,
+                l.copy_out_gb_s
+            );
+        }
+        let _ = writeln!(s, "\nphases (ratio: store vs nt_in, load vs out):");
+        let _ = writeln!(
+            s,
+            "{:>8} {:<7} {:>7} {:>12} {:>8} {:>9} {:>9} {:>9} {:>6} {:>8}",
+            "size", "phase", "objects", "objects/s", "GB/s", "p50 us", "p99 us", "max us", "ratio", "verified"
+        );
+        for r in &self.results {
+            let _ = writeln!(s, "{}", format_row(r));
+        }
+        s
+    }
+
+    /// The `--json` document (names fixed by the bench issue; fields may be
+    /// added, never renamed).
+    pub fn json(&self) -> String {
+        fn num(x: f64) -> String {
+            if x.is_finite() {
+                format!("{x}")
+            } else {
+                "null".into()
+            }
+        }
+        fn opt(x: Option<f64>) -> String {
+            x.map_or("null".into(), num)
+        }
+        fn esc(s: &str) -> String {
+            s.chars()
+                .flat_map(|c| match c {
+                    '"' => vec!['\\', '"'],
+                    '\\' => vec!['\\', '\\'],
+                    c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32).chars().collect(),
+                    c => vec![c],
+                })
+                .collect()
+        }
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "{{\"machine\":{{\"cpu\":\"{}\",\"cores\":{},\"numa_nodes\":{}}},\"mode\":\"core\",\"copy_kernel\":\"{}\",\"device\":\"{}\",\"limits\":{{",
+            esc(&self.cpu),
+            self.cores,
+            self.numa_nodes,
+            self.kernel,
+            esc(&self.device)
+        );
+        for (i, l) in self.limits.iter().enumerate() {
+            let _ = write!(
+                s,
+                "{}\"{}\":{{\"nt_copy_in_gb_s\":{},\"memcpy_in_gb_s\":{},\"copy_out_gb_s\":{}}}",
+                if i > 0 { "," } else { "" },
+                l.size_bytes,
+                num(l.nt_copy_in_gb_s),
+                num(l.memcpy_in_gb_s),
+                num(l.copy_out_gb_s)
+            );
+        }
+        // The engine round trip is measured once the engine exists.
+        s.push_str("},\"eventfd_ping_pong_us\":null,\"results\":[");
+        for (i, r) in self.results.iter().enumerate() {
+            let _ = write!(
+                s,
+                "{}{{\"size_bytes\":{},\"phase\":\"{}\",\"objects\":{},\"seconds\":{},\"objects_per_s\":{},\"gb_per_s\":{},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"ratio_to_limit\":{},\"verified\":{}}}",
+                if i > 0 { "," } else { "" },
+                r.size_bytes,
+                r.phase,
+                r.objects,
+                num(r.seconds),
+                num(r.objects_per_s),
+                opt(r.gb_per_s),
+                num(r.p50_us),
+                num(r.p99_us),
+                num(r.max_us),
+                opt(r.ratio_to_limit),
+                r.verified.map_or("null", |v| if v { "true" } else { "false" })
+            );
+        }
+        s.push_str("]}");
+        s
+    }
+}
+
+/// Parse a size like `4K`, `64KiB`, `2M`, `1.5GiB` or `4096` (1024-based).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let t = s.trim();
+    if t.is_empty() || t.len() > 64 {
+        return None;
+    }
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
+    let mult: u128 = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() || !int.chars().all(|c| c.is_ascii_digit()) || !frac.chars().all(|c| c.is_ascii_digit()) || (num.contains('.') && frac.is_empty()) {
+        return None;
+    }
+    let whole: u128 = int.parse().ok()?;
+    let mut bytes = whole.checked_mul(mult)?;
+    if !frac.is_empty() {
+        let f: u128 = frac.parse().ok()?;
+        let scale = 10u128.checked_pow(frac.len() as u32)?;
+        bytes = bytes.checked_add(f.checked_mul(mult)? / scale)?;
+    }
+    (bytes > 0).then(|| usize::try_from(bytes).ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_like_lmcache() {
+        assert_eq!(parse_size("2GiB"), Some(2_147_483_648));
+        assert_eq!(parse_size("1536MiB"), Some(1_610_612_736));
+        assert_eq!(parse_size("1.5GiB"), Some(1_610_612_736));
+        assert_eq!(parse_size("4k"), Some(4096));
+        assert_eq!(parse_size("64 KiB"), Some(65536));
+        assert_eq!(parse_size("4096"), Some(4096));
+        for bad in ["", "0", "many", "1.", ".5G", "-1", "4 parsecs", &"9".repeat(65)] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+    }
+}
