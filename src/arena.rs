@@ -372,7 +372,7 @@ impl Arena {
                 Ok(a) if a > 0 => a as usize,
                 _ => DEFAULT_DEVDAX_ALIGN_BYTES,
             };
-            if len % align != 0 {
+            if !len.is_multiple_of(align) {
                 return Err(OpenError::Misaligned {
                     path: path.into(),
                     len,
@@ -387,7 +387,11 @@ impl Arena {
                 });
             }
             let usable = (device_bytes as usize) / align * align;
-            (ArenaKind::DevDax, align, spec.max_size_bytes.unwrap_or(usable).min(usable))
+            (
+                ArenaKind::DevDax,
+                align,
+                spec.max_size_bytes.unwrap_or(usable).min(usable),
+            )
         } else if ft.is_file() {
             if md.len() < len as u64 {
                 return Err(OpenError::FileTooSmall {
@@ -397,7 +401,11 @@ impl Arena {
                 });
             }
             let file_len = md.len() as usize;
-            (ArenaKind::File, 1, spec.max_size_bytes.unwrap_or(file_len).min(file_len))
+            (
+                ArenaKind::File,
+                1,
+                spec.max_size_bytes.unwrap_or(file_len).min(file_len),
+            )
         } else {
             let kind = if ft.is_block_device() {
                 "block device"
@@ -535,7 +543,10 @@ impl Arena {
             if prev & CLOSED != 0 {
                 return Err(Closed);
             }
-            let mut g = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut g = self
+                .waiters
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             // ORDERING: Acquire — see the new state before retrying.
             while self.gate.load(Ordering::Acquire) & EXCLUSIVE != 0 {
                 g = self
@@ -552,13 +563,19 @@ impl Arena {
         // load in `wait_idle` that sees the count reach zero.
         let prev = self.gate.fetch_sub(1, Ordering::Release);
         if prev & (EXCLUSIVE | CLOSED) != 0 && prev & COUNT_MASK == 1 {
-            let _g = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _g = self
+                .waiters
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.wake.notify_all();
         }
     }
 
     fn wait_idle(&self) {
-        let mut g = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut g = self
+            .waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // ORDERING: Acquire — pairs with the Release in `leave`.
         while self.gate.load(Ordering::Acquire) & COUNT_MASK != 0 {
             g = self
@@ -572,7 +589,10 @@ impl Arena {
     /// Run `f` with no guard alive and new guards held off: the place to
     /// remap and to change anything the data path reads without locks.
     pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, Closed> {
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self
+            .admin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // ORDERING: AcqRel — the bit must be visible to new `enter`s before
         // we wait for the count to drain.
         let prev = self.gate.fetch_or(EXCLUSIVE, Ordering::AcqRel);
@@ -590,7 +610,10 @@ impl Arena {
         // `fetch_add` in `enter`.
         self.gate.fetch_and(!EXCLUSIVE, Ordering::Release);
         {
-            let _g = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _g = self
+                .waiters
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.wake.notify_all();
         }
         Ok(r)
@@ -599,7 +622,10 @@ impl Arena {
     /// Refuse new guards, wait for the live ones, run `f`, then unmap.
     /// Idempotent: a second call returns `false` without running `f`.
     pub fn close(&self, f: impl FnOnce()) -> bool {
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self
+            .admin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // ORDERING: AcqRel — as in `exclusive`.
         let prev = self.gate.fetch_or(CLOSED, Ordering::AcqRel);
         if prev & CLOSED != 0 {
@@ -654,40 +680,38 @@ impl Exclusive<'_> {
                 max_bytes: a.max_len,
             });
         }
-        if new_len % a.align_bytes != 0 {
+        if !new_len.is_multiple_of(a.align_bytes) {
             return Err(OpenError::Misaligned {
                 path: a.path.clone().unwrap_or_default(),
                 len: new_len,
                 align_bytes: a.align_bytes,
             });
         }
-        let new_map = match &a.file {
-            Some(file) => {
-                if a.resizable_file {
-                    let cur = file.metadata().map(|m| m.len()).unwrap_or(0);
-                    if cur < new_len as u64 {
-                        file.set_len(new_len as u64).map_err(|e| OpenError::Truncate {
+        let new_map = if let Some(file) = &a.file {
+            if a.resizable_file {
+                let cur = file.metadata().map_or(0, |m| m.len());
+                if cur < new_len as u64 {
+                    file.set_len(new_len as u64)
+                        .map_err(|e| OpenError::Truncate {
                             what: a.describe.clone(),
                             len: new_len,
                             source: e,
                         })?;
-                    }
                 }
-                map_fd(file, new_len, a.populate, &a.describe)?
             }
-            None => {
-                let m = map_anon(new_len, a.populate)?;
-                // Anonymous memory has no backing to re-map: carry the bytes.
-                let keep = self.len().min(new_len);
-                // SAFETY: no guard exists (we are inside `exclusive`); the old
-                // mapping is valid for `len` bytes and the new one for
-                // `new_len`; they are distinct mappings.
-                unsafe {
-                    let old = &*a.mapped.get();
-                    std::ptr::copy_nonoverlapping(old.base, m.as_mut_ptr(), keep);
-                }
-                m
+            map_fd(file, new_len, a.populate, &a.describe)?
+        } else {
+            let m = map_anon(new_len, a.populate)?;
+            // Anonymous memory has no backing to re-map: carry the bytes.
+            let keep = self.len().min(new_len);
+            // SAFETY: no guard exists (we are inside `exclusive`); the old
+            // mapping is valid for `len` bytes and the new one for
+            // `new_len`; they are distinct mappings.
+            unsafe {
+                let old = &*a.mapped.get();
+                std::ptr::copy_nonoverlapping(old.base, m.as_mut_ptr(), keep);
             }
+            m
         };
         // SAFETY: inside `exclusive`: no guard exists and `admin` is held.
         let m = unsafe { &mut *a.mapped.get() };
@@ -777,7 +801,12 @@ impl ArenaGuard<'_> {
     /// `src` is valid for reads of `len` bytes for the duration of the call
     /// and does not overlap `offset..offset+len` of this mapping.
     #[inline]
-    pub unsafe fn write_from_ptr(&self, offset: usize, src: *const u8, len: usize) -> Result<(), OutOfBounds> {
+    pub unsafe fn write_from_ptr(
+        &self,
+        offset: usize,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), OutOfBounds> {
         self.check(offset, len)?;
         // SAFETY: bounds checked; the caller vouches for `src`.
         unsafe { copy::to_dax(self.base.add(offset), src, len) };
@@ -800,11 +829,27 @@ impl ArenaGuard<'_> {
     /// `dst` is valid for writes of `len` bytes for the duration of the call,
     /// nothing else accesses it meanwhile, and it does not overlap the range.
     #[inline]
-    pub unsafe fn read_to_ptr(&self, offset: usize, dst: *mut u8, len: usize) -> Result<(), OutOfBounds> {
+    pub unsafe fn read_to_ptr(
+        &self,
+        offset: usize,
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<(), OutOfBounds> {
         self.check(offset, len)?;
         // SAFETY: bounds checked; the caller vouches for `dst`.
         unsafe { copy::from_dax(dst, self.base.add(offset), len) };
         Ok(())
+    }
+
+    /// A raw pointer `offset` bytes into the mapping (benchmarks drive the
+    /// copy kernels through it). Valid while this guard lives.
+    pub fn as_ptr(&self, offset: usize) -> *mut u8 {
+        assert!(
+            offset <= self.len,
+            "offset {offset} past the {} byte mapping",
+            self.len
+        );
+        self.base.wrapping_add(offset)
     }
 
     /// Plain `memcpy` into the mapping (the benchmark baseline).
@@ -858,7 +903,10 @@ mod tests {
         assert_eq!(&out, b"hello");
         let e = g.write((1 << 16) - 2, b"abc").unwrap_err();
         assert_eq!(e.mapped, 1 << 16);
-        assert!(e.to_string().contains("outside the 65536 byte mapping"), "{e}");
+        assert!(
+            e.to_string().contains("outside the 65536 byte mapping"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -876,7 +924,10 @@ mod tests {
             .unwrap();
         });
         std::thread::sleep(Duration::from_millis(50));
-        assert!(!done.load(Ordering::SeqCst), "remap ran while a guard was alive");
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "remap ran while a guard was alive"
+        );
         drop(g);
         t.join().unwrap();
         assert!(done.load(Ordering::SeqCst));

@@ -98,11 +98,16 @@ pub enum BenchError {
 fn machine() -> (String, usize, usize) {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into());
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let numa = std::fs::read_dir("/sys/devices/system/node")
-        .map(|d| {
+        .map_or(1, |d| {
             d.filter_map(Result::ok)
                 .filter(|e| {
                     let n = e.file_name();
@@ -111,7 +116,6 @@ fn machine() -> (String, usize, usize) {
                 })
                 .count()
         })
-        .unwrap_or(1)
         .max(1);
     (cpu, cores, numa)
 }
@@ -158,7 +162,14 @@ impl Phase {
         self.lat_us.push(t.elapsed().as_secs_f64() * 1e6);
         r
     }
-    fn finish(mut self, size: usize, phase: &'static str, objects: usize, bytes: Option<usize>, limit: Option<f64>) -> PhaseResult {
+    fn finish(
+        mut self,
+        size: usize,
+        phase: &'static str,
+        objects: usize,
+        bytes: Option<usize>,
+        limit: Option<f64>,
+    ) -> PhaseResult {
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
         self.lat_us.sort_by(f64::total_cmp);
         let gb = bytes.map(|b| gb_s(b, secs));
@@ -179,6 +190,7 @@ impl Phase {
 }
 
 /// Run the workload; `progress` is called with a line per finished phase.
+#[allow(clippy::too_many_lines)] // one phase after another, in order
 pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, BenchError> {
     let (cpu, cores, numa_nodes) = machine();
     let mut report = Report {
@@ -186,7 +198,10 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         cores,
         numa_nodes,
         kernel: crate::copy::selected().name(),
-        device: cfg.path.as_ref().map_or_else(|| "memfd".to_string(), |p| p.display().to_string()),
+        device: cfg
+            .path
+            .as_ref()
+            .map_or_else(|| "memfd".to_string(), |p| p.display().to_string()),
         limits: Vec::new(),
         results: Vec::new(),
     };
@@ -199,7 +214,10 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
             Some(p) => ArenaSource::Path(p.clone()),
             None => ArenaSource::Memfd,
         };
-        let core = DaxCore::open(&CoreConfig::new(ArenaSpec::new(source, n * size).populate(cfg.prefault), size))?;
+        let core = DaxCore::open(&CoreConfig::new(
+            ArenaSpec::new(source, n * size).populate(cfg.prefault),
+            size,
+        ))?;
         if cfg.prefault {
             if let Some(g) = core.raw_guard() {
                 g.prefault();
@@ -216,24 +234,31 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
             })
             .collect();
         let mut dests: Vec<Vec<u8>> = (0..n).map(|_| vec![1u8; size]).collect();
-        let keys: Vec<Key> = (0..n).map(|i| Key::digest(format!("bench@0@0@{size:x}@{i:x}").as_bytes())).collect();
+        let keys: Vec<Key> = (0..n)
+            .map(|i| Key::digest(format!("bench@0@0@{size:x}@{i:x}").as_bytes()))
+            .collect();
 
         // Limits, on this very mapping.
         let limits = {
-            let g = core.raw_guard().ok_or_else(|| BenchError::Failed("device closed".into()))?;
+            let g = core
+                .raw_guard()
+                .ok_or_else(|| BenchError::Failed("device closed".into()))?;
             let t = Instant::now();
             for i in 0..n {
-                g.write(i * size, &sources[i % ring]).map_err(|e| BenchError::Failed(e.to_string()))?;
+                g.write(i * size, &sources[i % ring])
+                    .map_err(|e| BenchError::Failed(e.to_string()))?;
             }
             let nt = gb_s(n * size, t.elapsed().as_secs_f64());
             let t = Instant::now();
             for i in 0..n {
-                g.write_plain(i * size, &sources[i % ring]).map_err(|e| BenchError::Failed(e.to_string()))?;
+                g.write_plain(i * size, &sources[i % ring])
+                    .map_err(|e| BenchError::Failed(e.to_string()))?;
             }
             let mc = gb_s(n * size, t.elapsed().as_secs_f64());
             let t = Instant::now();
             for (i, d) in dests.iter_mut().enumerate() {
-                g.read(i * size, d).map_err(|e| BenchError::Failed(e.to_string()))?;
+                g.read(i * size, d)
+                    .map_err(|e| BenchError::Failed(e.to_string()))?;
             }
             let out = gb_s(n * size, t.elapsed().as_secs_f64());
             Limits {
@@ -248,20 +273,36 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         let mut ph = Phase::start();
         let mut stored = 0;
         for (t, chunk) in keys.chunks(TASK_KEYS).enumerate() {
-            let bufs: Vec<&[u8]> = (0..chunk.len()).map(|j| &sources[(t * TASK_KEYS + j) % ring][..]).collect();
-            let ok = ph.task(|| core.put_many(chunk, &bufs)).map_err(|e| BenchError::Failed(e.to_string()))?;
+            let bufs: Vec<&[u8]> = (0..chunk.len())
+                .map(|j| &sources[(t * TASK_KEYS + j) % ring][..])
+                .collect();
+            let ok = ph
+                .task(|| core.put_many(chunk, &bufs))
+                .map_err(|e| BenchError::Failed(e.to_string()))?;
             stored += ok.iter().filter(|&&b| b).count();
         }
         if stored != n {
-            return Err(BenchError::Failed(format!("stored {stored} of {n} objects of {size} bytes")));
+            return Err(BenchError::Failed(format!(
+                "stored {stored} of {n} objects of {size} bytes"
+            )));
         }
-        let store = ph.finish(size, "store", n, Some(n * size), Some(limits.nt_copy_in_gb_s));
+        let store = ph.finish(
+            size,
+            "store",
+            n,
+            Some(n * size),
+            Some(limits.nt_copy_in_gb_s),
+        );
 
         // lookup-and-lock
         let mut ph = Phase::start();
         let mut hits = 0;
         for chunk in keys.chunks(TASK_KEYS) {
-            hits += ph.task(|| core.exists_many(chunk, true)).iter().filter(|&&b| b).count();
+            hits += ph
+                .task(|| core.exists_many(chunk, true))
+                .iter()
+                .filter(|&&b| b)
+                .count();
         }
         if hits != n {
             return Err(BenchError::Failed(format!("lookup found {hits} of {n}")));
@@ -271,14 +312,23 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         // load
         let mut ph = Phase::start();
         let mut loaded = 0;
-        for (t, (chunk, dchunk)) in keys.chunks(TASK_KEYS).zip(dests.chunks_mut(TASK_KEYS)).enumerate() {
+        for (t, (chunk, dchunk)) in keys
+            .chunks(TASK_KEYS)
+            .zip(dests.chunks_mut(TASK_KEYS))
+            .enumerate()
+        {
             let _ = t;
             let mut bufs: Vec<&mut [u8]> = dchunk.iter_mut().map(|d| &mut d[..]).collect();
-            let ok = ph.task(|| core.load_many_into(chunk, &mut bufs)).map_err(|e| BenchError::Failed(e.to_string()))?;
+            let ok = ph
+                .task(|| core.load_many_into(chunk, &mut bufs))
+                .map_err(|e| BenchError::Failed(e.to_string()))?;
             loaded += ok.iter().filter(|&&b| b).count();
         }
         let mut load = ph.finish(size, "load", n, Some(n * size), Some(limits.copy_out_gb_s));
-        let verified = loaded == n && (0..n).step_by(cfg.verify_every.max(1)).all(|i| dests[i] == sources[i % ring]);
+        let verified = loaded == n
+            && (0..n)
+                .step_by(cfg.verify_every.max(1))
+                .all(|i| dests[i] == sources[i % ring]);
         load.verified = Some(verified);
 
         // unlock
@@ -292,7 +342,11 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         let mut ph = Phase::start();
         let mut deleted = 0;
         for chunk in keys.chunks(TASK_KEYS) {
-            deleted += ph.task(|| core.delete_many(chunk, false)).iter().filter(|&&b| b).count();
+            deleted += ph
+                .task(|| core.delete_many(chunk, false))
+                .iter()
+                .filter(|&&b| b)
+                .count();
         }
         if deleted != n || core.live_slot_count() != 0 {
             return Err(BenchError::Failed(format!(
@@ -313,9 +367,9 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
 }
 
 fn human(size: usize) -> String {
-    if size >= 1 << 20 && size % (1 << 20) == 0 {
+    if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("{} MiB", size >> 20)
-    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+    } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
         format!("{} KiB", size >> 10)
     } else {
         format!("{size} B")
@@ -333,7 +387,8 @@ fn format_row(r: &PhaseResult) -> String {
         r.p50_us,
         r.p99_us,
         r.max_us,
-        r.ratio_to_limit.map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+        r.ratio_to_limit
+            .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
         r.verified.map_or("-", |v| if v { "ok" } else { "FAILED" }),
     )
 }
@@ -347,9 +402,17 @@ impl Report {
             "daxkv bench: DaxCore, 1 thread, tasks of {TASK_KEYS} keys, device {}, copy kernel {}",
             self.device, self.kernel
         );
-        let _ = writeln!(s, "machine: {}, {} cores, {} NUMA node(s)", self.cpu, self.cores, self.numa_nodes);
+        let _ = writeln!(
+            s,
+            "machine: {}, {} cores, {} NUMA node(s)",
+            self.cpu, self.cores, self.numa_nodes
+        );
         let _ = writeln!(s, "\nlimits (same mapping, single thread):");
-        let _ = writeln!(s, "{:>8} {:>12} {:>12} {:>12}", "size", "nt_in GB/s", "memcpy GB/s", "out GB/s");
+        let _ = writeln!(
+            s,
+            "{:>8} {:>12} {:>12} {:>12}",
+            "size", "nt_in GB/s", "memcpy GB/s", "out GB/s"
+        );
         for l in &self.limits {
             let _ = writeln!(
                 s,
@@ -364,7 +427,16 @@ impl Report {
         let _ = writeln!(
             s,
             "{:>8} {:<7} {:>7} {:>12} {:>8} {:>9} {:>9} {:>9} {:>6} {:>8}",
-            "size", "phase", "objects", "objects/s", "GB/s", "p50 us", "p99 us", "max us", "ratio", "verified"
+            "size",
+            "phase",
+            "objects",
+            "objects/s",
+            "GB/s",
+            "p50 us",
+            "p99 us",
+            "max us",
+            "ratio",
+            "verified"
         );
         for r in &self.results {
             let _ = writeln!(s, "{}", format_row(r));
@@ -458,7 +530,11 @@ pub fn parse_size(s: &str) -> Option<usize> {
         _ => return None,
     };
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() || !int.chars().all(|c| c.is_ascii_digit()) || !frac.chars().all(|c| c.is_ascii_digit()) || (num.contains('.') && frac.is_empty()) {
+    if int.is_empty()
+        || !int.chars().all(|c| c.is_ascii_digit())
+        || !frac.chars().all(|c| c.is_ascii_digit())
+        || (num.contains('.') && frac.is_empty())
+    {
         return None;
     }
     let whole: u128 = int.parse().ok()?;
@@ -483,7 +559,16 @@ mod tests {
         assert_eq!(parse_size("4k"), Some(4096));
         assert_eq!(parse_size("64 KiB"), Some(65536));
         assert_eq!(parse_size("4096"), Some(4096));
-        for bad in ["", "0", "many", "1.", ".5G", "-1", "4 parsecs", &"9".repeat(65)] {
+        for bad in [
+            "",
+            "0",
+            "many",
+            "1.",
+            ".5G",
+            "-1",
+            "4 parsecs",
+            &"9".repeat(65),
+        ] {
             assert_eq!(parse_size(bad), None, "{bad:?}");
         }
     }

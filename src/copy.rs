@@ -118,11 +118,21 @@ pub unsafe fn from_dax(dst: *mut u8, src: *const u8, len: usize) {
 /// - the contract of [`to_dax`];
 /// - `kernel.is_available()` is true.
 pub unsafe fn to_dax_with(kernel: Kernel, dst: *mut u8, src: *const u8, len: usize) {
-    if len < NT_THRESHOLD_BYTES && kernel != Kernel::Portable {
+    if len < NT_THRESHOLD_BYTES {
         // SAFETY: the caller guarantees both ranges are valid and disjoint.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
         return;
     }
+    // SAFETY: the caller's contract is `stream_with`'s.
+    unsafe { stream_with(kernel, dst, src, len) }
+}
+
+/// Copy with `kernel`'s streaming stores whatever the length (no
+/// threshold): what `copy/threshold/*` compares against `memcpy`.
+///
+/// # Safety
+/// The contract of [`to_dax_with`].
+pub unsafe fn stream_with(kernel: Kernel, dst: *mut u8, src: *const u8, len: usize) {
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller checked `is_available`; pointers per contract.
@@ -147,7 +157,10 @@ pub unsafe fn plain_copy(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
+// The kernels cast `*u8` to vector pointers: loads are `loadu` (no alignment
+// needed) and every streaming store's address is aligned by the head copy.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::cast_ptr_alignment)]
 mod x86 {
     use std::arch::x86_64::{
         __m128i, __m256i, __m512i, _mm256_loadu_si256, _mm256_stream_si256, _mm512_loadu_si512,
@@ -184,16 +197,16 @@ mod x86 {
             //    `_mm512_stream_si512` requires;
             // 3. loads are unaligned loads.
             unsafe {
-                let s = src.add(off).cast::<__m512i>();
-                let d = dst.add(off).cast::<__m512i>();
-                let a = _mm512_loadu_si512(s);
-                let b = _mm512_loadu_si512(s.add(1));
-                let c = _mm512_loadu_si512(s.add(2));
-                let e = _mm512_loadu_si512(s.add(3));
-                _mm512_stream_si512(d, a);
-                _mm512_stream_si512(d.add(1), b);
-                _mm512_stream_si512(d.add(2), c);
-                _mm512_stream_si512(d.add(3), e);
+                let from = src.add(off).cast::<__m512i>();
+                let to = dst.add(off).cast::<__m512i>();
+                let v0 = _mm512_loadu_si512(from);
+                let v1 = _mm512_loadu_si512(from.add(1));
+                let v2 = _mm512_loadu_si512(from.add(2));
+                let v3 = _mm512_loadu_si512(from.add(3));
+                _mm512_stream_si512(to, v0);
+                _mm512_stream_si512(to.add(1), v1);
+                _mm512_stream_si512(to.add(2), v2);
+                _mm512_stream_si512(to.add(3), v3);
             }
             off += 4 * V;
         }
@@ -225,16 +238,16 @@ mod x86 {
         while off + 4 * V <= len {
             // SAFETY: in bounds (off + 4V <= len); dst + off is 32-aligned.
             unsafe {
-                let s = src.add(off).cast::<__m256i>();
-                let d = dst.add(off).cast::<__m256i>();
-                let a = _mm256_loadu_si256(s);
-                let b = _mm256_loadu_si256(s.add(1));
-                let c = _mm256_loadu_si256(s.add(2));
-                let e = _mm256_loadu_si256(s.add(3));
-                _mm256_stream_si256(d, a);
-                _mm256_stream_si256(d.add(1), b);
-                _mm256_stream_si256(d.add(2), c);
-                _mm256_stream_si256(d.add(3), e);
+                let from = src.add(off).cast::<__m256i>();
+                let to = dst.add(off).cast::<__m256i>();
+                let v0 = _mm256_loadu_si256(from);
+                let v1 = _mm256_loadu_si256(from.add(1));
+                let v2 = _mm256_loadu_si256(from.add(2));
+                let v3 = _mm256_loadu_si256(from.add(3));
+                _mm256_stream_si256(to, v0);
+                _mm256_stream_si256(to.add(1), v1);
+                _mm256_stream_si256(to.add(2), v2);
+                _mm256_stream_si256(to.add(3), v3);
             }
             off += 4 * V;
         }
@@ -299,8 +312,17 @@ mod tests {
         let mut want = got.clone();
         // SAFETY: both buffers are large enough and distinct.
         unsafe {
-            to_dax_with(kernel, got.as_mut_ptr().add(dst_off), src.as_ptr().add(src_off), len);
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(src_off), want.as_mut_ptr().add(dst_off), len);
+            stream_with(
+                kernel,
+                got.as_mut_ptr().add(dst_off),
+                src.as_ptr().add(src_off),
+                len,
+            );
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr().add(src_off),
+                want.as_mut_ptr().add(dst_off),
+                len,
+            );
         }
         assert!(
             got == want,
@@ -322,7 +344,9 @@ mod tests {
             }
             // The full source x destination product on the lengths where the
             // head / body / tail split changes.
-            for len in [0, 1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 2047, 2048, 2049, 4095, 4096] {
+            for len in [
+                0, 1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025, 2048, 4095, 4096,
+            ] {
                 for src_off in 0..64 {
                     for dst_off in 0..64 {
                         check(kernel, len, src_off, dst_off, &src);
@@ -340,7 +364,13 @@ mod tests {
             for _ in 0..12 {
                 x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
                 let len = (x >> 20) as usize % (4 << 20);
-                check(kernel, len, (x >> 8) as usize % 64, (x >> 14) as usize % 64, &src);
+                check(
+                    kernel,
+                    len,
+                    (x >> 8) as usize % 64,
+                    (x >> 14) as usize % 64,
+                    &src,
+                );
             }
         }
     }

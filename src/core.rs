@@ -38,7 +38,10 @@ use crate::arena::{Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity};
 use crate::error::{CoreError, OpenError, PutError};
 use crate::index::{Entry, Index, Insert, SLOT_MAX};
 use crate::key::Key;
-use crate::slot::{Bitmap, Commit, Generation, SlotError, SlotId, SlotState, State, Transition, PENDING_FREE, REFERENCED, WRITING};
+use crate::slot::{
+    Bitmap, Commit, Generation, SlotError, SlotId, SlotState, State, Transition, PENDING_FREE,
+    REFERENCED, WRITING,
+};
 
 /// Retries of an operation whose slot changed generation under it. Each
 /// retry needs another thread to complete a transition on the same key.
@@ -132,7 +135,9 @@ impl ReadSet<'_> {
     /// adjacent reservations (batched restore). The caller built the span
     /// from this set's reservations; bounds are checked against the mapping.
     pub(crate) fn read_span(&self, offset: usize, dst: &mut [u8]) -> bool {
-        self.guard.as_ref().is_some_and(|g| g.read(offset, dst).is_ok())
+        self.guard
+            .as_ref()
+            .is_some_and(|g| g.read(offset, dst).is_ok())
     }
 
     /// The guard over the source device (migration copies from it).
@@ -147,7 +152,10 @@ impl Drop for ReadSet<'_> {
             return;
         }
         for r in &self.items {
-            if let Ok(t) = self.core.slots[r.slot.0 as usize].state.release(r.generation) {
+            if let Ok(t) = self.core.slots[r.slot.0 as usize]
+                .state
+                .release(r.generation)
+            {
                 self.core.settle(r.slot, t);
             }
         }
@@ -175,7 +183,8 @@ impl SlotWriter<'_> {
 
     /// Copy `src` to payload offset `at`; false if it would pass the end.
     pub fn write(&self, at: usize, src: &[u8]) -> bool {
-        at.checked_add(src.len()).is_some_and(|end| end <= self.len) && self.guard.write(self.offset + at, src).is_ok()
+        at.checked_add(src.len()).is_some_and(|end| end <= self.len)
+            && self.guard.write(self.offset + at, src).is_ok()
     }
 }
 
@@ -308,7 +317,9 @@ impl DaxCore {
 
     /// True if `path` is the same physical device or file as this core's.
     pub fn owns_device(&self, path: &std::path::Path) -> bool {
-        !self.is_closing() && self.identity().is_some() && DeviceIdentity::of_path(path) == self.identity()
+        !self.is_closing()
+            && self.identity().is_some()
+            && DeviceIdentity::of_path(path) == self.identity()
     }
 
     pub fn is_closing(&self) -> bool {
@@ -324,7 +335,9 @@ impl DaxCore {
 
     /// DRAM bytes of slot metadata, index and bitmap.
     pub fn dram_bytes(&self) -> usize {
-        self.slots.len() * std::mem::size_of::<SlotMeta>() + self.index.bytes() + self.bitmap.capacity().div_ceil(8)
+        self.slots.len() * std::mem::size_of::<SlotMeta>()
+            + self.index.bytes()
+            + self.bitmap.capacity().div_ceil(8)
     }
 
     /// [`DaxCore::dram_bytes`] per slot of capacity.
@@ -342,7 +355,10 @@ impl DaxCore {
         let m = self.meta(s);
         // ORDERING: Relaxed — ordered by the Acquire load of the bucket or of
         // the state word that led here (both published after these stores).
-        Key::from_parts(m.key_hi.load(Ordering::Relaxed), m.key_lo.load(Ordering::Relaxed))
+        Key::from_parts(
+            m.key_hi.load(Ordering::Relaxed),
+            m.key_lo.load(Ordering::Relaxed),
+        )
     }
 
     #[inline]
@@ -426,13 +442,24 @@ impl DaxCore {
         Ok(keys
             .iter()
             .zip(bufs)
-            .map(|(&k, b)| b.len() <= self.slot_bytes && self.put_with(k, b.len(), 0, |off| g.write(off, b).is_ok()).is_ok())
+            .map(|(&k, b)| {
+                b.len() <= self.slot_bytes
+                    && self
+                        .put_with(k, b.len(), 0, |off| g.write(off, b).is_ok())
+                        .is_ok()
+            })
             .collect())
     }
 
     /// The put protocol with the copy left to `copy(offset) -> ok`. The
     /// caller holds an arena guard and checked `len <= slot_bytes`.
-    fn put_with(&self, key: Key, len: usize, meta: u32, copy: impl FnOnce(usize) -> bool) -> Result<PutOutcome, PutError> {
+    fn put_with(
+        &self,
+        key: Key,
+        len: usize,
+        meta: u32,
+        copy: impl FnOnce(usize) -> bool,
+    ) -> Result<PutOutcome, PutError> {
         // Cheap early exit for re-stores, the common case in LMCache.
         if self.index.contains_live(key, self.is_key(key)) {
             return Ok(PutOutcome::AlreadyPresent);
@@ -446,12 +473,16 @@ impl DaxCore {
         // by the commit (Release).
         m.key_hi.store(key.hi(), Ordering::Relaxed);
         m.key_lo.store(key.lo(), Ordering::Relaxed);
-        m.len_meta.store(len as u64 | (u64::from(meta) << 32), Ordering::Relaxed);
+        m.len_meta
+            .store(len as u64 | (u64::from(meta) << 32), Ordering::Relaxed);
         let e = match self.index.insert(key, s, self.is_key(key)) {
             Insert::Inserted(e) => e,
             other => {
                 // Never published (or retracted): nobody else can reach it.
-                let t = m.state.abort(gen, true).expect("a fresh reservation aborts");
+                let t = m
+                    .state
+                    .abort(gen, true)
+                    .expect("a fresh reservation aborts");
                 self.settle(s, t);
                 return match other {
                     Insert::Full => Err(PutError::IndexFull),
@@ -474,7 +505,10 @@ impl DaxCore {
             // Whoever removes the bucket sets UNLINKED (a forced deleter may
             // have beaten us to it).
             let unlinked = self.index.remove(e);
-            let t = m.state.abort(gen, unlinked).expect("only the writer clears WRITING");
+            let t = m
+                .state
+                .abort(gen, unlinked)
+                .expect("only the writer clears WRITING");
             self.settle(s, t);
             Err(PutError::CopyFailed)
         };
@@ -500,13 +534,24 @@ impl DaxCore {
             });
         }
         let g = self.arena.enter().map_err(|_| PutError::Closed)?;
-        self.put_with(key, len, meta, |offset| writer(&SlotWriter { guard: &g, offset, len }))
+        self.put_with(key, len, meta, |offset| {
+            writer(&SlotWriter {
+                guard: &g,
+                offset,
+                len,
+            })
+        })
     }
 
     /// Store a payload read from another device's reservation (migration;
     /// reference `put_reserved_from_ptr`). `src` must be a live read set of
     /// the source core that contains `r`.
-    pub fn put_reserved_from(&self, key: Key, src: &ReadSet<'_>, r: &Reservation) -> PutFromPtrResult {
+    pub fn put_reserved_from(
+        &self,
+        key: Key,
+        src: &ReadSet<'_>,
+        r: &Reservation,
+    ) -> PutFromPtrResult {
         if r.len == 0 || r.len > self.slot_bytes || !src.items.contains(r) {
             return PutFromPtrResult::Invalid;
         }
@@ -530,7 +575,8 @@ impl DaxCore {
             let mut done = 0;
             while done < r.len && ok {
                 let n = (r.len - done).min(buf.len());
-                ok = sg.read(r.offset + done, &mut buf[..n]).is_ok() && g.write(off + done, &buf[..n]).is_ok();
+                ok = sg.read(r.offset + done, &mut buf[..n]).is_ok()
+                    && g.write(off + done, &buf[..n]).is_ok();
                 done += n;
             }
             ok
@@ -538,7 +584,9 @@ impl DaxCore {
         match res {
             Ok(PutOutcome::Stored) => PutFromPtrResult::Inserted,
             Ok(PutOutcome::AlreadyPresent) => match self.index.find(key, self.is_key(key)) {
-                Some(e) if self.meta(e.slot).state.load().has(WRITING) => PutFromPtrResult::InFlight,
+                Some(e) if self.meta(e.slot).state.load().has(WRITING) => {
+                    PutFromPtrResult::InFlight
+                }
                 _ => PutFromPtrResult::AlreadyExists,
             },
             Err(PutError::Full | PutError::IndexFull) => PutFromPtrResult::NoSpace,
@@ -684,7 +732,11 @@ impl DaxCore {
     /// Copy each key's payload into its buffer: per key, true when copied.
     /// A miss or a buffer shorter than the payload gives false and leaves the
     /// buffer untouched; bytes beyond the payload are untouched too.
-    pub fn load_many_into(&self, keys: &[Key], bufs: &mut [&mut [u8]]) -> Result<Vec<bool>, CoreError> {
+    pub fn load_many_into(
+        &self,
+        keys: &[Key],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, CoreError> {
         if keys.len() != bufs.len() {
             return Err(CoreError::LengthMismatch {
                 what: "load_many_into",
@@ -742,7 +794,10 @@ impl DaxCore {
                 Ok(t) => {
                     self.settle(e.slot, t);
                     if self.index.remove(e) {
-                        let t = m.state.unlink(st.generation()).expect("the deleter unlinks once");
+                        let t = m
+                            .state
+                            .unlink(st.generation())
+                            .expect("the deleter unlinks once");
                         self.settle(e.slot, t);
                     }
                     return true;
@@ -765,7 +820,10 @@ impl DaxCore {
         // ORDERING: Relaxed — statistics.
         let live = self.live.load(Ordering::Relaxed);
         let pending = self.pending.load(Ordering::Relaxed);
-        (live as f64 / max as f64, live.saturating_sub(pending) as f64 / max as f64)
+        (
+            live as f64 / max as f64,
+            live.saturating_sub(pending) as f64 / max as f64,
+        )
     }
 
     /// Slots in use (in flight, committed or pending free).
@@ -850,7 +908,10 @@ impl DaxCore {
             .exclusive(|ex| {
                 let cur = self.max_slots();
                 if new_slots < cur && self.bitmap.any_taken(new_slots, cur) {
-                    return Err(CoreError::WouldCutLiveSlots { new_bytes, new_slots });
+                    return Err(CoreError::WouldCutLiveSlots {
+                        new_bytes,
+                        new_slots,
+                    });
                 }
                 ex.remap(new_bytes)?;
                 self.bitmap.set_available(cur.min(new_slots), new_slots);
@@ -930,14 +991,20 @@ impl DaxCore {
             }
         }
         if live != self.live_slot_count() {
-            return Err(format!("live count {} but {live} slots taken", self.live_slot_count()));
+            return Err(format!(
+                "live count {} but {live} slots taken",
+                self.live_slot_count()
+            ));
         }
         // ORDERING: Relaxed — quiescent check.
         let pc = self.pending.load(Ordering::Relaxed);
         if pending != pc {
             return Err(format!("pending count {pc} but {pending} slots pending"));
         }
-        let committed = self.slots[..max].iter().filter(|m| m.state.load().is_readable()).count();
+        let committed = self.slots[..max]
+            .iter()
+            .filter(|m| m.state.load().is_readable())
+            .count();
         if committed != self.index.owned_count() {
             return Err(format!(
                 "{committed} committed slots but {} index entries",

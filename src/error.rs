@@ -10,7 +10,10 @@ pub enum OpenError {
     #[error("{what} must be > 0 (got {value})")]
     Zero { what: &'static str, value: usize },
     #[error("arena of {size_bytes} bytes does not fit one slot of {slot_bytes} bytes")]
-    NoSlot { size_bytes: usize, slot_bytes: usize },
+    NoSlot {
+        size_bytes: usize,
+        slot_bytes: usize,
+    },
     #[error("slot_bytes {slot_bytes} is too large (at most {max} bytes)")]
     SlotTooLarge { slot_bytes: usize, max: usize },
     #[error("arena of {slots} slots is too large (at most {max} slots)")]
@@ -21,7 +24,9 @@ pub enum OpenError {
     IsDirectory { path: PathBuf },
     #[error("{path}: unsupported file type ({kind}); expected a device-dax character device or a regular file")]
     Unsupported { path: PathBuf, kind: &'static str },
-    #[error("{path}: file is {file_bytes} bytes, smaller than the requested {requested_bytes} bytes")]
+    #[error(
+        "{path}: file is {file_bytes} bytes, smaller than the requested {requested_bytes} bytes"
+    )]
     FileTooSmall {
         path: PathBuf,
         file_bytes: u64,

@@ -156,7 +156,14 @@ impl Index {
     /// holds at one instant (the slot cannot be reused while the bucket is
     /// live: a slot is freed only after its bucket became a tombstone).
     #[inline]
-    fn is_entry(&self, pos: usize, b: u64, fp: u32, is_key: &impl Fn(SlotId) -> bool, order: Ordering) -> bool {
+    fn is_entry(
+        &self,
+        pos: usize,
+        b: u64,
+        fp: u32,
+        is_key: &impl Fn(SlotId) -> bool,
+        order: Ordering,
+    ) -> bool {
         is_live(b) && fp_of(b) == fp && is_key(slot_of(b)) && self.buckets[pos].load(order) == b
     }
 
@@ -259,13 +266,23 @@ impl Index {
             // Step 2: verify.
             if !self.verify(home, fp, d, pos, &is_key) {
                 // ORDERING: SeqCst — retract; failure means a racer killed us.
-                let _ = self.buckets[pos].compare_exchange(mine, tomb_of(mine), Ordering::SeqCst, Ordering::SeqCst);
+                let _ = self.buckets[pos].compare_exchange(
+                    mine,
+                    tomb_of(mine),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
                 return Insert::Present;
             }
             // Step 3: confirm.
             let owned = enc(fp, OWNED, slot);
             // ORDERING: SeqCst — settles against a lower racer's kill CAS.
-            return match self.buckets[pos].compare_exchange(mine, owned, Ordering::SeqCst, Ordering::SeqCst) {
+            return match self.buckets[pos].compare_exchange(
+                mine,
+                owned,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
                 Ok(_) => Insert::Inserted(Entry {
                     pos,
                     slot,
@@ -278,7 +295,14 @@ impl Index {
     }
 
     /// Step 2 of insert: true if our PROVISIONAL entry at `my_d` may confirm.
-    fn verify(&self, home: usize, fp: u32, my_d: usize, my_pos: usize, is_key: &impl Fn(SlotId) -> bool) -> bool {
+    fn verify(
+        &self,
+        home: usize,
+        fp: u32,
+        my_d: usize,
+        my_pos: usize,
+        is_key: &impl Fn(SlotId) -> bool,
+    ) -> bool {
         // ORDERING: SeqCst — Dekker handshake.
         let h = usize::from(self.hints[home].load(Ordering::SeqCst));
         for d in 0..=h.min(PROBE_MAX - 1) {
@@ -300,13 +324,21 @@ impl Index {
             // A higher PROVISIONAL racer: kill it.
             loop {
                 // ORDERING: SeqCst — settles against its confirm CAS.
-                match self.buckets[pos].compare_exchange(b, tomb_of(b), Ordering::SeqCst, Ordering::SeqCst) {
-                    Ok(_) => break,
+                match self.buckets[pos].compare_exchange(
+                    b,
+                    tomb_of(b),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
                     Err(actual) if actual == enc(fp, OWNED, slot_of(b)) => return false,
-                    Err(actual) if state_of(actual) == PROVISIONAL && self.is_entry(pos, actual, fp, is_key, Ordering::SeqCst) => {
+                    Err(actual)
+                        if state_of(actual) == PROVISIONAL
+                            && self.is_entry(pos, actual, fp, is_key, Ordering::SeqCst) =>
+                    {
                         b = actual;
                     }
-                    Err(_) => break,
+                    // Killed, or it retracted / changed on its own.
+                    Ok(_) | Err(_) => break,
                 }
             }
         }
@@ -371,14 +403,18 @@ mod tests {
         let keys = Keys::new(64);
         let k = Key::digest(b"a");
         keys.set(SlotId(5), Some(k));
-        let Insert::Inserted(e) = idx.insert(k, SlotId(5), keys.is(k)) else { panic!() };
+        let Insert::Inserted(e) = idx.insert(k, SlotId(5), keys.is(k)) else {
+            panic!()
+        };
         assert_eq!(idx.find(k, keys.is(k)).unwrap().slot, SlotId(5));
         keys.set(SlotId(6), Some(k));
         assert_eq!(idx.insert(k, SlotId(6), keys.is(k)), Insert::Present);
         assert!(idx.remove(e));
         assert!(!idx.remove(e), "second remove of the same entry fails");
         assert_eq!(idx.find(k, keys.is(k)), None);
-        let Insert::Inserted(e2) = idx.insert(k, SlotId(6), keys.is(k)) else { panic!() };
+        let Insert::Inserted(e2) = idx.insert(k, SlotId(6), keys.is(k)) else {
+            panic!()
+        };
         assert_eq!(e2.pos, e.pos, "the tombstone is reused");
     }
 
@@ -398,7 +434,10 @@ mod tests {
                 keys.set(e.slot, None);
                 assert_eq!(idx.find(ok, keys.is(ok)), None);
             }
-            let slot = (0..64).map(|j| SlotId((slot.0 + j) % 64)).find(|s| keys.0[s.0 as usize].lock().unwrap().is_none()).unwrap();
+            let slot = (0..64)
+                .map(|j| SlotId((slot.0 + j) % 64))
+                .find(|s| keys.0[s.0 as usize].lock().unwrap().is_none())
+                .unwrap();
             keys.set(slot, Some(k));
             match idx.insert(k, slot, keys.is(k)) {
                 Insert::Inserted(e) => live.push((k, e)),
@@ -423,7 +462,8 @@ mod tests {
             let wins = Arc::new(AtomicU32::new(0));
             let hs: Vec<_> = (0..2u32)
                 .map(|t| {
-                    let (idx, keys, barrier, wins) = (idx.clone(), keys.clone(), barrier.clone(), wins.clone());
+                    let (idx, keys, barrier, wins) =
+                        (idx.clone(), keys.clone(), barrier.clone(), wins.clone());
                     std::thread::spawn(move || {
                         let slot = SlotId(t);
                         keys.set(slot, Some(k));
@@ -440,7 +480,11 @@ mod tests {
                 })
                 .collect();
             let entries: Vec<_> = hs.into_iter().filter_map(|h| h.join().unwrap()).collect();
-            assert_eq!(wins.load(Ordering::SeqCst), 1, "round {round}: exactly one insert wins");
+            assert_eq!(
+                wins.load(Ordering::SeqCst),
+                1,
+                "round {round}: exactly one insert wins"
+            );
             assert_eq!(idx.owned_count(), 1);
             let e = entries[0];
             assert_eq!(idx.find(k, keys.is(k)).unwrap(), e);

@@ -32,7 +32,9 @@ pub mod sync;
 mod sys;
 
 pub use crate::arena::{ArenaSource, ArenaSpec};
-pub use crate::core::{CoreConfig, CoreStatus, DaxCore, PutFromPtrResult, PutOutcome, ReadSet, Reservation, SlotWriter};
+pub use crate::core::{
+    CoreConfig, CoreStatus, DaxCore, PutFromPtrResult, PutOutcome, ReadSet, Reservation, SlotWriter,
+};
 pub use crate::error::{CoreError, OpenError, PutError};
 pub use crate::key::Key;
 pub use crate::slot::{Generation, SlotId};

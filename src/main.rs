@@ -6,7 +6,11 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "daxkv", version, about = "KV-cache store for LLM inference caches in CXL / DAX memory")]
+#[command(
+    name = "daxkv",
+    version,
+    about = "KV-cache store for LLM inference caches in CXL / DAX memory"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -51,7 +55,10 @@ fn main() -> anyhow::Result<()> {
         } => {
             let sizes = sizes
                 .split(',')
-                .map(|s| daxkv::bench::parse_size(s).with_context(|| format!("--sizes: {s:?} is not a size like 4K or 2MiB")))
+                .map(|s| {
+                    daxkv::bench::parse_size(s)
+                        .with_context(|| format!("--sizes: {s:?} is not a size like 4K or 2MiB"))
+                })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let Some(total_bytes) = daxkv::bench::parse_size(&total_bytes) else {
                 bail!("--total-bytes: {total_bytes:?} is not a size like 1GiB");
@@ -67,11 +74,15 @@ fn main() -> anyhow::Result<()> {
                 prefault: !no_prefault,
                 ..Default::default()
             };
-            eprintln!("running: sizes {:?}, up to {} objects / {} bytes per size", cfg.sizes, cfg.max_objects, cfg.total_bytes);
+            eprintln!(
+                "running: sizes {:?}, up to {} objects / {} bytes per size",
+                cfg.sizes, cfg.max_objects, cfg.total_bytes
+            );
             let report = daxkv::bench::run(&cfg, |line| eprintln!("done: {line}"))?;
             print!("{}", report.table());
             if let Some(p) = json {
-                std::fs::write(&p, report.json()).with_context(|| format!("writing {}", p.display()))?;
+                std::fs::write(&p, report.json())
+                    .with_context(|| format!("writing {}", p.display()))?;
             }
             if report.results.iter().any(|r| r.verified == Some(false)) {
                 bail!("data verification failed");

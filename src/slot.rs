@@ -71,7 +71,11 @@ pub const GEN_MASK: u64 = 0xFF_FFFF << GEN_SHIFT;
 pub const COUNT_MAX: u64 = 0xFFFF;
 
 const _: () = assert!(LOCK_MASK & BORROW_MASK == 0);
-const _: () = assert!((BORROW_MASK | WRITING | COMMITTED | PENDING_FREE | REFERENCED | CANCELED | UNLINKED) < (1 << GEN_SHIFT));
+const _: () = assert!(
+    (BORROW_MASK | WRITING | COMMITTED | PENDING_FREE | REFERENCED | CANCELED | UNLINKED)
+        >> GEN_SHIFT
+        == 0
+);
 
 /// A decoded state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -100,7 +104,10 @@ impl State {
     }
     /// The free condition (see the module doc).
     fn can_free(self) -> bool {
-        self.has(PENDING_FREE) && self.has(UNLINKED) && !self.has(WRITING) && self.borrow_count() == 0
+        self.has(PENDING_FREE)
+            && self.has(UNLINKED)
+            && !self.has(WRITING)
+            && self.borrow_count() == 0
     }
     fn free_of(self) -> State {
         State(self.0 & GEN_MASK)
@@ -193,7 +200,11 @@ impl SlotState {
     /// Apply `f` to the state in a CAS loop. `f` returns the next state or
     /// an error; the loop retries only when the word changed under it.
     #[inline]
-    fn update(&self, gen: Generation, mut f: impl FnMut(State) -> Result<State, SlotError>) -> Result<Transition, SlotError> {
+    fn update(
+        &self,
+        gen: Generation,
+        mut f: impl FnMut(State) -> Result<State, SlotError>,
+    ) -> Result<Transition, SlotError> {
         // ORDERING: Acquire — see `load`.
         let mut cur = State(self.0.load(Ordering::Acquire));
         loop {
@@ -208,7 +219,10 @@ impl SlotState {
             // ORDERING: AcqRel — Release publishes what this thread wrote to
             // the slot before the transition (payload + fields on commit);
             // Acquire sees what the previous owner wrote before its own.
-            match self.0.compare_exchange_weak(cur.0, next.0, Ordering::AcqRel, Ordering::Acquire) {
+            match self
+                .0
+                .compare_exchange_weak(cur.0, next.0, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => {
                     return Ok(Transition {
                         prev: cur,
@@ -233,7 +247,9 @@ impl SlotState {
         let next = (u64::from(g) << GEN_SHIFT) | WRITING;
         // ORDERING: AcqRel — as in `update`; a CAS (not a store) so a broken
         // invariant shows up as a panic instead of a lost update.
-        let r = self.0.compare_exchange(cur.0, next, Ordering::AcqRel, Ordering::Acquire);
+        let r = self
+            .0
+            .compare_exchange(cur.0, next, Ordering::AcqRel, Ordering::Acquire);
         assert!(r.is_ok(), "slot changed while reserved by its bitmap owner");
         Generation(g)
     }
@@ -253,7 +269,11 @@ impl SlotState {
                 Ok(State((s.0 & !WRITING) | COMMITTED | REFERENCED))
             }
         })?;
-        Ok(if canceled { Commit::Canceled(t) } else { Commit::Committed })
+        Ok(if canceled {
+            Commit::Canceled(t)
+        } else {
+            Commit::Committed
+        })
     }
 
     /// WRITING → PENDING_FREE: the writer gives up (copy failed, or it lost
@@ -339,7 +359,9 @@ impl SlotState {
             if s.lock_count() > 0 && !force {
                 return Err(SlotError::Locked);
             }
-            Ok(State((s.0 & !(COMMITTED | LOCK_MASK | REFERENCED)) | PENDING_FREE))
+            Ok(State(
+                (s.0 & !(COMMITTED | LOCK_MASK | REFERENCED)) | PENDING_FREE,
+            ))
         })
     }
 
@@ -355,10 +377,14 @@ impl SlotState {
 
     /// CLOCK: clear REFERENCED; true if it was set.
     pub fn clear_referenced(&self, gen: Generation) -> bool {
-        matches!(
-            self.update(gen, |s| if s.has(REFERENCED) { Ok(State(s.0 & !REFERENCED)) } else { Err(SlotError::WrongState) }),
-            Ok(_)
-        )
+        self.update(gen, |s| {
+            if s.has(REFERENCED) {
+                Ok(State(s.0 & !REFERENCED))
+            } else {
+                Err(SlotError::WrongState)
+            }
+        })
+        .is_ok()
     }
 }
 
@@ -410,7 +436,11 @@ impl Bitmap {
             // ORDERING: Relaxed — exclusive section; the arena gate's
             // Release/Acquire publishes it.
             let cur = word.load(Ordering::Relaxed);
-            let keep_mask = if lo >= from { 0 } else { (1u64 << (from - lo)) - 1 };
+            let keep_mask = if lo >= from {
+                0
+            } else {
+                (1u64 << (from - lo)) - 1
+            };
             word.store((cur & keep_mask) | (v & !keep_mask), Ordering::Relaxed);
         }
         // ORDERING: Relaxed — as above.
@@ -430,11 +460,21 @@ impl Bitmap {
                 // ORDERING: Acquire — pairs with the Release in `release`,
                 // so the slot's last free (state word) happens-before our
                 // reservation.
-                match self.words[w].compare_exchange_weak(cur, cur | (1 << bit), Ordering::Acquire, Ordering::Relaxed) {
+                match self.words[w].compare_exchange_weak(
+                    cur,
+                    cur | (1 << bit),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
                     Ok(_) => {
                         if w > start {
                             // ORDERING: Relaxed — hint only.
-                            let _ = self.hint.compare_exchange(start, w, Ordering::Relaxed, Ordering::Relaxed);
+                            let _ = self.hint.compare_exchange(
+                                start,
+                                w,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
                         }
                         return Some(SlotId((w * 64) as u32 + bit));
                     }
@@ -485,7 +525,11 @@ mod tests {
         let g = s.reserve();
         assert_eq!(g, Generation(1));
         assert!(s.load().has(WRITING));
-        assert_eq!(s.lock(g).unwrap_err(), SlotError::WrongState, "in-flight is not readable");
+        assert_eq!(
+            s.lock(g).unwrap_err(),
+            SlotError::WrongState,
+            "in-flight is not readable"
+        );
         assert_eq!(s.detach(g, false).unwrap_err(), SlotError::InFlight);
         assert_eq!(s.commit(g), Ok(Commit::Committed));
         assert!(s.load().is_readable() && s.load().has(REFERENCED));
@@ -499,7 +543,11 @@ mod tests {
         s.borrow(g).unwrap();
         let t = s.detach(g, false).unwrap();
         assert!(!t.freed && t.next.has(PENDING_FREE));
-        assert_eq!(s.borrow(g).unwrap_err(), SlotError::WrongState, "detached is not readable");
+        assert_eq!(
+            s.borrow(g).unwrap_err(),
+            SlotError::WrongState,
+            "detached is not readable"
+        );
         assert!(!s.unlink(g).unwrap().freed, "still borrowed");
         let t = s.release(g).unwrap();
         assert!(t.freed, "last reader frees");

@@ -46,7 +46,9 @@ impl StoreConfig {
     /// LMCache's defaults: restore workers `min(8, cpus)`, regions = workers,
     /// slab `max(256 MiB, regions × slot)`, one async put worker.
     pub fn new(core: CoreConfig) -> StoreConfig {
-        let workers = std::thread::available_parallelism().map_or(1, usize::from).clamp(1, 8);
+        let workers = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .clamp(1, 8);
         let slab = (256usize << 20).max(workers * core.slot_bytes);
         StoreConfig {
             core,
@@ -116,7 +118,9 @@ pub struct DaxStore {
 
 impl std::fmt::Debug for DaxStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DaxStore").field("core", &self.core).finish_non_exhaustive()
+        f.debug_struct("DaxStore")
+            .field("core", &self.core)
+            .finish_non_exhaustive()
     }
 }
 
@@ -133,7 +137,7 @@ fn positive(field: &'static str, v: usize) -> Result<(), StoreError> {
 impl DaxStore {
     /// Validate `cfg`, map the device and start the async put workers.
     /// Nothing leaks on failure (the core unmaps and closes its fd on drop).
-    pub fn open(cfg: StoreConfig) -> Result<DaxStore, StoreError> {
+    pub fn open(cfg: &StoreConfig) -> Result<DaxStore, StoreError> {
         positive("restore_workers", cfg.restore_workers)?;
         positive("restore_max_regions", cfg.restore_max_regions)?;
         let need = cfg.restore_max_regions.saturating_mul(cfg.core.slot_bytes);
@@ -235,12 +239,18 @@ impl DaxStore {
         }
         let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(tx) = jobs.as_ref() else {
-            return Err(if self.is_closing() { StoreError::Closed } else { StoreError::AsyncDisabled });
+            return Err(if self.is_closing() {
+                StoreError::Closed
+            } else {
+                StoreError::AsyncDisabled
+            });
         };
         let core = self.core.clone();
         let auto_evict = self.auto_evict;
-        tx.send(Box::new(move || on_complete(put_evicting(&core, auto_evict, key, &data))))
-            .map_err(|_| StoreError::Closed)
+        tx.send(Box::new(move || {
+            on_complete(put_evicting(&core, auto_evict, key, &data));
+        }))
+        .map_err(|_| StoreError::Closed)
     }
 
     /// Copy `key`'s payload into `dst`: `Some(len)` on a hit, `None` on a
@@ -253,10 +263,12 @@ impl DaxStore {
         let Some(r) = set.items().first() else {
             return Ok(None);
         };
-        set.read(r, dst).map(Some).ok_or(StoreError::BufferTooSmall {
-            need: r.len,
-            have: dst.len(),
-        })
+        set.read(r, dst)
+            .map(Some)
+            .ok_or(StoreError::BufferTooSmall {
+                need: r.len,
+                have: dst.len(),
+            })
     }
 
     /// `get` into a fresh vector.
@@ -306,17 +318,27 @@ impl DaxStore {
 
     /// Remove many (forced); returns how many were removed.
     pub fn batched_remove(&self, keys: &[Key]) -> usize {
-        self.core.delete_many(keys, true).into_iter().filter(|&b| b).count()
+        self.core
+            .delete_many(keys, true)
+            .into_iter()
+            .filter(|&b| b)
+            .count()
     }
 
     /// Number of consecutive hits from the start; pins each if asked.
     pub fn batched_contains(&self, keys: &[Key], pin: bool) -> usize {
-        keys.iter().take_while(|&&k| self.core.exists(k, pin)).count()
+        keys.iter()
+            .take_while(|&&k| self.core.exists(k, pin))
+            .count()
     }
 
     /// Load many: per key `Some(len)` or `None` (a hole: miss or short
     /// buffer). Empty after close.
-    pub fn batched_get(&self, keys: &[Key], bufs: &mut [&mut [u8]]) -> Result<Vec<Option<usize>>, StoreError> {
+    pub fn batched_get(
+        &self,
+        keys: &[Key],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<usize>>, StoreError> {
         check_lengths("batched_get", keys, bufs)?;
         if self.is_closing() {
             return Ok(Vec::new());
@@ -331,7 +353,11 @@ impl DaxStore {
 
     /// Load the consecutive hit prefix only (LMCache's non-blocking get);
     /// returns the prefix length.
-    pub fn batched_get_prefix(&self, keys: &[Key], bufs: &mut [&mut [u8]]) -> Result<usize, StoreError> {
+    pub fn batched_get_prefix(
+        &self,
+        keys: &[Key],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<usize, StoreError> {
         check_lengths("batched_get_prefix", keys, bufs)?;
         if self.is_closing() {
             return Ok(0);
@@ -352,14 +378,23 @@ impl DaxStore {
     /// most `slab / restore_max_regions` bytes with adjacent device spans
     /// merged into one copy, each wave's regions copied in parallel, then
     /// scattered to the outputs. Same result shape as `batched_get`.
-    pub fn batched_restore(&self, keys: &[Key], bufs: &mut [&mut [u8]]) -> Result<Vec<Option<usize>>, StoreError> {
+    pub fn batched_restore(
+        &self,
+        keys: &[Key],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<usize>>, StoreError> {
         check_lengths("batched_restore", keys, bufs)?;
         if self.is_closing() {
             return Ok(Vec::new());
         }
         let mut out = vec![None; keys.len()];
         let set = self.core.reserve_reads(keys, false);
-        let mut items: Vec<Reservation> = set.items().iter().copied().filter(|r| bufs[r.index].len() >= r.len).collect();
+        let mut items: Vec<Reservation> = set
+            .items()
+            .iter()
+            .copied()
+            .filter(|r| bufs[r.index].len() >= r.len)
+            .collect();
         items.sort_by_key(|r| r.offset);
         let regions = plan_regions(&items, self.staging_slab_bytes / self.restore_max_regions);
 
@@ -384,9 +419,12 @@ impl DaxStore {
                     (region, slices.next().expect("a slice per region"), dsts)
                 })
                 .collect();
-            let run = |(region, slice, dsts): (&Region, &mut [u8], Vec<(Reservation, &mut [u8])>)| -> Vec<(usize, usize)> {
+            let run = |(region, slice, dsts): RegionJob<'_, '_>| -> Vec<(usize, usize)> {
                 for sp in &region.spans {
-                    if !set.read_span(sp.device_offset, &mut slice[sp.slab_offset..sp.slab_offset + sp.len]) {
+                    if !set.read_span(
+                        sp.device_offset,
+                        &mut slice[sp.slab_offset..sp.slab_offset + sp.len],
+                    ) {
                         return Vec::new();
                     }
                 }
@@ -403,7 +441,9 @@ impl DaxStore {
             } else {
                 std::thread::scope(|s| {
                     let hs: Vec<_> = jobs.into_iter().map(|j| s.spawn(move || run(j))).collect();
-                    hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+                    hs.into_iter()
+                        .flat_map(|h| h.join().unwrap_or_default())
+                        .collect()
                 })
             };
             for (i, len) in done {
@@ -418,8 +458,14 @@ impl DaxStore {
     pub fn close(&self) {
         // ORDERING: Release — later calls see closing (pairs with `is_closing`).
         self.closing.store(true, Ordering::Release);
-        drop(self.jobs.lock().unwrap_or_else(PoisonError::into_inner).take());
-        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(
+            self.jobs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let workers =
+            std::mem::take(&mut *self.workers.lock().unwrap_or_else(PoisonError::into_inner));
         for w in workers {
             let _ = w.join();
         }
@@ -446,11 +492,22 @@ fn check_lengths(what: &'static str, keys: &[Key], bufs: &[&mut [u8]]) -> Result
     }
 }
 
-fn put_evicting(core: &DaxCore, auto_evict: bool, key: Key, data: &[u8]) -> Result<PutOutcome, StoreError> {
+fn put_evicting(
+    core: &DaxCore,
+    auto_evict: bool,
+    key: Key,
+    data: &[u8],
+) -> Result<PutOutcome, StoreError> {
     put_evicting_tagged(core, auto_evict, key, data, 0)
 }
 
-fn put_evicting_tagged(core: &DaxCore, auto_evict: bool, key: Key, data: &[u8], tag: u32) -> Result<PutOutcome, StoreError> {
+fn put_evicting_tagged(
+    core: &DaxCore,
+    auto_evict: bool,
+    key: Key,
+    data: &[u8],
+    tag: u32,
+) -> Result<PutOutcome, StoreError> {
     for _ in 0..EVICT_ROUNDS_MAX {
         match core.put(key, data, tag) {
             Err(PutError::Full) if auto_evict => {
@@ -465,6 +522,9 @@ fn put_evicting_tagged(core: &DaxCore, auto_evict: bool, key: Key, data: &[u8], 
     }
     Err(StoreError::Full)
 }
+
+/// One region's work: its plan, its slab slice, and the outputs it fills.
+type RegionJob<'r, 'b> = (&'r Region, &'b mut [u8], Vec<(Reservation, &'b mut [u8])>);
 
 /// A contiguous device range copied into the slab in one go.
 #[derive(Debug, PartialEq, Eq)]
@@ -486,7 +546,11 @@ struct Region {
 
 impl Region {
     fn slab_offset_of(&self, r: &Reservation) -> usize {
-        let i = self.items.iter().position(|x| x == r).expect("item of this region");
+        let i = self
+            .items
+            .iter()
+            .position(|x| x == r)
+            .expect("item of this region");
         self.at[i]
     }
 }
@@ -502,7 +566,9 @@ fn plan_regions(items: &[Reservation], region_bytes: usize) -> Vec<Region> {
         let g = regions.last_mut().expect("just pushed");
         let at = g.used;
         match g.spans.last_mut() {
-            Some(sp) if sp.device_offset + sp.len == r.offset && sp.slab_offset + sp.len == at => sp.len += r.len,
+            Some(sp) if sp.device_offset + sp.len == r.offset && sp.slab_offset + sp.len == at => {
+                sp.len += r.len;
+            }
             _ => g.spans.push(Span {
                 device_offset: r.offset,
                 slab_offset: at,
@@ -537,16 +603,41 @@ mod tests {
     fn regions_merge_adjacent_full_slots_and_respect_the_bound() {
         let sb = 100;
         // Slots 0,1,2 full (adjacent), slot 3 partial, slot 5 full.
-        let items = vec![res(0, 0, 100, sb), res(1, 1, 100, sb), res(2, 2, 100, sb), res(3, 3, 40, sb), res(4, 5, 100, sb)];
+        let items = vec![
+            res(0, 0, 100, sb),
+            res(1, 1, 100, sb),
+            res(2, 2, 100, sb),
+            res(3, 3, 40, sb),
+            res(4, 5, 100, sb),
+        ];
         let regions = plan_regions(&items, 250);
         assert_eq!(regions.len(), 3);
-        assert_eq!(regions[0].spans, vec![Span { device_offset: 0, slab_offset: 0, len: 200 }]);
+        assert_eq!(
+            regions[0].spans,
+            vec![Span {
+                device_offset: 0,
+                slab_offset: 0,
+                len: 200
+            }]
+        );
         assert_eq!(
             regions[1].spans,
-            vec![Span { device_offset: 200, slab_offset: 0, len: 140 }],
+            vec![Span {
+                device_offset: 200,
+                slab_offset: 0,
+                len: 140
+            }],
             "a full slot followed by a partial one merges"
         );
-        assert_eq!(regions[2].spans, vec![Span { device_offset: 500, slab_offset: 0, len: 100 }], "a gap starts a new span");
+        assert_eq!(
+            regions[2].spans,
+            vec![Span {
+                device_offset: 500,
+                slab_offset: 0,
+                len: 100
+            }],
+            "a gap starts a new span"
+        );
         assert!(regions.iter().all(|g| g.used <= 250));
     }
 }

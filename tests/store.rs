@@ -18,7 +18,7 @@ fn cfg(slots: usize) -> StoreConfig {
 }
 
 fn store(slots: usize) -> DaxStore {
-    DaxStore::open(cfg(slots)).unwrap()
+    DaxStore::open(&cfg(slots)).unwrap()
 }
 
 fn k(i: u32) -> Key {
@@ -26,17 +26,26 @@ fn k(i: u32) -> Key {
 }
 
 fn payload(i: u32, len: usize) -> Vec<u8> {
-    (0..len).map(|j| (j as u32 ^ i.wrapping_mul(2_654_435_761)) as u8).collect()
+    (0..len)
+        .map(|j| (j as u32 ^ i.wrapping_mul(2_654_435_761)) as u8)
+        .collect()
 }
 
 #[test]
 fn round_trip_with_tag() {
     let s = store(4);
-    assert_eq!(s.put_tagged(k(1), &payload(1, 1000), 42).unwrap(), PutOutcome::Stored);
+    assert_eq!(
+        s.put_tagged(k(1), &payload(1, 1000), 42).unwrap(),
+        PutOutcome::Stored
+    );
     let mut b = vec![0u8; 1000];
     assert_eq!(s.get(k(1), &mut b).unwrap(), Some(1000));
     assert_eq!(b, payload(1, 1000));
-    assert_eq!(s.info(k(1)), Some((1000, 42)), "the stored format tag comes back");
+    assert_eq!(
+        s.info(k(1)),
+        Some((1000, 42)),
+        "the stored format tag comes back"
+    );
     assert_eq!(s.get_vec(k(1)).unwrap(), payload(1, 1000));
     assert_eq!(s.get(k(2), &mut b).unwrap(), None);
 }
@@ -45,13 +54,21 @@ fn round_trip_with_tag() {
 fn oversized_put_and_short_buffers_are_errors_that_name_sizes() {
     let s = store(2);
     let e = s.put(k(1), &vec![0u8; SLOT + 5]).unwrap_err();
-    assert_eq!(e.to_string(), "object of 4101 bytes exceeds the slot size of 4096 bytes");
+    assert_eq!(
+        e.to_string(),
+        "object of 4101 bytes exceeds the slot size of 4096 bytes"
+    );
     s.put(k(1), &payload(1, 100)).unwrap();
     let mut small = vec![7u8; 50];
     let e = s.get(k(1), &mut small).unwrap_err();
-    assert_eq!(e.to_string(), "buffer of 50 bytes is too small for the 100 byte payload");
+    assert_eq!(
+        e.to_string(),
+        "buffer of 50 bytes is too small for the 100 byte payload"
+    );
     assert!(small.iter().all(|&b| b == 7), "untouched");
-    let e = s.batched_get(&[k(1), k(2)], &mut [&mut [0u8; 4][..]]).unwrap_err();
+    let e = s
+        .batched_get(&[k(1), k(2)], &mut [&mut [0u8; 4][..]])
+        .unwrap_err();
     assert_eq!(e.to_string(), "batched_get: 2 keys but 1 buffers");
     assert_eq!(s.core().live_slot_count(), 1);
 }
@@ -64,21 +81,27 @@ fn config_errors_name_the_field_and_leak_no_fds() {
     let before = fds();
     let mut c = cfg(2);
     c.staging_slab_bytes = SLOT;
-    let e = DaxStore::open(c).unwrap_err();
+    let e = DaxStore::open(&c).unwrap_err();
     assert_eq!(
         e.to_string(),
         "invalid config: staging_slab_bytes must be at least restore_max_regions x slot_bytes = 8192 (got 4096)"
     );
     let mut c = cfg(2);
     c.restore_workers = 0;
-    assert!(DaxStore::open(c).unwrap_err().to_string().contains("restore_workers must be a positive integer"));
+    assert!(DaxStore::open(&c)
+        .unwrap_err()
+        .to_string()
+        .contains("restore_workers must be a positive integer"));
     let mut c = cfg(2);
     c.core.arena = ArenaSpec::new(ArenaSource::Path("/nonexistent/dax0.0".into()), 2 * SLOT);
-    assert!(DaxStore::open(c).unwrap_err().to_string().contains("/nonexistent/dax0.0"));
+    assert!(DaxStore::open(&c)
+        .unwrap_err()
+        .to_string()
+        .contains("/nonexistent/dax0.0"));
     for _ in 0..10 {
         let mut c = cfg(2);
         c.core.slot_bytes = 3 * SLOT;
-        let _ = DaxStore::open(c);
+        let _ = DaxStore::open(&c);
     }
     assert!(fds() <= before + 1, "fds {before} -> {}", fds());
 }
@@ -92,7 +115,10 @@ fn batched_get_has_positional_holes_and_prefix_stops_at_first_miss() {
     let keys: Vec<Key> = (0..4).map(k).collect();
     let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; 200]; 4];
     let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-    assert_eq!(s.batched_get(&keys, &mut refs).unwrap(), vec![Some(200), Some(200), None, Some(200)]);
+    assert_eq!(
+        s.batched_get(&keys, &mut refs).unwrap(),
+        vec![Some(200), Some(200), None, Some(200)]
+    );
     assert_eq!(bufs[3], payload(3, 200));
     let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
     assert_eq!(s.batched_get_prefix(&keys, &mut refs).unwrap(), 2);
@@ -149,7 +175,7 @@ fn batched_restore_handles_heterogeneous_sizes_and_holes() {
 fn pins_are_refcounted_and_never_auto_evicted() {
     let mut c = cfg(2);
     c.auto_evict = true;
-    let s = DaxStore::open(c).unwrap();
+    let s = DaxStore::open(&c).unwrap();
     s.put(k(1), b"one").unwrap();
     s.put(k(2), b"two").unwrap();
     assert!(s.pin(k(1)));
@@ -179,7 +205,10 @@ fn remove_is_forced_by_default() {
     s.put(k(1), b"a").unwrap();
     s.put(k(2), b"b").unwrap();
     assert!(s.pin(k(1)));
-    assert!(!s.remove_with(k(1), false), "a pinned key survives an unforced remove");
+    assert!(
+        !s.remove_with(k(1), false),
+        "a pinned key survives an unforced remove"
+    );
     assert!(s.remove(k(1)), "the default remove is forced");
     assert_eq!(s.batched_remove(&[k(1), k(2), k(3)]), 1);
     assert_eq!(s.core().live_slot_count(), 0);
@@ -192,7 +221,10 @@ fn remove_during_a_read_finishes_and_defers_slot_reuse() {
     s.put(k(1), &payload(1, 64)).unwrap();
     let set = s.core().reserve_reads(&[k(1)], false);
     assert!(s.remove(k(1)), "remove does not wait for the read");
-    assert!(matches!(s.put(k(2), b"x"), Err(StoreError::Full)), "no free slot until the read finishes");
+    assert!(
+        matches!(s.put(k(2), b"x"), Err(StoreError::Full)),
+        "no free slot until the read finishes"
+    );
     let mut out = vec![0u8; 64];
     assert_eq!(set.read(&set.items()[0], &mut out), Some(64));
     assert_eq!(out, payload(1, 64));
@@ -206,11 +238,20 @@ fn async_put_completes_through_the_callback_and_close_waits_for_it() {
     let (tx, rx) = mpsc::channel();
     for i in 0..4 {
         let tx = tx.clone();
-        s.put_async(k(i), payload(i, 500).into(), move |r| tx.send((i, r.is_ok())).unwrap()).unwrap();
+        s.put_async(k(i), payload(i, 500).into(), move |r| {
+            tx.send((i, r.is_ok())).unwrap();
+        })
+        .unwrap();
     }
-    let e = s.put_async(k(9), vec![0u8; SLOT + 1].into(), |_| panic!("oversized put must not run")).unwrap_err();
+    let e = s
+        .put_async(k(9), vec![0u8; SLOT + 1].into(), |_| {
+            panic!("oversized put must not run")
+        })
+        .unwrap_err();
     assert!(matches!(e, StoreError::TooLarge { .. }));
-    let mut seen: Vec<(u32, bool)> = (0..4).map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
+    let mut seen: Vec<(u32, bool)> = (0..4)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
     seen.sort_unstable();
     assert_eq!(seen, (0..4).map(|i| (i, true)).collect::<Vec<_>>());
     for i in 0..4 {
@@ -225,10 +266,20 @@ fn async_put_completes_through_the_callback_and_close_waits_for_it() {
     })
     .unwrap();
     s.close();
-    assert!(done.load(Ordering::SeqCst), "close returned before the async put finished");
+    assert!(
+        done.load(Ordering::SeqCst),
+        "close returned before the async put finished"
+    );
     assert!(matches!(s.put(k(1), b"x"), Err(StoreError::Closed)));
-    assert!(matches!(s.put_async(k(1), vec![1u8].into(), |_| ()), Err(StoreError::Closed)));
-    assert_eq!(s.get(k(1), &mut [0u8; 500]).unwrap(), None, "gets after close are misses");
+    assert!(matches!(
+        s.put_async(k(1), vec![1u8].into(), |_| ()),
+        Err(StoreError::Closed)
+    ));
+    assert_eq!(
+        s.get(k(1), &mut [0u8; 500]).unwrap(),
+        None,
+        "gets after close are misses"
+    );
     s.close();
 }
 
@@ -244,7 +295,10 @@ fn close_waits_for_an_active_get() {
             let set = s.core().reserve_reads(&[k(1)], false);
             b.wait();
             std::thread::sleep(Duration::from_millis(100));
-            assert!(!closed.load(Ordering::SeqCst), "close finished during the read");
+            assert!(
+                !closed.load(Ordering::SeqCst),
+                "close finished during the read"
+            );
             let mut out = vec![0u8; 100];
             assert_eq!(set.read(&set.items()[0], &mut out), Some(100));
             assert_eq!(out, payload(1, 100));

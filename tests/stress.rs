@@ -27,7 +27,9 @@ impl Rng {
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// [key id u32][seed u32][body][fnv64 of everything before]
@@ -47,18 +49,27 @@ fn make(id: u32, seed: u32, len: usize) -> Vec<u8> {
 fn verify(id: u32, got: &[u8]) {
     assert!(got.len() >= 16, "short payload {}", got.len());
     let (body, tail) = got.split_at(got.len() - 8);
-    assert_eq!(u32::from_le_bytes(body[..4].try_into().unwrap()), id, "another key's bytes");
-    assert_eq!(fnv(body), u64::from_le_bytes(tail.try_into().unwrap()), "torn or corrupted payload of key {id}");
+    assert_eq!(
+        u32::from_le_bytes(body[..4].try_into().unwrap()),
+        id,
+        "another key's bytes"
+    );
+    assert_eq!(
+        fnv(body),
+        u64::from_le_bytes(tail.try_into().unwrap()),
+        "torn or corrupted payload of key {id}"
+    );
 }
 
 #[test]
 fn concurrent_mixed_operations_lose_and_corrupt_nothing() {
-    let core = Arc::new(DaxCore::open(&CoreConfig::new(ArenaSpec::memfd(SLOTS * SLOT), SLOT)).unwrap());
+    let core =
+        Arc::new(DaxCore::open(&CoreConfig::new(ArenaSpec::memfd(SLOTS * SLOT), SLOT)).unwrap());
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let core = core.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9E37_79B9 ^ (t + 1) * 0x1234_5678_9ABC);
+                let mut rng = Rng(0x9E37_79B9 ^ ((t + 1) * 0x1234_5678_9ABC));
                 let mut my_locks: Vec<u32> = Vec::new();
                 let mut buf = vec![0u8; SLOT];
                 let mut stats = [0usize; 4];
@@ -67,7 +78,9 @@ fn concurrent_mixed_operations_lose_and_corrupt_nothing() {
                     match rng.next() % 8 {
                         0 | 1 => {
                             let len = 16 + (rng.next() as usize % (SLOT - 16));
-                            if let Ok(PutOutcome::Stored) = core.put(k(id), &make(id, rng.next() as u32, len), 0) {
+                            if let Ok(PutOutcome::Stored) =
+                                core.put(k(id), &make(id, rng.next() as u32, len), 0)
+                            {
                                 stats[0] += 1;
                             }
                         }
@@ -99,7 +112,7 @@ fn concurrent_mixed_operations_lose_and_corrupt_nothing() {
                             stats[3] += usize::from(deleted);
                         }
                         _ => {
-                            let force = rng.next() % 4 == 0;
+                            let force = rng.next().is_multiple_of(4);
                             stats[3] += usize::from(core.delete_many(&[k(id)], force)[0]);
                         }
                     }
@@ -118,7 +131,10 @@ fn concurrent_mixed_operations_lose_and_corrupt_nothing() {
             total[i] += s[i];
         }
     }
-    assert!(total.iter().all(|&n| n > 100), "every operation kind ran: {total:?}");
+    assert!(
+        total.iter().all(|&n| n > 100),
+        "every operation kind ran: {total:?}"
+    );
     core.check_invariants().unwrap();
     let st = core.status();
     assert_eq!(st.borrowed_slot_count, 0);
@@ -133,8 +149,19 @@ fn concurrent_mixed_operations_lose_and_corrupt_nothing() {
         }
     }
     let live_keys = core.snapshot_keys().len();
-    assert_eq!(core.live_slot_count(), live_keys, "every live slot is a committed key");
-    assert_eq!(core.delete_many(&keys, false).into_iter().filter(|&d| d).count(), live_keys, "no lock was left behind");
+    assert_eq!(
+        core.live_slot_count(),
+        live_keys,
+        "every live slot is a committed key"
+    );
+    assert_eq!(
+        core.delete_many(&keys, false)
+            .into_iter()
+            .filter(|&d| d)
+            .count(),
+        live_keys,
+        "no lock was left behind"
+    );
     assert_eq!(core.live_slot_count(), 0, "no slot leaked");
     assert_eq!(core.usage(), (0.0, 0.0));
     core.check_invariants().unwrap();

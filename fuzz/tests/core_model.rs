@@ -49,7 +49,8 @@ struct Model {
 
 impl Model {
     fn release_slot_if_idle(&mut self, slot: usize) {
-        let held = self.keys.values().any(|e| e.slot == slot) || self.reads.iter().any(|&(_, s)| s == slot);
+        let held = self.keys.values().any(|e| e.slot == slot)
+            || self.reads.iter().any(|&(_, s)| s == slot);
         if !held {
             self.used.remove(&slot);
         }
@@ -64,7 +65,9 @@ fn key(k: u8) -> Key {
 }
 
 fn bytes(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(37) ^ seed).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(37) ^ seed)
+        .collect()
 }
 
 fn run(ops: &[Op]) {
@@ -84,12 +87,22 @@ fn run(ops: &[Op]) {
                 let got = core.put(key(kk), &data, 0);
                 // Size is checked first, as upstream's `_put_one` does.
                 let want = if len > SLOT {
-                    Err(PutError::TooLarge { len, slot_bytes: SLOT })
+                    Err(PutError::TooLarge {
+                        len,
+                        slot_bytes: SLOT,
+                    })
                 } else if m.keys.contains_key(&kk) {
                     Ok(PutOutcome::AlreadyPresent)
                 } else if let Some(slot) = m.lowest_free() {
                     m.used.insert(slot);
-                    m.keys.insert(kk, Entry { data, locks: 0, slot });
+                    m.keys.insert(
+                        kk,
+                        Entry {
+                            data,
+                            locks: 0,
+                            slot,
+                        },
+                    );
                     Ok(PutOutcome::Stored)
                 } else {
                     Err(PutError::Full)
@@ -98,12 +111,15 @@ fn run(ops: &[Op]) {
             }
             Op::Exists { key: kk, lock } => {
                 let kk = kk % 12;
-                let want = m.keys.get_mut(&kk).map(|e| {
-                    if lock {
-                        e.locks += 1;
-                    }
-                })
-                .is_some();
+                let want = m
+                    .keys
+                    .get_mut(&kk)
+                    .map(|e| {
+                        if lock {
+                            e.locks += 1;
+                        }
+                    })
+                    .is_some();
                 assert_eq!(core.exists(key(kk), lock), want, "step {step}: {op:?}");
             }
             Op::Unlock { key: kk } => {
@@ -125,7 +141,10 @@ fn run(ops: &[Op]) {
                 match (want_len, short) {
                     (Some(n), true) if n > 0 => {
                         assert_eq!(got, None, "step {step}: short buffer");
-                        assert!(buf.iter().all(|&b| b == 0xAA), "step {step}: short buffer touched");
+                        assert!(
+                            buf.iter().all(|&b| b == 0xAA),
+                            "step {step}: short buffer touched"
+                        );
                     }
                     (Some(n), _) => {
                         assert_eq!(got, Some(n), "step {step}: {op:?}");
@@ -145,7 +164,11 @@ fn run(ops: &[Op]) {
                     }
                     _ => false,
                 };
-                assert_eq!(core.delete_many(&[key(kk)], force), vec![want], "step {step}: {op:?}");
+                assert_eq!(
+                    core.delete_many(&[key(kk)], force),
+                    vec![want],
+                    "step {step}: {op:?}"
+                );
             }
             Op::BeginRead { key: kk } => {
                 let kk = kk % 12;
@@ -174,8 +197,13 @@ fn run(ops: &[Op]) {
                 let mut seen = BTreeSet::new();
                 for c in &cands {
                     assert!(seen.insert(*c), "step {step}: duplicate candidate");
-                    let e = m.keys.iter().find(|(kk, _)| key(**kk) == *c).map(|(_, e)| e);
-                    let e = e.unwrap_or_else(|| panic!("step {step}: candidate is not a stored key"));
+                    let e = m
+                        .keys
+                        .iter()
+                        .find(|(kk, _)| key(**kk) == *c)
+                        .map(|(_, e)| e);
+                    let e =
+                        e.unwrap_or_else(|| panic!("step {step}: candidate is not a stored key"));
                     assert_eq!(e.locks, 0, "step {step}: locked key offered for eviction");
                 }
             }
@@ -186,17 +214,26 @@ fn run(ops: &[Op]) {
                     core.remap(new * SLOT).is_ok()
                 } else {
                     // A remap waits for open reads; only check the predicate.
-                    assert_eq!(core.can_shrink_to(new) || new >= m.max_slots, can || new >= m.max_slots, "step {step}");
+                    assert_eq!(
+                        core.can_shrink_to(new) || new >= m.max_slots,
+                        can || new >= m.max_slots,
+                        "step {step}"
+                    );
                     continue;
                 };
-                assert_eq!(got, can, "step {step}: remap to {new} slots, used {:?}", m.used);
+                assert_eq!(
+                    got, can,
+                    "step {step}: remap to {new} slots, used {:?}",
+                    m.used
+                );
                 if got {
                     m.max_slots = new;
                 }
             }
         }
         if sets.is_empty() {
-            core.check_invariants().unwrap_or_else(|e| panic!("step {step} {op:?}: {e}"));
+            core.check_invariants()
+                .unwrap_or_else(|e| panic!("step {step} {op:?}: {e}"));
         }
         let used = m.used.len() as f64 / m.max_slots as f64;
         assert_eq!(core.usage().0, used, "step {step}: usage after {op:?}");

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite: lints, unit and integration tests, the bolero model
+# tests, the criterion benches (one pass each, so they never rot), loom, and
+# a small `daxkv bench` run. Exits non-zero on any failure.
+#
+# Knobs: BOLERO_RANDOM_TEST_TIME_MS (model test time per target, default
+# 15000); DAXKV_SKIP_LOOM=1 to skip the loom build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "unit, integration and model tests"
+BOLERO_RANDOM_TEST_TIME_MS="${BOLERO_RANDOM_TEST_TIME_MS:-15000}" cargo test --workspace
+
+step "criterion benches, one pass each"
+cargo test --benches
+
+if [ "${DAXKV_SKIP_LOOM:-0}" != 1 ]; then
+  step "loom (slot state word)"
+  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_slot
+fi
+
+step "daxkv bench (small)"
+cargo run --release --quiet -- bench --sizes 4K,256K --total-bytes 8MiB --max-objects 256 --json target/bench-smoke.json
+
+echo
+echo "all tests passed"
