@@ -236,7 +236,6 @@ pub struct DaxCore {
     /// Slots detached but not yet free.
     pending: CachePadded<AtomicUsize>,
     active_reads: AtomicUsize,
-    active_writes: AtomicUsize,
     clock_hand: AtomicUsize,
 }
 
@@ -283,7 +282,6 @@ impl DaxCore {
             live: CachePadded::new(AtomicUsize::new(0)),
             pending: CachePadded::new(AtomicUsize::new(0)),
             active_reads: AtomicUsize::new(0),
-            active_writes: AtomicUsize::new(0),
             clock_hand: AtomicUsize::new(0),
         })
     }
@@ -490,8 +488,6 @@ impl DaxCore {
                 };
             }
         };
-        // ORDERING: Relaxed — a statistic.
-        self.active_writes.fetch_add(1, Ordering::Relaxed);
         let copied = copy(s.0 as usize * self.slot_bytes);
         let r = if copied {
             match m.state.commit(gen).expect("only the writer clears WRITING") {
@@ -512,8 +508,6 @@ impl DaxCore {
             self.settle(s, t);
             Err(PutError::CopyFailed)
         };
-        // ORDERING: Relaxed — a statistic.
-        self.active_writes.fetch_sub(1, Ordering::Relaxed);
         r
     }
 
@@ -940,10 +934,13 @@ impl DaxCore {
     /// Status fields (reference §2.4). Scans the slot table: cold path.
     pub fn status(&self) -> CoreStatus {
         let closing = self.is_closing();
-        let (mut committed, mut locked, mut borrowed) = (0, 0, 0);
+        let (mut committed, mut locked, mut borrowed, mut writing) = (0, 0, 0, 0);
         if !closing {
             for m in &self.slots[..self.max_slots()] {
                 let st = m.state.load();
+                // Stores in flight are counted here rather than with a
+                // shared counter on the put path.
+                writing += usize::from(st.has(WRITING));
                 committed += usize::from(st.is_readable());
                 locked += usize::from(st.lock_count() > 0);
                 borrowed += usize::from(st.borrow_count() > 0);
@@ -963,7 +960,7 @@ impl DaxCore {
             // ORDERING: Relaxed — statistics.
             pending_free_slot_count: self.pending.load(Ordering::Relaxed),
             active_read_count: self.active_reads.load(Ordering::Relaxed),
-            active_write_count: self.active_writes.load(Ordering::Relaxed),
+            active_write_count: writing,
             closing,
             supports_restart_recovery: false,
             dram_bytes: self.dram_bytes(),

@@ -252,8 +252,11 @@ impl Index {
             };
             // Publish the displacement before the entry, so any lookup that
             // can see the entry also scans far enough to find it.
-            // ORDERING: SeqCst — Dekker handshake; also orders before the CAS.
-            self.hints[home].fetch_max(d as u8, Ordering::SeqCst);
+            // (Skipped when the hint we loaded already covers `d`: hints only grow.)
+            if d > h {
+                // ORDERING: SeqCst — Dekker handshake; also orders before the CAS.
+                self.hints[home].fetch_max(d as u8, Ordering::SeqCst);
+            }
             let mine = enc(fp, PROVISIONAL, slot);
             // ORDERING: SeqCst — Dekker handshake; Release part publishes the
             // slot's key to scanners.

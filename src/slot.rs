@@ -493,8 +493,10 @@ impl Bitmap {
         // happens-before the next `claim` of it.
         let prev = self.words[w].fetch_and(!(1 << b), Ordering::Release);
         assert!(prev & (1 << b) != 0, "double free of slot {i}");
-        // ORDERING: Relaxed — hint only.
-        self.hint.fetch_min(w, Ordering::Relaxed);
+        // ORDERING: Relaxed — hint only (a load first: usually no store).
+        if w < self.hint.load(Ordering::Relaxed) {
+            self.hint.fetch_min(w, Ordering::Relaxed);
+        }
     }
 
     /// Whether a slot is taken.

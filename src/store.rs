@@ -611,33 +611,33 @@ mod tests {
             res(4, 5, 100, sb),
         ];
         let regions = plan_regions(&items, 250);
-        assert_eq!(regions.len(), 3);
+        assert_eq!(regions.len(), 2);
         assert_eq!(
             regions[0].spans,
             vec![Span {
                 device_offset: 0,
                 slab_offset: 0,
                 len: 200
-            }]
+            }],
+            "adjacent full slots merge"
         );
         assert_eq!(
             regions[1].spans,
-            vec![Span {
-                device_offset: 200,
-                slab_offset: 0,
-                len: 140
-            }],
-            "a full slot followed by a partial one merges"
+            vec![
+                Span {
+                    device_offset: 200,
+                    slab_offset: 0,
+                    len: 140
+                },
+                Span {
+                    device_offset: 500,
+                    slab_offset: 140,
+                    len: 100
+                },
+            ],
+            "a full slot then a partial one merge; a device gap starts a new span"
         );
-        assert_eq!(
-            regions[2].spans,
-            vec![Span {
-                device_offset: 500,
-                slab_offset: 0,
-                len: 100
-            }],
-            "a gap starts a new span"
-        );
+        assert_eq!(regions[1].slab_offset_of(&items[4]), 140);
         assert!(regions.iter().all(|g| g.used <= 250));
     }
 }
