@@ -489,7 +489,7 @@ impl DaxCore {
             }
         };
         let copied = copy(s.0 as usize * self.slot_bytes);
-        let r = if copied {
+        if copied {
             match m.state.commit(gen).expect("only the writer clears WRITING") {
                 Commit::Committed => Ok(PutOutcome::Stored),
                 Commit::Canceled(t) => {
@@ -507,8 +507,7 @@ impl DaxCore {
                 .expect("only the writer clears WRITING");
             self.settle(s, t);
             Err(PutError::CopyFailed)
-        };
-        r
+        }
     }
 
     /// Store a payload written by `writer` (reference `put_one(writer=...)`):
