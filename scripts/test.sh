@@ -23,8 +23,8 @@ step "criterion benches, one pass each"
 cargo test --benches
 
 if [ "${DAXKV_SKIP_LOOM:-0}" != 1 ]; then
-  step "loom (slot state word)"
-  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_slot
+  step "loom (slot state word, ring index protocol and wakeup)"
+  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_slot --test loom_ring
 fi
 
 step "daxkv bench (small)"

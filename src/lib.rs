@@ -13,10 +13,13 @@
 //! | [`slot`] | the atomic free bitmap and the per-slot state word |
 //! | [`index`] | the lock-free key → slot index |
 //! | [`core`] | [`DaxCore`]: one device's put / lookup+lock / load / delete |
+//! | [`ring`] | SPSC submission / completion rings (heap or memfd) |
+//! | [`notify`] | the non-blocking eventfd completions signal |
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`] | the standard `daxkv bench` workload |
 //!
-//! Unsafe code lives only in `arena`, `copy` and `sys`; every other module is
+//! Unsafe code lives only in `arena`, `copy`, `ring`, `notify` and `sys`;
+//! every other module is
 //! `#![forbid(unsafe_code)]`.
 
 pub mod arena;
@@ -26,6 +29,8 @@ pub mod core;
 pub mod error;
 pub mod index;
 pub mod key;
+pub mod notify;
+pub mod ring;
 pub mod slot;
 pub mod store;
 pub mod sync;

@@ -6,6 +6,6 @@
 #![forbid(unsafe_code)]
 
 #[cfg(daxkv_loom)]
-pub use loom::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(daxkv_loom))]
-pub use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+pub use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};

@@ -1,0 +1,141 @@
+//! # Eventfd notifier
+//!
+//! A non-blocking, close-on-exec eventfd: the pollable completion signal of
+//! the engine (LMCache's adapter contract, reference §1.4). Signalling is
+//! binary and coalescing: `notify` adds one, `drain` reads the counter back
+//! to zero. Both are safe to call from any thread.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// An eventfd (`EFD_NONBLOCK | EFD_CLOEXEC`). Closed on drop.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers; a negative return is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventFd { fd })
+    }
+
+    /// Signal: add one to the counter. A full counter (2^64 − 2) already
+    /// signals, so EAGAIN is success.
+    pub fn notify(&self) -> io::Result<()> {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own fd.
+        let n = unsafe { libc::write(self.fd.as_raw_fd(), std::ptr::from_ref(&one).cast(), 8) };
+        if n == 8 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    }
+
+    /// Read and reset the counter; 0 if it was not signalled.
+    pub fn drain(&self) -> io::Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live u64 from our own fd.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), std::ptr::from_mut(&mut v).cast(), 8) };
+        if n == 8 {
+            return Ok(v);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(0)
+        } else {
+            Err(e)
+        }
+    }
+
+    /// Wait until readable or `timeout` passes; true if readable. Does not
+    /// drain.
+    pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        loop {
+            // SAFETY: one live pollfd.
+            let n = unsafe { libc::poll(&raw mut p, 1, ms) };
+            if n >= 0 {
+                return Ok(n > 0 && p.revents & libc::POLLIN != 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notify_coalesces_and_drain_resets() {
+        let e = EventFd::new().unwrap();
+        assert!(!e.wait(Duration::ZERO).unwrap());
+        assert_eq!(
+            e.drain().unwrap(),
+            0,
+            "non-blocking read of an unsignalled fd"
+        );
+        e.notify().unwrap();
+        e.notify().unwrap();
+        assert!(e.wait(Duration::ZERO).unwrap());
+        assert_eq!(e.drain().unwrap(), 2);
+        assert!(!e.wait(Duration::from_millis(1)).unwrap());
+    }
+
+    #[test]
+    fn flags_are_nonblock_and_cloexec() {
+        let e = EventFd::new().unwrap();
+        // SAFETY: fcntl queries on our own live fd.
+        let (fl, fd) = unsafe {
+            (
+                libc::fcntl(e.as_raw_fd(), libc::F_GETFL),
+                libc::fcntl(e.as_raw_fd(), libc::F_GETFD),
+            )
+        };
+        assert!(fl & libc::O_NONBLOCK != 0);
+        assert!(fd & libc::FD_CLOEXEC != 0);
+    }
+
+    #[test]
+    fn wakes_a_waiter_on_another_thread() {
+        let e = std::sync::Arc::new(EventFd::new().unwrap());
+        let e2 = e.clone();
+        let t = std::thread::spawn(move || e2.wait(Duration::from_secs(10)).unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+        e.notify().unwrap();
+        assert!(t.join().unwrap());
+    }
+}
