@@ -624,6 +624,15 @@ impl DaxCore {
         false
     }
 
+    /// True if `key` is committed or its store is in flight (a put of it
+    /// would be a no-op).
+    pub fn contains_live(&self, key: Key) -> bool {
+        let Ok(_g) = self.arena.enter() else {
+            return false;
+        };
+        self.index.contains_live(key, self.is_key(key))
+    }
+
     /// True while a store of `key` is in flight.
     pub fn has_inflight(&self, key: Key) -> bool {
         let Ok(_g) = self.arena.enter() else {

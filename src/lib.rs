@@ -15,17 +15,21 @@
 //! | [`core`] | [`DaxCore`]: one device's put / lookup+lock / load / delete |
 //! | [`ring`] | SPSC submission / completion rings (heap or memfd) |
 //! | [`notify`] | the non-blocking eventfd completions signal |
+//! | [`buf`] | caller buffers handed to the engine (owned, or raw with a lifetime rule) |
+//! | [`engine`] | [`engine::Engine`]: worker pools, task table, device pool |
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`] | the standard `daxkv bench` workload |
 //!
-//! Unsafe code lives only in `arena`, `copy`, `ring`, `notify` and `sys`;
+//! Unsafe code lives only in `arena`, `copy`, `ring`, `buf`, `notify` and `sys`;
 //! every other module is
 //! `#![forbid(unsafe_code)]`.
 
 pub mod arena;
 pub mod bench;
+pub mod buf;
 pub mod copy;
 pub mod core;
+pub mod engine;
 pub mod error;
 pub mod index;
 pub mod key;

@@ -77,6 +77,32 @@ unsafe impl Pod for u64 {}
 // SAFETY: as above.
 unsafe impl Pod for u32 {}
 
+/// A submission: one part of a task (keys `start..start+len` of task
+/// `task`). Ids and offsets only, no pointers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Sqe {
+    pub task: u64,
+    pub start: u32,
+    pub len: u32,
+}
+
+/// A completion: task `task` finished; `ok` is 1 when every key succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Cqe {
+    pub task: u64,
+    pub ok: u32,
+    pub keys_ok: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Sqe>() == 16);
+const _: () = assert!(std::mem::size_of::<Cqe>() == 16);
+// SAFETY: repr(C), integers only, no padding (size asserted above).
+unsafe impl Pod for Sqe {}
+// SAFETY: as above.
+unsafe impl Pod for Cqe {}
+
 const MAGIC: u32 = 0x4441_5852; // "DAXR"
 const VERSION: u32 = 1;
 const NEED_WAKEUP: u32 = 1;

@@ -1,0 +1,1309 @@
+//! # Engine: rings, worker pools and the device pool (LMCache's MP adapter)
+//!
+//! ```text
+//! submit_*(keys, bufs) ──► task table slot (lock-free ArcSwap) ──► SQE on a worker's SQ
+//!                                                                   │
+//!          worker (store / lookup / load pool) ◄────────────────────┘
+//!            run the part against the device pool, set result bits,
+//!            count down the task's parts; the last part publishes:
+//!            done flag (Release) → CQE on its CQ → eventfd if NEED_WAKEUP
+//!                                                                   │
+//! pop_completed_stores / query_lookup / query_load ◄────────────────┘
+//! ```
+//!
+//! The API mirrors LMCache's L2 adapter contract (reference §1): task ids
+//! are one counter shared by all kinds; store results are drained with
+//! `pop_completed_stores` (each id exactly once); lookup and load results are
+//! one-shot per id; `submit_unlock` never fails and is applied to every
+//! device; three distinct non-blocking close-on-exec eventfds signal
+//! completions.
+//!
+//! ## Tasks and parts
+//!
+//! A task lives in a fixed table of `task_slots` entries (slot = id mod
+//! size). A load task of many keys is split into parts of at least
+//! [`SPLIT_MIN_KEYS`] keys spread over the load workers; the parts write
+//! disjoint result bits and destination buffers, and the task completes once
+//! (an atomic countdown).
+//!
+//! ## Workers
+//!
+//! Each worker owns one SQ (consumer) and one CQ (producer). Submitters pick
+//! a worker round-robin and push under a per-worker mutex (held for the push
+//! and the publish, never during a copy). An idle worker spins for
+//! `spin_us`, then sets its SQ's NEED_WAKEUP flag and sleeps on its own
+//! eventfd, which a submitter writes only when that flag is set.
+//!
+//! A panic inside a task part fails that task (all keys false), is logged
+//! and counted in `status().worker_panics`, and the worker keeps serving.
+#![forbid(unsafe_code)]
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+
+use crate::buf::{Buf, Dsts, Lent, RawBuf};
+use crate::core::{CoreConfig, DaxCore};
+use crate::error::{OpenError, PutError};
+use crate::key::Key;
+use crate::notify::EventFd;
+use crate::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe};
+
+/// Smallest load part when a task is split across workers.
+pub const SPLIT_MIN_KEYS: usize = 8;
+
+/// A task id: one counter from 0, shared by stores, lookups and loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(pub u64);
+
+/// A device id: from 0, never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(pub u32);
+
+/// Device states (reference §3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DeviceState {
+    Active = 0,
+    Draining = 1,
+    Migrating = 2,
+    Resizing = 3,
+    Removing = 4,
+    Closed = 5,
+    Failed = 6,
+    Removed = 7,
+}
+
+impl DeviceState {
+    fn from_u8(v: u8) -> DeviceState {
+        match v {
+            0 => DeviceState::Active,
+            1 => DeviceState::Draining,
+            2 => DeviceState::Migrating,
+            3 => DeviceState::Resizing,
+            4 => DeviceState::Removing,
+            5 => DeviceState::Closed,
+            6 => DeviceState::Failed,
+            _ => DeviceState::Removed,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceState::Active => "active",
+            DeviceState::Draining => "draining",
+            DeviceState::Migrating => "migrating",
+            DeviceState::Resizing => "resizing",
+            DeviceState::Removing => "removing",
+            DeviceState::Closed => "closed",
+            DeviceState::Failed => "failed",
+            DeviceState::Removed => "removed",
+        }
+    }
+
+    /// Lookups and loads may use it.
+    pub fn is_readable(self) -> bool {
+        matches!(
+            self,
+            DeviceState::Active
+                | DeviceState::Draining
+                | DeviceState::Migrating
+                | DeviceState::Resizing
+        )
+    }
+
+    /// New keys may go to it.
+    pub fn is_writable(self) -> bool {
+        self == DeviceState::Active
+    }
+
+    /// Its slots count in capacity and usage.
+    pub fn counts_capacity(self) -> bool {
+        self.is_readable() || self == DeviceState::Removing
+    }
+}
+
+/// One device of the pool.
+#[derive(Debug)]
+pub struct Device {
+    pub id: DeviceId,
+    pub path: String,
+    state: AtomicU8,
+    pub core: DaxCore,
+}
+
+impl Device {
+    pub fn state(&self) -> DeviceState {
+        // ORDERING: Acquire — pairs with `set_state`.
+        DeviceState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub fn set_state(&self, s: DeviceState) {
+        // ORDERING: Release — a state change is seen with what preceded it.
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    fn usage(&self) -> f64 {
+        let max = self.core.max_slots();
+        if max == 0 {
+            1.0
+        } else {
+            self.core.live_slot_count() as f64 / max as f64
+        }
+    }
+}
+
+/// Callbacks for keys stored, accessed and deleted (reference §1.1). Called
+/// on worker threads (or the deleting thread), outside any engine state.
+pub trait Listener: Send + Sync {
+    fn on_keys_stored(&self, _keys: &[Key], _sizes: &[usize]) {}
+    fn on_keys_accessed(&self, _keys: &[Key]) {}
+    fn on_keys_deleted(&self, _keys: &[Key]) {}
+}
+
+/// Worker pool sizes and behaviour.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    pub num_store_workers: usize,
+    pub num_lookup_workers: usize,
+    pub num_load_workers: usize,
+    /// How long an idle worker (or a waiting caller) spins before parking.
+    pub spin: Duration,
+    /// Size of the task table: tasks in flight plus results not collected.
+    pub task_slots: usize,
+    /// CPUs to pin workers to (round-robin); empty: no pinning.
+    pub cpus: Vec<usize>,
+    /// Fault injection for tests: a task part that meets this key panics.
+    pub panic_on_key: Option<Key>,
+}
+
+impl Default for EngineOptions {
+    /// LMCache's defaults: 1 store worker, 1 lookup worker,
+    /// `min(4, cpus)` load workers.
+    fn default() -> EngineOptions {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        EngineOptions {
+            num_store_workers: 1,
+            num_lookup_workers: 1,
+            num_load_workers: cpus.min(4),
+            spin: Duration::from_micros(50),
+            task_slots: 4096,
+            cpus: Vec::new(),
+            panic_on_key: None,
+        }
+    }
+}
+
+/// Engine errors (cold path, and submit refusals).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("engine is closing")]
+    Closing,
+    #[error("{what}: {keys} keys but {bufs} buffers")]
+    LengthMismatch {
+        what: &'static str,
+        keys: usize,
+        bufs: usize,
+    },
+    #[error("{field} must be a positive integer (got {value})")]
+    Invalid { field: &'static str, value: usize },
+    #[error("task table full: {capacity} tasks in flight or awaiting collection")]
+    TooManyInFlight { capacity: usize },
+    #[error("devices may be empty only when hotplug_enabled is true")]
+    NoDevices,
+    #[error("device {path} is already mapped by this engine")]
+    AlreadyMapped { path: String },
+    #[error("device {index}: {source}")]
+    Device { index: usize, source: OpenError },
+    #[error("cannot start a worker thread: {0}")]
+    Spawn(std::io::Error),
+    #[error("eventfd: {0}")]
+    EventFd(std::io::Error),
+}
+
+/// Result of a store task (LMCache's `L2StoreResult`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreResult {
+    pub success: bool,
+    pub bytes_transferred: u64,
+}
+
+/// A per-key result bitmap (LMCache's `Bitmap`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Bitmap {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Bitmap {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn test(&self, i: usize) -> bool {
+        i < self.len && self.words[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    pub fn count_ones(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// Hits before the first miss.
+    pub fn count_leading_ones(&self) -> usize {
+        (0..self.len).take_while(|&i| self.test(i)).count()
+    }
+
+    pub fn to_vec(&self) -> Vec<bool> {
+        (0..self.len).map(|i| self.test(i)).collect()
+    }
+}
+
+impl std::fmt::Debug for Bitmap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s: String = self
+            .to_vec()
+            .iter()
+            .map(|&b| if b { '1' } else { '0' })
+            .collect();
+        write!(f, "Bitmap({s})")
+    }
+}
+
+/// Result of a load task: the bitmap, plus the owned destinations handed
+/// back (empty when the task used raw buffers).
+#[derive(Debug)]
+pub struct LoadResult {
+    pub bitmap: Bitmap,
+    pub bufs: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Store,
+    Lookup,
+    Load,
+}
+
+struct Task {
+    id: u64,
+    op: Op,
+    keys: Vec<Key>,
+    srcs: Vec<Buf>,
+    /// Load destinations; read-only while the task runs, taken back by
+    /// `query_load` once the last worker has let go of the task.
+    dsts: Option<Dsts>,
+    results: Box<[AtomicU64]>,
+    parts_left: AtomicU32,
+    panicked: AtomicBool,
+}
+
+impl Task {
+    fn set(&self, i: usize) {
+        // ORDERING: Relaxed — published by the Release in `finish_part`.
+        self.results[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+    }
+
+    fn bitmap(&self) -> Bitmap {
+        let panicked = self.panicked.load(Ordering::Acquire);
+        Bitmap {
+            // ORDERING: Relaxed — read after the Acquire of the done flag.
+            words: self
+                .results
+                .iter()
+                .map(|w| {
+                    if panicked {
+                        0
+                    } else {
+                        w.load(Ordering::Relaxed)
+                    }
+                })
+                .collect(),
+            len: self.keys.len(),
+        }
+    }
+}
+
+struct TaskSlot {
+    /// The id of the task in this slot; `u64::MAX` when empty.
+    id: AtomicU64,
+    task: ArcSwapOption<Task>,
+    done: AtomicBool,
+}
+
+struct Pool {
+    name: &'static str,
+    sqs: Vec<Mutex<Producer<Sqe>>>,
+    wakes: Vec<Arc<EventFd>>,
+    cqs: Mutex<Vec<Consumer<Cqe>>>,
+    fd: Arc<EventFd>,
+    rr: AtomicUsize,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+struct Inner {
+    opts: EngineOptions,
+    slot_bytes: usize,
+    hotplug_enabled: bool,
+    devices: ArcSwap<Vec<Arc<Device>>>,
+    next_device: AtomicU32,
+    tasks: Box<[TaskSlot]>,
+    next_task: AtomicU64,
+    /// Tasks submitted and not yet finished (close waits for zero).
+    inflight: [AtomicUsize; 3],
+    closing: AtomicBool,
+    stop: AtomicBool,
+    panics: AtomicU64,
+    listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
+}
+
+/// How a device is opened.
+#[derive(Clone, Debug)]
+pub struct DeviceSpec {
+    /// Shown in status; for a file or device, its path.
+    pub path: String,
+    pub core: CoreConfig,
+}
+
+/// The engine. `Send + Sync`; all methods take `&self`.
+pub struct Engine {
+    inner: Arc<Inner>,
+    pools: ArcSwapOption<[Pool; 3]>,
+    close_lock: Mutex<bool>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").finish_non_exhaustive()
+    }
+}
+
+fn idx(op: Op) -> usize {
+    op as usize
+}
+
+impl Engine {
+    /// Map the devices and start the worker pools. Any failure releases
+    /// everything opened so far.
+    pub fn open(
+        devices: Vec<DeviceSpec>,
+        slot_bytes: usize,
+        hotplug_enabled: bool,
+        opts: EngineOptions,
+    ) -> Result<Engine, EngineError> {
+        for (field, v) in [
+            ("slot_bytes", slot_bytes),
+            ("num_store_workers", opts.num_store_workers),
+            ("num_lookup_workers", opts.num_lookup_workers),
+            ("num_load_workers", opts.num_load_workers),
+            ("task_slots", opts.task_slots),
+        ] {
+            if v == 0 {
+                return Err(EngineError::Invalid { field, value: v });
+            }
+        }
+        if devices.is_empty() && !hotplug_enabled {
+            return Err(EngineError::NoDevices);
+        }
+        let mut devs: Vec<Arc<Device>> = Vec::new();
+        for (i, spec) in devices.into_iter().enumerate() {
+            let mut cfg = spec.core.clone();
+            cfg.slot_bytes = slot_bytes;
+            let core =
+                DaxCore::open(&cfg).map_err(|source| EngineError::Device { index: i, source })?;
+            if let Some(id) = core.identity() {
+                if devs.iter().any(|d| d.core.identity() == Some(id)) {
+                    return Err(EngineError::AlreadyMapped { path: spec.path });
+                }
+            }
+            devs.push(Arc::new(Device {
+                id: DeviceId(i as u32),
+                path: spec.path,
+                state: AtomicU8::new(DeviceState::Active as u8),
+                core,
+            }));
+        }
+        let n_dev = devs.len() as u32;
+        let inner = Arc::new(Inner {
+            slot_bytes,
+            hotplug_enabled,
+            devices: ArcSwap::from_pointee(devs),
+            next_device: AtomicU32::new(n_dev),
+            tasks: (0..opts.task_slots)
+                .map(|_| TaskSlot {
+                    id: AtomicU64::new(u64::MAX),
+                    task: ArcSwapOption::empty(),
+                    done: AtomicBool::new(false),
+                })
+                .collect(),
+            next_task: AtomicU64::new(0),
+            inflight: Default::default(),
+            closing: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            panics: AtomicU64::new(0),
+            listeners: ArcSwap::from_pointee(Vec::new()),
+            opts,
+        });
+        let engine = Engine {
+            inner: inner.clone(),
+            pools: ArcSwapOption::empty(),
+            close_lock: Mutex::new(false),
+        };
+        let pools = [
+            start_pool(
+                &inner,
+                Op::Store,
+                "daxkv-store",
+                inner.opts.num_store_workers,
+            ),
+            start_pool(
+                &inner,
+                Op::Lookup,
+                "daxkv-lookup",
+                inner.opts.num_lookup_workers,
+            ),
+            start_pool(&inner, Op::Load, "daxkv-load", inner.opts.num_load_workers),
+        ];
+        let mut ok = Vec::new();
+        let mut err = None;
+        for p in pools {
+            match p {
+                Ok(p) => ok.push(p),
+                Err(e) => err = Some(e),
+            }
+        }
+        if let Some(e) = err {
+            inner.stop.store(true, Ordering::Release);
+            for p in &ok {
+                stop_pool(p);
+            }
+            for d in inner.devices.load().iter() {
+                d.core.close();
+            }
+            return Err(e);
+        }
+        let pools: [Pool; 3] = ok
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("three pools"));
+        engine.pools.store(Some(Arc::new(pools)));
+        Ok(engine)
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.inner.slot_bytes
+    }
+
+    /// The device list (a snapshot).
+    pub fn devices(&self) -> Arc<Vec<Arc<Device>>> {
+        self.inner.devices.load_full()
+    }
+
+    /// Append a device (the control plane's add). Returns its id.
+    pub fn add_device(&self, spec: &DeviceSpec) -> Result<DeviceId, EngineError> {
+        let mut cfg = spec.core.clone();
+        cfg.slot_bytes = self.inner.slot_bytes;
+        let core = DaxCore::open(&cfg).map_err(|source| EngineError::Device {
+            index: self.devices().len(),
+            source,
+        })?;
+        let id = DeviceId(self.inner.next_device.fetch_add(1, Ordering::Relaxed));
+        let dev = Arc::new(Device {
+            id,
+            path: spec.path.clone(),
+            state: AtomicU8::new(DeviceState::Active as u8),
+            core,
+        });
+        self.inner.devices.rcu(|cur| {
+            let mut v = Vec::clone(cur);
+            v.push(dev.clone());
+            v
+        });
+        Ok(id)
+    }
+
+    pub fn register_listener(&self, l: &Arc<dyn Listener>) {
+        self.inner.listeners.rcu(|cur| {
+            let mut v = Vec::clone(cur);
+            v.push(l.clone());
+            v
+        });
+    }
+
+    /// The completion eventfds (store, lookup, load): distinct,
+    /// non-blocking, close-on-exec. -1 after close.
+    pub fn event_fds(&self) -> [i32; 3] {
+        use std::os::fd::AsRawFd;
+        match self.pools.load().as_ref() {
+            Some(p) => [
+                p[0].fd.as_raw_fd(),
+                p[1].fd.as_raw_fd(),
+                p[2].fd.as_raw_fd(),
+            ],
+            None => [-1; 3],
+        }
+    }
+
+    pub fn store_event_fd(&self) -> i32 {
+        self.event_fds()[0]
+    }
+
+    pub fn lookup_event_fd(&self) -> i32 {
+        self.event_fds()[1]
+    }
+
+    pub fn load_event_fd(&self) -> i32 {
+        self.event_fds()[2]
+    }
+
+    // ----- submit -----
+
+    /// Store `bufs[i]` under `keys[i]`. Task success = every key stored (or
+    /// already present).
+    pub fn submit_store(&self, keys: Vec<Key>, bufs: Vec<Buf>) -> Result<TaskId, EngineError> {
+        if keys.len() != bufs.len() {
+            return Err(EngineError::LengthMismatch {
+                what: "submit_store",
+                keys: keys.len(),
+                bufs: bufs.len(),
+            });
+        }
+        self.submit(Op::Store, keys, bufs, None)
+    }
+
+    /// Look up and lock: each hit takes one lock (release with
+    /// `submit_unlock`).
+    pub fn submit_lookup_and_lock(&self, keys: Vec<Key>) -> Result<TaskId, EngineError> {
+        self.submit(Op::Lookup, keys, Vec::new(), None)
+    }
+
+    /// Load into owned buffers, handed back by `query_load`.
+    pub fn submit_load(&self, keys: Vec<Key>, bufs: Vec<Vec<u8>>) -> Result<TaskId, EngineError> {
+        if keys.len() != bufs.len() {
+            return Err(EngineError::LengthMismatch {
+                what: "submit_load",
+                keys: keys.len(),
+                bufs: bufs.len(),
+            });
+        }
+        self.submit(
+            Op::Load,
+            keys,
+            Vec::new(),
+            Some(Dsts::Lent(Lent::new(bufs))),
+        )
+    }
+
+    /// Load into caller memory (see `buf` for the lifetime rule).
+    pub fn submit_load_raw(
+        &self,
+        keys: Vec<Key>,
+        bufs: Vec<RawBuf>,
+    ) -> Result<TaskId, EngineError> {
+        if keys.len() != bufs.len() {
+            return Err(EngineError::LengthMismatch {
+                what: "submit_load",
+                keys: keys.len(),
+                bufs: bufs.len(),
+            });
+        }
+        self.submit(Op::Load, keys, Vec::new(), Some(Dsts::Raw(bufs)))
+    }
+
+    fn submit(
+        &self,
+        op: Op,
+        keys: Vec<Key>,
+        srcs: Vec<Buf>,
+        dsts: Option<Dsts>,
+    ) -> Result<TaskId, EngineError> {
+        let inner = &self.inner;
+        // Count the task before checking `closing` (the arena-gate habit):
+        // close sets `closing`, then waits for the count, so a task that
+        // got past the check always runs on live workers.
+        // ORDERING: SeqCst — pairs with the SeqCst store + load in `close`.
+        inner.inflight[idx(op)].fetch_add(1, Ordering::SeqCst);
+        if inner.closing.load(Ordering::SeqCst) {
+            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Closing);
+        }
+        let r = self.enqueue(op, keys, srcs, dsts);
+        if r.is_err() {
+            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn enqueue(
+        &self,
+        op: Op,
+        keys: Vec<Key>,
+        srcs: Vec<Buf>,
+        dsts: Option<Dsts>,
+    ) -> Result<TaskId, EngineError> {
+        let inner = &self.inner;
+        let pools = self.pools.load_full().ok_or(EngineError::Closing)?;
+        let pool = &pools[idx(op)];
+        // ORDERING: Relaxed — ids need only be unique.
+        let id = inner.next_task.fetch_add(1, Ordering::Relaxed);
+        let n = keys.len();
+        let workers = pool.sqs.len();
+        let parts: Vec<(u32, u32)> = if op == Op::Load && workers > 1 && n >= 2 * SPLIT_MIN_KEYS {
+            let per = n.div_ceil(workers).max(SPLIT_MIN_KEYS);
+            (0..n)
+                .step_by(per)
+                .map(|s| (s as u32, per.min(n - s) as u32))
+                .collect()
+        } else {
+            vec![(0, n as u32)]
+        };
+        let task = Arc::new(Task {
+            id,
+            op,
+            results: (0..n.div_ceil(64).max(1))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            parts_left: AtomicU32::new(parts.len() as u32),
+            panicked: AtomicBool::new(false),
+            keys,
+            srcs,
+            dsts,
+        });
+        let slot = &inner.tasks[(id % inner.tasks.len() as u64) as usize];
+        let prev = slot.task.compare_and_swap(&None::<Arc<Task>>, Some(task));
+        if prev.is_some() {
+            return Err(EngineError::TooManyInFlight {
+                capacity: inner.tasks.len(),
+            });
+        }
+        // ORDERING: Relaxed then Release — `done` is reset before the id
+        // is published; workers and queries check the id with Acquire.
+        slot.done.store(false, Ordering::Relaxed);
+        slot.id.store(id, Ordering::Release);
+        for (start, len) in parts {
+            let w = pool.rr.fetch_add(1, Ordering::Relaxed) % workers;
+            let mut sq = pool.sqs[w].lock().unwrap_or_else(PoisonError::into_inner);
+            let mut e = Sqe {
+                task: id,
+                start,
+                len,
+            };
+            // The SQ holds `task_slots` entries, more than can be in
+            // flight, so it is never full for long; spin (bounded by the
+            // worker draining it).
+            loop {
+                match sq.push(e) {
+                    Ok(()) => break,
+                    Err(PushError::Full(back)) => {
+                        e = back;
+                        if sq.sync() {
+                            let _ = pool.wakes[w].notify();
+                        }
+                        std::thread::yield_now();
+                    }
+                    Err(PushError::Corrupt(c)) => unreachable!("in-process ring corrupt: {c}"),
+                }
+            }
+            if sq.sync() {
+                let _ = pool.wakes[w].notify();
+            }
+        }
+        Ok(TaskId(id))
+    }
+
+    // ----- results -----
+
+    /// Every completed store task not popped before, each exactly once.
+    pub fn pop_completed_stores(&self) -> Vec<(TaskId, StoreResult)> {
+        let Some(pools) = self.pools.load_full() else {
+            return Vec::new();
+        };
+        let mut ids = Vec::new();
+        {
+            let mut cqs = pools[0].cqs.lock().unwrap_or_else(PoisonError::into_inner);
+            for cq in cqs.iter_mut() {
+                while let Ok(Some(c)) = cq.pop() {
+                    ids.push(c.task);
+                }
+                cq.sync();
+            }
+        }
+        ids.into_iter()
+            .filter_map(|id| {
+                let task = self.take(id)?;
+                let b = task.bitmap();
+                let ok = b.count_ones();
+                Some((
+                    TaskId(id),
+                    StoreResult {
+                        success: ok == task.keys.len(),
+                        bytes_transferred: (ok * self.inner.slot_bytes) as u64,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// The lookup bitmap once the task is done (`None` while pending, and
+    /// for every call after the one that returned it).
+    pub fn query_lookup(&self, id: TaskId) -> Option<Bitmap> {
+        self.drain_cqs(Op::Lookup);
+        self.take_done(id.0, Op::Lookup).map(|t| t.bitmap())
+    }
+
+    /// The load result once done (one-shot, like `query_lookup`).
+    pub fn query_load(&self, id: TaskId) -> Option<LoadResult> {
+        self.drain_cqs(Op::Load);
+        let mut task = self.take_done(id.0, Op::Load)?;
+        let bitmap = task.bitmap();
+        // The finishing worker drops its reference right after publishing;
+        // wait for that (bounded: it is running, not blocked) to own the
+        // destinations again.
+        let bufs = loop {
+            match Arc::try_unwrap(task) {
+                Ok(t) => break t.dsts.map(Dsts::into_owned).unwrap_or_default(),
+                Err(t) => {
+                    task = t;
+                    std::thread::yield_now();
+                }
+            }
+        };
+        Some(LoadResult { bitmap, bufs })
+    }
+
+    /// Wait for a lookup: spin for `spin`, then sleep on the eventfd, up to
+    /// `timeout`.
+    pub fn wait_lookup(&self, id: TaskId, timeout: Duration) -> Option<Bitmap> {
+        self.wait(Op::Lookup, timeout, || self.query_lookup(id))
+    }
+
+    /// Wait for a load (see `wait_lookup`).
+    pub fn wait_load(&self, id: TaskId, timeout: Duration) -> Option<LoadResult> {
+        self.wait(Op::Load, timeout, || self.query_load(id))
+    }
+
+    /// Wait until at least one store completes, then pop them all.
+    pub fn wait_stores(&self, timeout: Duration) -> Vec<(TaskId, StoreResult)> {
+        self.wait(Op::Store, timeout, || {
+            let v = self.pop_completed_stores();
+            (!v.is_empty()).then_some(v)
+        })
+        .unwrap_or_default()
+    }
+
+    fn wait<R>(&self, op: Op, timeout: Duration, mut poll: impl FnMut() -> Option<R>) -> Option<R> {
+        let start = Instant::now();
+        // Spin first: a cross-vCPU eventfd wake costs 100-200 µs here.
+        while start.elapsed() < self.inner.opts.spin {
+            if let Some(r) = poll() {
+                return Some(r);
+            }
+            std::hint::spin_loop();
+        }
+        let pools = self.pools.load_full()?;
+        let fd = pools[idx(op)].fd.clone();
+        loop {
+            if let Some(r) = poll() {
+                return Some(r);
+            }
+            let left = timeout.checked_sub(start.elapsed())?;
+            let _ = fd.wait(left.min(Duration::from_millis(50)));
+            let _ = fd.drain();
+        }
+    }
+
+    fn drain_cqs(&self, op: Op) {
+        if let Some(pools) = self.pools.load_full() {
+            let mut cqs = pools[idx(op)]
+                .cqs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for cq in cqs.iter_mut() {
+                while let Ok(Some(_)) = cq.pop() {}
+                cq.sync();
+            }
+        }
+    }
+
+    fn take_done(&self, id: u64, op: Op) -> Option<Arc<Task>> {
+        let slot = &self.inner.tasks[(id % self.inner.tasks.len() as u64) as usize];
+        // ORDERING: Acquire — pairs with the Release stores in `enqueue`
+        // (id) and `finish_part` (done), which publish the results.
+        if slot.id.load(Ordering::Acquire) != id || !slot.done.load(Ordering::Acquire) {
+            return None;
+        }
+        let t = self.take(id)?;
+        (t.op == op).then_some(t)
+    }
+
+    fn take(&self, id: u64) -> Option<Arc<Task>> {
+        let slot = &self.inner.tasks[(id % self.inner.tasks.len() as u64) as usize];
+        let cur = slot.task.load_full()?;
+        if cur.id != id {
+            return None;
+        }
+        // Only one caller wins the swap: results are handed out once.
+        let prev = slot
+            .task
+            .compare_and_swap(&Some(cur.clone()), None::<Arc<Task>>);
+        match prev.as_ref() {
+            Some(p) if Arc::ptr_eq(p, &cur) => {
+                // ORDERING: Release — the slot is free for a later id.
+                slot.id.store(u64::MAX, Ordering::Release);
+                Some(cur)
+            }
+            _ => None,
+        }
+    }
+
+    // ----- synchronous operations -----
+
+    /// Release one lookup lock per key on every device (a key may have moved
+    /// between lookup and unlock). Never fails.
+    pub fn submit_unlock(&self, keys: &[Key]) {
+        for d in self.inner.devices.load().iter() {
+            d.core.unlock_many(keys);
+        }
+    }
+
+    /// Delete unlocked, committed keys from every device; returns the keys
+    /// deleted (each once) and tells the listeners.
+    pub fn delete(&self, keys: &[Key]) -> Vec<Key> {
+        if keys.is_empty() || self.inner.closing.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut hit = vec![false; keys.len()];
+        for d in self.inner.devices.load().iter() {
+            for (h, r) in hit.iter_mut().zip(d.core.delete_many(keys, false)) {
+                *h |= r;
+            }
+        }
+        let deleted: Vec<Key> = keys
+            .iter()
+            .zip(&hit)
+            .filter(|(_, &h)| h)
+            .map(|(k, _)| *k)
+            .collect();
+        if !deleted.is_empty() {
+            for l in self.inner.listeners.load().iter() {
+                l.on_keys_deleted(&deleted);
+            }
+        }
+        deleted
+    }
+
+    /// `(bytes used, capacity bytes)` over the devices that count capacity,
+    /// by slots (reference §3.10).
+    pub fn usage(&self) -> (u64, u64) {
+        let sb = self.inner.slot_bytes as u64;
+        self.inner
+            .devices
+            .load()
+            .iter()
+            .filter(|d| d.state().counts_capacity() && !d.core.is_closing())
+            .fold((0, 0), |(u, c), d| {
+                (
+                    u + sb * d.core.live_slot_count() as u64,
+                    c + sb * d.core.max_slots() as u64,
+                )
+            })
+    }
+
+    /// Status fields (reference §3.10), as a JSON value.
+    pub fn status(&self) -> serde_json::Value {
+        let devs = self.inner.devices.load();
+        let closing = self.inner.closing.load(Ordering::Acquire);
+        let inflight: Vec<usize> = self
+            .inner
+            .inflight
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let mut devices = Vec::new();
+        let (mut live, mut locked, mut borrowed) = (0, 0, 0);
+        let mut healthy = !closing;
+        for (i, d) in devs.iter().enumerate() {
+            let st = d.core.status();
+            let state = d.state();
+            if state.counts_capacity() {
+                live += st.live_slot_count;
+                locked += st.locked_key_count;
+                borrowed += st.borrowed_slot_count;
+                healthy &= st.is_healthy;
+            }
+            // Closed and removed entries are tombstones, not failures
+            // (upstream counts them unhealthy forever, reference §9.4).
+            healthy &= state != DeviceState::Failed;
+            devices.push(serde_json::json!({
+                "index": i,
+                "device_id": d.id.0,
+                "device_path": d.path,
+                "state": state.name(),
+                "is_healthy": st.is_healthy,
+                "max_dax_size_bytes": st.max_dax_size_bytes,
+                "slot_bytes": st.slot_bytes,
+                "max_slots": st.max_slots,
+                "live_slot_count": st.live_slot_count,
+                "locked_key_count": st.locked_key_count,
+                "borrowed_slot_count": st.borrowed_slot_count,
+                "active_read_count": st.active_read_count,
+                "active_write_count": st.active_write_count,
+                "closing": st.closing,
+                "inflight_store_tasks": inflight[0],
+                "inflight_lookup_tasks": inflight[1],
+                "inflight_load_tasks": inflight[2],
+                "supports_restart_recovery": false,
+            }));
+        }
+        let (used, cap) = self.usage();
+        serde_json::json!({
+            "is_healthy": healthy,
+            "type": "dax",
+            "device_path": devs.first().map(|d| d.path.clone()).unwrap_or_default(),
+            "max_dax_size_bytes": cap,
+            "total_used_bytes": used,
+            "slot_bytes": self.inner.slot_bytes,
+            "live_slot_count": live,
+            "locked_key_count": locked,
+            "borrowed_slot_count": borrowed,
+            "inflight_store_tasks": inflight[0],
+            "inflight_lookup_tasks": inflight[1],
+            "inflight_load_tasks": inflight[2],
+            "closing": closing,
+            "supports_restart_recovery": false,
+            "hotplug_enabled": self.inner.hotplug_enabled,
+            "worker_panics": self.inner.panics.load(Ordering::Relaxed),
+            "num_devices": devs.len(),
+            "devices": devices,
+        })
+    }
+
+    /// Refuse new tasks, wait for the ones in flight, stop the workers,
+    /// close every device and the eventfds. Idempotent.
+    pub fn close(&self) {
+        let mut closed = self
+            .close_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *closed {
+            return;
+        }
+        let inner = &self.inner;
+        // ORDERING: SeqCst — pairs with `submit` (count, then check).
+        inner.closing.store(true, Ordering::SeqCst);
+        while inner.inflight.iter().any(|c| c.load(Ordering::SeqCst) > 0) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        inner.stop.store(true, Ordering::Release);
+        if let Some(pools) = self.pools.swap(None) {
+            for p in pools.iter() {
+                stop_pool(p);
+            }
+            // Dropping the pools (the last references to their eventfds,
+            // now that the workers are joined) closes the fds.
+            drop(pools);
+        }
+        for d in inner.devices.load().iter() {
+            d.core.close();
+            d.set_state(DeviceState::Closed);
+        }
+        *closed = true;
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn start_pool(
+    inner: &Arc<Inner>,
+    op: Op,
+    name: &'static str,
+    n: usize,
+) -> Result<Pool, EngineError> {
+    let fd = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
+    let cap = (inner.opts.task_slots as u32)
+        .next_power_of_two()
+        .clamp(64, crate::ring::CAPACITY_MAX);
+    let mut sqs = Vec::new();
+    let mut wakes = Vec::new();
+    let mut cqs = Vec::new();
+    let mut handles = Vec::new();
+    for w in 0..n {
+        let (sq_p, sq_c) = Ring::<Sqe>::heap(cap)
+            .expect("power-of-two capacity")
+            .split();
+        let (cq_p, mut cq_c) = Ring::<Cqe>::heap(cap)
+            .expect("power-of-two capacity")
+            .split();
+        // The caller side starts out asking for completion signals (the
+        // LMCache contract polls the eventfd); the wait helper's spin
+        // phase is the only time it does not need them.
+        let _ = cq_c.prepare_wait();
+        let wake = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
+        let ctx = WorkerCtx {
+            inner: inner.clone(),
+            sq: sq_c,
+            cq: cq_p,
+            wake: wake.clone(),
+            done_fd: fd.clone(),
+            cpu: (!inner.opts.cpus.is_empty()).then(|| inner.opts.cpus[w % inner.opts.cpus.len()]),
+            name: format!("{name}-{w}"),
+        };
+        let h = std::thread::Builder::new()
+            .name(ctx.name.clone())
+            .spawn(move || worker_loop(ctx))
+            .map_err(EngineError::Spawn)?;
+        sqs.push(Mutex::new(sq_p));
+        wakes.push(wake);
+        cqs.push(cq_c);
+        handles.push(h);
+    }
+    let _ = op;
+    Ok(Pool {
+        name,
+        sqs,
+        wakes,
+        cqs: Mutex::new(cqs),
+        fd,
+        rr: AtomicUsize::new(0),
+        handles: Mutex::new(handles),
+    })
+}
+
+fn stop_pool(p: &Pool) {
+    for w in &p.wakes {
+        let _ = w.notify();
+    }
+    for h in std::mem::take(&mut *p.handles.lock().unwrap_or_else(PoisonError::into_inner)) {
+        if h.join().is_err() {
+            eprintln!("daxkv: a {} worker exited by panic", p.name);
+        }
+    }
+}
+
+struct WorkerCtx {
+    inner: Arc<Inner>,
+    sq: Consumer<Sqe>,
+    cq: Producer<Cqe>,
+    wake: Arc<EventFd>,
+    done_fd: Arc<EventFd>,
+    cpu: Option<usize>,
+    name: String,
+}
+
+fn pin_to(cpu: usize) {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    if let Some(id) = ids.into_iter().find(|c| c.id == cpu) {
+        core_affinity::set_for_current(id);
+    }
+}
+
+fn worker_loop(mut w: WorkerCtx) {
+    if let Some(cpu) = w.cpu {
+        pin_to(cpu);
+    }
+    loop {
+        match w.sq.pop() {
+            Ok(Some(sqe)) => {
+                w.run(sqe);
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("daxkv: {}: {e}", w.name);
+                return;
+            }
+        }
+        w.sq.sync();
+        // ORDERING: Acquire — see the stop request with what preceded it.
+        if w.inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        // Spin, then park on our eventfd.
+        let start = Instant::now();
+        let mut got = false;
+        while start.elapsed() < w.inner.opts.spin {
+            if w.sq.available().unwrap_or(0) > 0 {
+                got = true;
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if got {
+            continue;
+        }
+        if let Ok(true) = w.sq.prepare_wait() {
+            let _ = w.wake.wait(Duration::from_millis(100));
+            let _ = w.wake.drain();
+            w.sq.end_wait();
+        }
+    }
+}
+
+impl WorkerCtx {
+    fn run(&mut self, sqe: Sqe) {
+        let inner = self.inner.clone();
+        let tasks = &inner.tasks;
+        let slot = &tasks[(sqe.task % tasks.len() as u64) as usize];
+        // Validate everything read from the ring before use.
+        // ORDERING: Acquire — pairs with the Release in `enqueue`.
+        if slot.id.load(Ordering::Acquire) != sqe.task {
+            eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
+            return;
+        }
+        let Some(task) = slot.task.load_full().filter(|t| t.id == sqe.task) else {
+            return;
+        };
+        let (start, len) = (sqe.start as usize, sqe.len as usize);
+        if start
+            .checked_add(len)
+            .is_none_or(|end| end > task.keys.len())
+        {
+            eprintln!(
+                "daxkv: {}: SQE range {start}+{len} outside task {}",
+                self.name, sqe.task
+            );
+            return;
+        }
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_part(&task, start, len)));
+        if let Err(p) = r {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            eprintln!(
+                "daxkv: {} panicked in task {}: {msg}; the task fails",
+                self.name, task.id
+            );
+            task.panicked.store(true, Ordering::Release);
+            inner.panics.fetch_add(1, Ordering::Relaxed);
+        }
+        // ORDERING: AcqRel — the last part sees every part's result bits.
+        if task.parts_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish(slot, &task);
+        }
+    }
+
+    fn run_part(&self, task: &Task, start: usize, len: usize) {
+        let inner = &self.inner;
+        let devs = inner.devices.load();
+        let keys = &task.keys[start..start + len];
+        if let Some(bad) = inner.opts.panic_on_key {
+            assert!(!keys.contains(&bad), "injected panic");
+        }
+        match task.op {
+            Op::Store => {
+                for (i, k) in keys.iter().enumerate() {
+                    if store_one(&devs, *k, task.srcs[start + i].as_slice()) {
+                        task.set(start + i);
+                    }
+                }
+            }
+            Op::Lookup => {
+                for (i, k) in keys.iter().enumerate() {
+                    if devs
+                        .iter()
+                        .any(|d| d.state().is_readable() && d.core.exists(*k, true))
+                    {
+                        task.set(start + i);
+                    }
+                }
+            }
+            Op::Load => {
+                let Some(dsts) = task.dsts.as_ref() else {
+                    return;
+                };
+                // Parts cover disjoint index ranges, so each destination is
+                // written by exactly one worker (RawBuf's contract).
+                let views: &[RawBuf] = &dsts.bufs()[start..start + len];
+                for (i, (k, dst)) in keys.iter().zip(views).enumerate() {
+                    let dst = dst.as_mut_slice();
+                    if devs
+                        .iter()
+                        .any(|d| d.state().is_readable() && d.core.load_into(*k, dst).is_some())
+                    {
+                        task.set(start + i);
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, slot: &TaskSlot, task: &Task) {
+        let bitmap = task.bitmap();
+        let ok = bitmap.count_ones();
+        // Tell the listeners before publishing, so a caller that sees the
+        // result also sees the events.
+        let hits: Vec<Key> = task
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| bitmap.test(*i))
+            .map(|(_, k)| *k)
+            .collect();
+        if !hits.is_empty() {
+            let ls = self.inner.listeners.load();
+            match task.op {
+                Op::Store => {
+                    let sizes = vec![self.inner.slot_bytes; hits.len()];
+                    ls.iter().for_each(|l| l.on_keys_stored(&hits, &sizes));
+                }
+                Op::Load => ls.iter().for_each(|l| l.on_keys_accessed(&hits)),
+                Op::Lookup => {}
+            }
+        }
+        // ORDERING: Release — publishes the result bits (and the
+        // destination bytes) to `take_done`'s Acquire.
+        slot.done.store(true, Ordering::Release);
+        let cqe = Cqe {
+            task: task.id,
+            ok: u32::from(ok == task.keys.len()),
+            keys_ok: ok as u32,
+        };
+        // Store CQs are sized to the task table, so a push fails only if
+        // the caller never pops; lookup / load CQEs are wake-ups only (the
+        // done flag is the truth), so a full CQ just drops one.
+        let _ = self.cq.push(cqe);
+        let wake = self.cq.sync();
+        self.inner.inflight[idx(task.op)].fetch_sub(1, Ordering::SeqCst);
+        if wake {
+            let _ = self.done_fd.notify();
+        }
+    }
+}
+
+/// Store one key: a key already on a readable device stays there (success,
+/// no copy); a new key goes to the active device with the lowest slot
+/// usage, then the next on a full device.
+fn store_one(devs: &[Arc<Device>], key: Key, data: &[u8]) -> bool {
+    if devs
+        .iter()
+        .any(|d| d.state().is_readable() && d.core.contains_live(key))
+    {
+        return true;
+    }
+    let mut order: Vec<(f64, &Arc<Device>)> = devs
+        .iter()
+        .filter(|d| d.state().is_writable())
+        .map(|d| (d.usage(), d))
+        .collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (_, d) in order {
+        match d.core.put(key, data, 0) {
+            Ok(_) => return true,
+            Err(PutError::Full | PutError::IndexFull | PutError::Closed) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}

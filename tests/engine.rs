@@ -1,0 +1,459 @@
+//! Engine scenarios: reference §8.1 items 1 and 12-18 and §8.3 item 1, with
+//! bytes verified on every load, plus concurrency, task splitting, close and
+//! fault injection. Real memfds / tmpfs files, real eventfds, real threads.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use daxkv::arena::{ArenaSource, ArenaSpec};
+use daxkv::buf::{Buf, RawBuf};
+use daxkv::engine::{DeviceSpec, Engine, EngineOptions, Listener, TaskId};
+use daxkv::{CoreConfig, Key};
+
+const SLOT: usize = 4096;
+const T: Duration = Duration::from_secs(10);
+
+fn memfd_dev(slots: usize) -> DeviceSpec {
+    DeviceSpec {
+        path: "memfd".into(),
+        core: CoreConfig::new(ArenaSpec::memfd(slots * SLOT), SLOT),
+    }
+}
+
+fn engine_with(devs: Vec<DeviceSpec>, opts: EngineOptions) -> Engine {
+    Engine::open(devs, SLOT, false, opts).unwrap()
+}
+
+fn engine(slots: usize) -> Engine {
+    engine_with(vec![memfd_dev(slots)], EngineOptions::default())
+}
+
+fn k(i: u32) -> Key {
+    Key::digest(format!("model@00000000@0@{i:064x}").as_bytes())
+}
+
+fn payload(i: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j as u32).wrapping_mul(7).wrapping_add(i * 13) as u8)
+        .collect()
+}
+
+fn store(e: &Engine, ids: &[u32], len: usize) -> bool {
+    let keys = ids.iter().map(|&i| k(i)).collect();
+    let bufs = ids.iter().map(|&i| Buf::from(payload(i, len))).collect();
+    let id = e.submit_store(keys, bufs).unwrap();
+    let mut got = Vec::new();
+    while got.is_empty() {
+        got = e.wait_stores(T);
+    }
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, id);
+    got[0].1.success
+}
+
+#[derive(Default)]
+struct Events {
+    stored: Mutex<Vec<Key>>,
+    accessed: Mutex<Vec<Key>>,
+    deleted: Mutex<Vec<Key>>,
+}
+impl Listener for Events {
+    fn on_keys_stored(&self, keys: &[Key], sizes: &[usize]) {
+        assert!(sizes.iter().all(|&s| s == SLOT), "usage is slot-based");
+        self.stored.lock().unwrap().extend_from_slice(keys);
+    }
+    fn on_keys_accessed(&self, keys: &[Key]) {
+        self.accessed.lock().unwrap().extend_from_slice(keys);
+    }
+    fn on_keys_deleted(&self, keys: &[Key]) {
+        self.deleted.lock().unwrap().extend_from_slice(keys);
+    }
+}
+
+fn fd_is_open(fd: RawFd) -> bool {
+    // SAFETY: fcntl(F_GETFD) on any integer is harmless.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
+}
+
+/// §8.1 item 1: three distinct, non-blocking, close-on-exec eventfds.
+#[test]
+fn three_distinct_nonblocking_event_fds() {
+    let e = engine(4);
+    let fds = e.event_fds();
+    assert!(fds[0] != fds[1] && fds[1] != fds[2] && fds[0] != fds[2]);
+    for fd in fds {
+        // SAFETY: fcntl queries on live fds.
+        let (fl, fdfl) = unsafe {
+            (
+                libc::fcntl(fd, libc::F_GETFL),
+                libc::fcntl(fd, libc::F_GETFD),
+            )
+        };
+        assert!(fl & libc::O_NONBLOCK != 0 && fdfl & libc::FD_CLOEXEC != 0);
+    }
+    let other = engine(4);
+    assert!(
+        other.event_fds().iter().all(|f| !fds.contains(f)),
+        "distinct across engines too"
+    );
+}
+
+/// §8.1 item 12: store, lookup, load round trip with holes, one-shot
+/// queries, untouched miss buffers and listener events.
+#[test]
+fn store_lookup_load_round_trip() {
+    let e = engine(8);
+    let ev = Arc::new(Events::default());
+    let l: Arc<dyn Listener> = ev.clone();
+    e.register_listener(&l);
+    assert!(store(&e, &[0, 2], 3000));
+    assert_eq!(*ev.stored.lock().unwrap(), vec![k(0), k(2)]);
+
+    let id = e.submit_lookup_and_lock(vec![k(0), k(1), k(2)]).unwrap();
+    let bm = e.wait_lookup(id, T).unwrap();
+    assert_eq!(bm.to_vec(), vec![true, false, true]);
+    assert_eq!(bm.count_leading_ones(), 1);
+    assert!(e.query_lookup(id).is_none(), "one-shot");
+
+    let id = e
+        .submit_load(vec![k(0), k(1), k(2)], vec![vec![0xEE; SLOT]; 3])
+        .unwrap();
+    let r = e.wait_load(id, T).unwrap();
+    assert_eq!(r.bitmap.to_vec(), vec![true, false, true]);
+    assert_eq!(&r.bufs[0][..3000], &payload(0, 3000)[..]);
+    assert!(
+        r.bufs[0][3000..].iter().all(|&b| b == 0xEE),
+        "bytes past the payload untouched"
+    );
+    assert!(
+        r.bufs[1].iter().all(|&b| b == 0xEE),
+        "miss buffer untouched"
+    );
+    assert_eq!(&r.bufs[2][..3000], &payload(2, 3000)[..]);
+    assert!(e.query_load(id).is_none(), "one-shot");
+    assert_eq!(*ev.accessed.lock().unwrap(), vec![k(0), k(2)]);
+    e.submit_unlock(&[k(0), k(2)]);
+    assert_eq!(e.delete(&[k(0), k(1)]), vec![k(0)]);
+    assert_eq!(*ev.deleted.lock().unwrap(), vec![k(0)]);
+}
+
+/// §8.1 item 13: two lookups need two unlocks before delete succeeds.
+#[test]
+fn lock_refcount_across_tasks() {
+    let e = engine(4);
+    assert!(store(&e, &[1], 100));
+    for _ in 0..2 {
+        let id = e.submit_lookup_and_lock(vec![k(1)]).unwrap();
+        assert!(e.wait_lookup(id, T).unwrap().test(0));
+    }
+    assert_eq!(e.status()["locked_key_count"], 1);
+    assert!(e.delete(&[k(1)]).is_empty());
+    e.submit_unlock(&[k(1)]);
+    assert!(e.delete(&[k(1)]).is_empty(), "one lock left");
+    e.submit_unlock(&[k(1)]);
+    assert_eq!(e.delete(&[k(1)]), vec![k(1)]);
+}
+
+/// §8.1 item 14: deleting a borrowed slot keeps usage until the read ends.
+#[test]
+fn delete_of_borrowed_slot_keeps_usage_until_finalize() {
+    let e = engine(2);
+    assert!(store(&e, &[1], 100));
+    let dev = e.devices()[0].clone();
+    let set = dev.core.reserve_reads(&[k(1)], false);
+    assert_eq!(e.delete(&[k(1)]), vec![k(1)]);
+    assert_eq!(
+        e.usage(),
+        ((SLOT) as u64, (2 * SLOT) as u64),
+        "usage stays 0.5"
+    );
+    let st = e.status();
+    assert_eq!(
+        (
+            st["live_slot_count"].as_u64(),
+            st["borrowed_slot_count"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert!(
+        dev.core.usage().1.abs() < f64::EPSILON,
+        "usage after pending frees is 0"
+    );
+    drop(set);
+    assert_eq!(e.usage().0, 0);
+}
+
+/// §8.1 item 15: a full arena fails the store task; no internal eviction.
+#[test]
+fn full_arena_fails_the_store_task() {
+    let e = engine(2);
+    assert!(!store(&e, &[1, 2, 3], 10), "third key does not fit");
+    assert_eq!(e.usage(), ((2 * SLOT) as u64, (2 * SLOT) as u64));
+    let id = e.submit_lookup_and_lock(vec![k(1), k(2), k(3)]).unwrap();
+    assert_eq!(
+        e.wait_lookup(id, T).unwrap().to_vec(),
+        vec![true, true, false]
+    );
+    e.submit_unlock(&[k(1), k(2)]);
+}
+
+/// §8.1 item 17: close blocks until an in-flight load finishes; §8.3 item 1:
+/// the fds are invalid afterwards.
+#[test]
+fn close_waits_for_in_flight_load_and_closes_fds() {
+    let e = Arc::new(engine(4));
+    assert!(store(&e, &[1], SLOT));
+    let dev = e.devices()[0].clone();
+    // Hold a read on the device so the load's copy cannot finish... the
+    // engine's close must still wait for the load task itself.
+    let id = e.submit_load(vec![k(1)], vec![vec![0; SLOT]]).unwrap();
+    let fds = e.event_fds();
+    let set = dev.core.reserve_reads(&[k(1)], false);
+    let closed = Arc::new(AtomicBool::new(false));
+    let t = {
+        let (e, closed) = (e.clone(), closed.clone());
+        std::thread::spawn(move || {
+            e.close();
+            closed.store(true, Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !closed.load(Ordering::SeqCst),
+        "close returned while a read was borrowed"
+    );
+    drop(set);
+    t.join().unwrap();
+    let r = e.query_load(id);
+    if let Some(r) = r {
+        assert_eq!(
+            r.bufs[0],
+            payload(1, SLOT),
+            "the load settled with its bytes"
+        );
+    }
+    for fd in fds {
+        assert!(!fd_is_open(fd), "fd {fd} still open after close");
+    }
+    assert!(matches!(
+        e.submit_lookup_and_lock(vec![k(1)]),
+        Err(daxkv::engine::EngineError::Closing)
+    ));
+    e.close(); // idempotent
+}
+
+/// §8.1 item 18 and §8.3 item 1: a reopened engine on the same file starts
+/// empty.
+#[test]
+fn restart_is_volatile() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dax.img");
+    let spec = |src| DeviceSpec {
+        path: path.display().to_string(),
+        core: CoreConfig::new(ArenaSpec::new(src, 4 * SLOT), SLOT),
+    };
+    let e = engine_with(
+        vec![spec(ArenaSource::CreateFile(path.clone()))],
+        EngineOptions::default(),
+    );
+    assert!(store(&e, &[1], 10));
+    e.close();
+    drop(e);
+    let e = engine_with(
+        vec![spec(ArenaSource::Path(path.clone()))],
+        EngineOptions::default(),
+    );
+    let id = e.submit_lookup_and_lock(vec![k(1)]).unwrap();
+    assert!(!e.wait_lookup(id, T).unwrap().test(0));
+    assert_eq!(e.usage().0, 0);
+}
+
+/// Two devices: new keys go to the emptier one, existing keys stay, and
+/// lookups and loads find keys on either.
+#[test]
+fn two_devices_balance_and_serve() {
+    let e = engine_with(vec![memfd_dev(4), memfd_dev(4)], EngineOptions::default());
+    assert!(store(&e, &[1, 2, 3, 4], 100));
+    let live: Vec<usize> = e
+        .devices()
+        .iter()
+        .map(|d| d.core.live_slot_count())
+        .collect();
+    assert_eq!(live, vec![2, 2], "lowest usage first");
+    assert!(store(&e, &[1], 100), "re-store is a no-op success");
+    assert_eq!(
+        e.devices()
+            .iter()
+            .map(|d| d.core.live_slot_count())
+            .sum::<usize>(),
+        4
+    );
+    let keys: Vec<Key> = (1..=4).map(k).collect();
+    let id = e.submit_load(keys, vec![vec![0; 100]; 4]).unwrap();
+    let r = e.wait_load(id, T).unwrap();
+    assert_eq!(r.bitmap.count_ones(), 4);
+    for i in 0..4 {
+        assert_eq!(r.bufs[i], payload(i as u32 + 1, 100));
+    }
+    assert_eq!(e.status()["num_devices"], 2);
+}
+
+/// Many tasks in flight from two submitting threads: every store completes
+/// exactly once and every key reads back.
+#[test]
+fn many_tasks_from_two_threads() {
+    let e = Arc::new(engine(512));
+    let hs: Vec<_> = (0..2u32)
+        .map(|t| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let mut ids = Vec::new();
+                for n in 0..100u32 {
+                    let id0 = t * 1000 + n * 2;
+                    let keys = vec![k(id0), k(id0 + 1)];
+                    let bufs = vec![Buf::from(payload(id0, 64)), Buf::from(payload(id0 + 1, 64))];
+                    ids.push(e.submit_store(keys, bufs).unwrap());
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut submitted: Vec<TaskId> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let mut done = Vec::new();
+    while done.len() < submitted.len() {
+        let got = e.wait_stores(T);
+        assert!(
+            !got.is_empty(),
+            "timed out with {} of {} done",
+            done.len(),
+            submitted.len()
+        );
+        for (id, r) in got {
+            assert!(r.success);
+            assert_eq!(r.bytes_transferred, 2 * SLOT as u64);
+            done.push(id);
+        }
+    }
+    submitted.sort();
+    done.sort();
+    assert_eq!(done, submitted, "each store task exactly once");
+    assert!(e.pop_completed_stores().is_empty());
+    let keys: Vec<Key> = (0..2u32)
+        .flat_map(|t| (0..200).map(move |n| k(t * 1000 + n)))
+        .collect();
+    let id = e
+        .submit_load(keys.clone(), vec![vec![0; 64]; keys.len()])
+        .unwrap();
+    let r = e.wait_load(id, T).unwrap();
+    assert_eq!(r.bitmap.count_ones(), 400);
+}
+
+/// A load of many keys is split across the load workers and completes once,
+/// with every destination written by exactly one part.
+#[test]
+fn split_load_completes_exactly_once() {
+    let opts = EngineOptions {
+        num_load_workers: 4,
+        ..EngineOptions::default()
+    };
+    let e = engine_with(vec![memfd_dev(128)], opts);
+    let ids: Vec<u32> = (0..100).collect();
+    assert!(store(&e, &ids, 1000));
+    let keys: Vec<Key> = ids.iter().map(|&i| k(i)).collect();
+    let mut bufs: Vec<Vec<u8>> = vec![vec![0; 1000]; 100];
+    let raw: Vec<RawBuf> = bufs
+        .iter_mut()
+        // SAFETY: `bufs` outlives the task (we wait for it below) and is not
+        // touched until then.
+        .map(|b| unsafe { RawBuf::new(b.as_mut_ptr(), b.len()) })
+        .collect();
+    let id = e.submit_load_raw(keys, raw).unwrap();
+    let r = e.wait_load(id, T).unwrap();
+    assert_eq!(r.bitmap.count_ones(), 100);
+    assert!(r.bufs.is_empty(), "raw buffers are the caller's");
+    for (i, b) in bufs.iter().enumerate() {
+        assert_eq!(*b, payload(i as u32, 1000), "key {i}");
+    }
+    assert!(e.query_load(id).is_none());
+    assert_eq!(e.status()["inflight_load_tasks"], 0);
+}
+
+/// An injected worker panic fails its task, is counted, and the pool keeps
+/// serving other tasks.
+#[test]
+fn worker_panic_fails_one_task_only() {
+    let opts = EngineOptions {
+        panic_on_key: Some(k(666)),
+        ..EngineOptions::default()
+    };
+    let e = engine_with(vec![memfd_dev(8)], opts);
+    assert!(store(&e, &[1], 10));
+    let bad = e.submit_lookup_and_lock(vec![k(1), k(666)]).unwrap();
+    let good = e.submit_lookup_and_lock(vec![k(1)]).unwrap();
+    assert_eq!(
+        e.wait_lookup(bad, T).unwrap().count_ones(),
+        0,
+        "the panicking task fails as a whole"
+    );
+    assert!(e.wait_lookup(good, T).unwrap().test(0));
+    assert_eq!(e.status()["worker_panics"], 1);
+    assert!(store(&e, &[2], 10), "the store pool is unaffected");
+    e.submit_unlock(&[k(1)]);
+}
+
+/// Unequal lists and closing are errors that say what was wrong.
+#[test]
+fn bad_submissions_are_refused_cleanly() {
+    let e = engine(4);
+    let err = e
+        .submit_store(vec![k(1), k(2)], vec![Buf::from(vec![1u8])])
+        .unwrap_err();
+    assert_eq!(err.to_string(), "submit_store: 2 keys but 1 buffers");
+    let err = e.submit_load(vec![k(1)], vec![]).unwrap_err();
+    assert_eq!(err.to_string(), "submit_load: 1 keys but 0 buffers");
+    let err = Engine::open(vec![], SLOT, false, EngineOptions::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "devices may be empty only when hotplug_enabled is true"
+    );
+    let err = Engine::open(
+        vec![memfd_dev(2)],
+        SLOT,
+        false,
+        EngineOptions {
+            num_load_workers: 0,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "num_load_workers must be a positive integer (got 0)"
+    );
+    assert_eq!(
+        e.status()["inflight_store_tasks"],
+        0,
+        "refused tasks are not counted"
+    );
+    assert_eq!(e.devices()[0].core.live_slot_count(), 0);
+}
+
+/// Worker threads are gone after close (no thread leak).
+#[test]
+fn close_joins_every_worker() {
+    fn threads() -> usize {
+        std::fs::read_dir("/proc/self/task").unwrap().count()
+    }
+    let counter = Arc::new(AtomicUsize::new(0));
+    let before = threads();
+    for _ in 0..3 {
+        let e = engine(2);
+        counter.fetch_add(1, Ordering::Relaxed);
+        e.close();
+    }
+    // Other tests run in parallel threads; allow their churn but not ours
+    // (3 engines x 6 workers = 18).
+    assert!(threads() < before + 18, "{before} -> {}", threads());
+}
