@@ -496,6 +496,16 @@ impl Engine {
         Ok(engine)
     }
 
+    /// Open from a validated config (LMCache's adapter JSON).
+    pub fn from_config(cfg: &crate::config::EngineConfig) -> Result<Engine, EngineError> {
+        Engine::open(
+            cfg.device_specs(),
+            cfg.slot_bytes,
+            cfg.hotplug_enabled,
+            cfg.options(),
+        )
+    }
+
     pub fn slot_bytes(&self) -> usize {
         self.inner.slot_bytes
     }

@@ -16,6 +16,8 @@
 //! | [`ring`] | SPSC submission / completion rings (heap or memfd) |
 //! | [`notify`] | the non-blocking eventfd completions signal |
 //! | [`buf`] | caller buffers handed to the engine (owned, or raw with a lifetime rule) |
+//! | [`numa`] | device NUMA node, topology and nearest CPUs from sysfs |
+//! | [`config`] | LMCache's `dax` adapter JSON, validated with errors that name the field |
 //! | [`engine`] | [`engine::Engine`]: worker pools, task table, device pool |
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`] | the standard `daxkv bench` workload |
@@ -27,6 +29,7 @@
 pub mod arena;
 pub mod bench;
 pub mod buf;
+pub mod config;
 pub mod copy;
 pub mod core;
 pub mod engine;
@@ -34,6 +37,7 @@ pub mod error;
 pub mod index;
 pub mod key;
 pub mod notify;
+pub mod numa;
 pub mod ring;
 pub mod slot;
 pub mod store;

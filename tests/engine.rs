@@ -406,3 +406,48 @@ fn close_joins_every_worker() {
     // (3 engines x 6 workers = 18).
     assert!(threads() < before + 18, "{before} -> {}", threads());
 }
+
+/// LMCache's adapter JSON opens an engine; `cpus` pins every worker.
+#[test]
+fn config_json_opens_and_pins_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dax0.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let json = format!(
+        r#"{{"type":"dax","slot_bytes":4096,"devices":[{{"device_path":"{}","max_dax_size_gb":0.0009765625}}],
+            "num_store_workers":1,"num_lookup_workers":1,"num_load_workers":2,"cpus":[0],"spin_us":10}}"#,
+        path.display()
+    );
+    let cfg = daxkv::config::EngineConfig::from_json(&json).unwrap();
+    let e = Engine::from_config(&cfg).unwrap();
+    assert_eq!(e.devices()[0].core.max_slots(), 256);
+    assert!(store(&e, &[5], 100));
+    // Every daxkv worker thread of this process is pinned to CPU 0.
+    let mut pinned = 0;
+    for t in std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(Result::ok)
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let allowed = status
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list:"))
+            .unwrap_or("")
+            .split(':')
+            .nth(1)
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        if comm.starts_with("daxkv-") && allowed == "0" {
+            pinned += 1;
+        }
+    }
+    assert!(pinned >= 4, "{pinned} pinned workers; want the engine's 4");
+    let bad = daxkv::config::EngineConfig::from_json(r#"{"slot_bytes":4096,"devices":[{"device_path":"/nonexistent/dax9.9","max_dax_size_gb":1}]}"#).unwrap();
+    let err = Engine::from_config(&bad).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/dax9.9"), "{err}");
+}

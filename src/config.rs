@@ -1,0 +1,402 @@
+//! # Engine configuration: LMCache's `dax` adapter JSON, plus daxkv's keys
+//!
+//! Accepted (reference §3.1):
+//!
+//! ```json
+//! {"type": "dax", "slot_bytes": 2097152,
+//!  "devices": [{"device_path": "/dev/dax0.0", "max_dax_size_gb": 64}],
+//!  "hotplug_enabled": false,
+//!  "num_store_workers": 1, "num_lookup_workers": 1, "num_load_workers": 4}
+//! ```
+//!
+//! or the legacy single-device form (`device_path` and `max_dax_size_gb` at
+//! the top level). LMCache's common keys (`eviction`, `shared`,
+//! `persist_enabled`, `serde`, the fork's `watch_directory` and
+//! `watch_interval_seconds`) are accepted and ignored here. daxkv's own
+//! keys: `numa` (`"auto"`, `"off"` or a node number), `cpus` (a list),
+//! `spin_us`, `prefault`, `task_slots`, `sysfs_root`. A `device_path` of
+//! `"memfd"` maps an anonymous memfd (embedded use and tests).
+//!
+//! Every invalid value is an error that names the field and the rule; an
+//! unknown key is an error too (a typo should not silently fall back to a
+//! default). Unlike upstream, a JSON `true` is not a positive integer.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::arena::{ArenaSource, ArenaSpec};
+use crate::core::CoreConfig;
+use crate::engine::{DeviceSpec, EngineOptions};
+use crate::numa::Placement;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+const LMCACHE_KEYS: &[&str] = &[
+    "type",
+    "eviction",
+    "shared",
+    "persist_enabled",
+    "serde",
+    "watch_directory",
+    "watch_interval_seconds",
+];
+
+const OURS: &[&str] = &[
+    "slot_bytes",
+    "devices",
+    "device_path",
+    "max_dax_size_gb",
+    "hotplug_enabled",
+    "num_store_workers",
+    "num_lookup_workers",
+    "num_load_workers",
+    "numa",
+    "cpus",
+    "spin_us",
+    "prefault",
+    "task_slots",
+    "sysfs_root",
+];
+
+/// A config error: the field and what is wrong with it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("config: {field}: {rule}")]
+pub struct ConfigError {
+    pub field: String,
+    pub rule: String,
+}
+
+fn err(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        rule: rule.into(),
+    }
+}
+
+/// One configured device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceConfig {
+    pub device_path: String,
+    pub max_dax_size_bytes: usize,
+}
+
+/// A validated engine configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    pub slot_bytes: usize,
+    pub devices: Vec<DeviceConfig>,
+    pub hotplug_enabled: bool,
+    pub num_store_workers: usize,
+    pub num_lookup_workers: usize,
+    pub num_load_workers: usize,
+    pub placement: Placement,
+    pub spin: Duration,
+    pub prefault: bool,
+    pub task_slots: usize,
+    pub sysfs_root: PathBuf,
+}
+
+fn positive_int(
+    obj: &Map<String, Value>,
+    field: &str,
+    default: Option<usize>,
+) -> Result<usize, ConfigError> {
+    match obj.get(field) {
+        None => default.ok_or_else(|| err(field, "is required")),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v) if v > 0 => usize::try_from(v).map_err(|_| err(field, "is too large")),
+            _ => Err(err(field, format!("must be a positive integer (got {n})"))),
+        },
+        Some(v) => Err(err(field, format!("must be a positive integer (got {v})"))),
+    }
+}
+
+fn device(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    slot_bytes: usize,
+) -> Result<DeviceConfig, ConfigError> {
+    let f = |name: &str| {
+        if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}.{name}")
+        }
+    };
+    let path = match obj.get("device_path") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+        Some(_) => return Err(err(f("device_path"), "must be a non-empty string")),
+        None => return Err(err(f("device_path"), "is required")),
+    };
+    let gb = match obj.get("max_dax_size_gb") {
+        Some(Value::Number(n)) => n.as_f64().filter(|g| *g > 0.0 && g.is_finite()),
+        Some(_) => None,
+        None => return Err(err(f("max_dax_size_gb"), "is required")),
+    }
+    .ok_or_else(|| {
+        err(
+            f("max_dax_size_gb"),
+            format!("must be a number > 0 (got {})", obj["max_dax_size_gb"]),
+        )
+    })?;
+    let bytes = (gb * GIB) as usize;
+    if bytes / slot_bytes == 0 {
+        let who = if prefix.is_empty() {
+            "device".to_string()
+        } else {
+            prefix.to_string()
+        };
+        return Err(err(f("max_dax_size_gb"), format!("{who} configured DAX arena ({bytes} bytes) does not fit one slot of {slot_bytes} bytes")));
+    }
+    Ok(DeviceConfig {
+        device_path: path,
+        max_dax_size_bytes: bytes,
+    })
+}
+
+impl EngineConfig {
+    /// Parse and validate the adapter JSON.
+    pub fn from_json(text: &str) -> Result<EngineConfig, ConfigError> {
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| err("(document)", format!("not valid JSON: {e}")))?;
+        Self::from_value(&v)
+    }
+
+    #[allow(clippy::too_many_lines)] // one field after another, in order
+    pub fn from_value(v: &Value) -> Result<EngineConfig, ConfigError> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| err("(document)", "must be a JSON object"))?;
+        if let Some(k) = obj
+            .keys()
+            .find(|k| !OURS.contains(&k.as_str()) && !LMCACHE_KEYS.contains(&k.as_str()))
+        {
+            return Err(err(k.clone(), "unknown key"));
+        }
+        if let Some(t) = obj.get("type") {
+            if t != "dax" {
+                return Err(err("type", format!("must be \"dax\" (got {t})")));
+            }
+        }
+        let slot_bytes = positive_int(obj, "slot_bytes", None)?;
+        let hotplug_enabled = match obj.get("hotplug_enabled") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(err(
+                    "hotplug_enabled",
+                    format!("must be true or false (got {v})"),
+                ))
+            }
+        };
+        let devices = match obj.get("devices") {
+            Some(Value::Array(list)) => {
+                if obj.contains_key("device_path") || obj.contains_key("max_dax_size_gb") {
+                    return Err(err(
+                        "devices",
+                        "give either devices or the legacy device_path / max_dax_size_gb, not both",
+                    ));
+                }
+                list.iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        let d = d
+                            .as_object()
+                            .ok_or_else(|| err(format!("devices[{i}]"), "must be an object"))?;
+                        device(d, &format!("devices[{i}]"), slot_bytes)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            Some(_) => return Err(err("devices", "must be a list of objects")),
+            None if obj.contains_key("device_path") || obj.contains_key("max_dax_size_gb") => {
+                vec![device(obj, "", slot_bytes)?]
+            }
+            None => Vec::new(),
+        };
+        if devices.is_empty() && !hotplug_enabled {
+            return Err(err(
+                "devices",
+                "may be empty only when hotplug_enabled is true",
+            ));
+        }
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let placement = match (obj.get("numa"), obj.get("cpus")) {
+            (_, Some(Value::Array(list))) => Placement::Cpus(
+                list.iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        c.as_u64().map(|c| c as usize).ok_or_else(|| {
+                            err(
+                                format!("cpus[{i}]"),
+                                format!("must be a CPU number (got {c})"),
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
+            (_, Some(v)) => {
+                return Err(err(
+                    "cpus",
+                    format!("must be a list of CPU numbers (got {v})"),
+                ))
+            }
+            (None, None) => Placement::Auto,
+            (Some(Value::String(s)), None) if s == "auto" => Placement::Auto,
+            (Some(Value::String(s)), None) if s == "off" => Placement::Off,
+            (Some(Value::Number(n)), None) if n.as_u64().is_some() => {
+                Placement::Node(n.as_u64().unwrap_or_default() as u32)
+            }
+            (Some(v), None) => {
+                return Err(err(
+                    "numa",
+                    format!("must be \"auto\", \"off\" or a node number (got {v})"),
+                ))
+            }
+        };
+        let spin_us = match obj.get("spin_us") {
+            None => 50,
+            Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64().unwrap_or_default(),
+            Some(v) => {
+                return Err(err(
+                    "spin_us",
+                    format!("must be a whole number of microseconds (got {v})"),
+                ))
+            }
+        };
+        let prefault = match obj.get("prefault") {
+            None => true,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => return Err(err("prefault", format!("must be true or false (got {v})"))),
+        };
+        let sysfs_root = match obj.get("sysfs_root") {
+            None => PathBuf::from("/sys"),
+            Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
+            Some(v) => return Err(err("sysfs_root", format!("must be a path (got {v})"))),
+        };
+        Ok(EngineConfig {
+            slot_bytes,
+            devices,
+            hotplug_enabled,
+            num_store_workers: positive_int(obj, "num_store_workers", Some(1))?,
+            num_lookup_workers: positive_int(obj, "num_lookup_workers", Some(1))?,
+            num_load_workers: positive_int(obj, "num_load_workers", Some(cpus.min(4)))?,
+            placement,
+            spin: Duration::from_micros(spin_us),
+            prefault,
+            task_slots: positive_int(obj, "task_slots", Some(4096))?,
+            sysfs_root,
+        })
+    }
+
+    /// The devices as engine specs.
+    pub fn device_specs(&self) -> Vec<DeviceSpec> {
+        self.devices
+            .iter()
+            .map(|d| {
+                let source = if d.device_path == "memfd" {
+                    ArenaSource::Memfd
+                } else {
+                    ArenaSource::Path(PathBuf::from(&d.device_path))
+                };
+                let arena = ArenaSpec::new(source, d.max_dax_size_bytes)
+                    .populate(self.prefault)
+                    .sysfs_root(&self.sysfs_root);
+                DeviceSpec {
+                    path: d.device_path.clone(),
+                    core: CoreConfig::new(arena, self.slot_bytes),
+                }
+            })
+            .collect()
+    }
+
+    /// Engine options, with the worker CPUs resolved from the placement.
+    pub fn options(&self) -> EngineOptions {
+        let topo = crate::numa::Topology::from_sysfs(&self.sysfs_root);
+        let first = self.devices.first().map(|d| PathBuf::from(&d.device_path));
+        EngineOptions {
+            num_store_workers: self.num_store_workers,
+            num_lookup_workers: self.num_lookup_workers,
+            num_load_workers: self.num_load_workers,
+            spin: self.spin,
+            task_slots: self.task_slots,
+            cpus: self
+                .placement
+                .resolve(&topo, &self.sysfs_root, first.as_deref()),
+            panic_on_key: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<EngineConfig, ConfigError> {
+        EngineConfig::from_json(s)
+    }
+
+    #[test]
+    fn lmcache_json_parses_with_defaults() {
+        let c = parse(r#"{"type":"dax","slot_bytes":4096,"devices":[{"device_path":" /dev/dax0.0 ","max_dax_size_gb":0.5}],"eviction":{"eviction_policy":"LRU"}}"#).unwrap();
+        assert_eq!(
+            c.devices,
+            vec![DeviceConfig {
+                device_path: "/dev/dax0.0".into(),
+                max_dax_size_bytes: 1 << 29
+            }]
+        );
+        assert_eq!((c.num_store_workers, c.num_lookup_workers), (1, 1));
+        assert!(c.num_load_workers >= 1 && c.num_load_workers <= 4);
+        assert_eq!(c.placement, Placement::Auto);
+        assert!(!c.hotplug_enabled);
+        let legacy =
+            parse(r#"{"slot_bytes":4096,"device_path":"/dev/dax1.0","max_dax_size_gb":1}"#)
+                .unwrap();
+        assert_eq!(legacy.devices[0].max_dax_size_bytes, 1 << 30);
+        let hp = parse(
+            r#"{"slot_bytes":4096,"devices":[],"hotplug_enabled":true,"numa":"off","spin_us":0}"#,
+        )
+        .unwrap();
+        assert!(
+            hp.devices.is_empty() && hp.placement == Placement::Off && hp.spin == Duration::ZERO
+        );
+        assert_eq!(
+            parse(r#"{"slot_bytes":1,"device_path":"memfd","max_dax_size_gb":1,"cpus":[1,0]}"#)
+                .unwrap()
+                .placement,
+            Placement::Cpus(vec![1, 0])
+        );
+    }
+
+    #[test]
+    fn every_bad_value_names_its_field() {
+        let cases = [
+            (r#"{"devices":[]}"#, "config: slot_bytes: is required"),
+            (r#"{"slot_bytes":true,"devices":[]}"#, "config: slot_bytes: must be a positive integer (got true)"),
+            (r#"{"slot_bytes":0,"devices":[]}"#, "config: slot_bytes: must be a positive integer (got 0)"),
+            (r#"{"slot_bytes":1.5,"devices":[]}"#, "config: slot_bytes: must be a positive integer (got 1.5)"),
+            (r#"{"slot_bytes":4096,"devices":[]}"#, "config: devices: may be empty only when hotplug_enabled is true"),
+            (r#"{"slot_bytes":4096,"devices":{}}"#, "config: devices: must be a list of objects"),
+            (r#"{"slot_bytes":4096,"devices":[7]}"#, "config: devices[0]: must be an object"),
+            (r#"{"slot_bytes":4096,"devices":[{"max_dax_size_gb":1}]}"#, "config: devices[0].device_path: is required"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"  ","max_dax_size_gb":1}]}"#, "config: devices[0].device_path: must be a non-empty string"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":-1}]}"#, "config: devices[0].max_dax_size_gb: must be a number > 0 (got -1)"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":"1"}]}"#, "config: devices[0].max_dax_size_gb: must be a number > 0 (got \"1\")"),
+            (r#"{"slot_bytes":2147483648,"devices":[{"device_path":"/d","max_dax_size_gb":1}]}"#, "config: devices[0].max_dax_size_gb: devices[0] configured DAX arena (1073741824 bytes) does not fit one slot of 2147483648 bytes"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"num_load_workers":0}"#, "config: num_load_workers: must be a positive integer (got 0)"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"num_store_workers":"2"}"#, "config: num_store_workers: must be a positive integer (got \"2\")"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"slot_byte":1}"#, "config: slot_byte: unknown key"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"numa":"near"}"#, "config: numa: must be \"auto\", \"off\" or a node number (got \"near\")"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"cpus":[0,"x"]}"#, "config: cpus[1]: must be a CPU number (got \"x\")"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"hotplug_enabled":1}"#, "config: hotplug_enabled: must be true or false (got 1)"),
+            (r#"{"type":"redis","slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1}"#, "config: type: must be \"dax\" (got \"redis\")"),
+            ("[1]", "config: (document): must be a JSON object"),
+        ];
+        for (json, want) in cases {
+            assert_eq!(parse(json).unwrap_err().to_string(), want, "{json}");
+        }
+    }
+}
