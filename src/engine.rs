@@ -1047,6 +1047,8 @@ fn start_pool(
     let mut wakes = Vec::new();
     let mut cqs = Vec::new();
     let mut handles = Vec::new();
+    // Workers report once pinned, so `open` returns with placement done.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     for w in 0..n {
         let (sq_p, sq_c) = Ring::<Sqe>::heap(cap)
             .expect("power-of-two capacity")
@@ -1068,9 +1070,16 @@ fn start_pool(
             cpu: (!inner.opts.cpus.is_empty()).then(|| inner.opts.cpus[w % inner.opts.cpus.len()]),
             name: format!("{name}-{w}"),
         };
+        let ready = ready_tx.clone();
         let h = std::thread::Builder::new()
             .name(ctx.name.clone())
-            .spawn(move || worker_loop(ctx))
+            .spawn(move || {
+                if let Some(cpu) = ctx.cpu {
+                    pin_to(cpu);
+                }
+                let _ = ready.send(());
+                worker_loop(ctx);
+            })
             .map_err(EngineError::Spawn)?;
         sqs.push(Mutex::new(sq_p));
         wakes.push(wake);
@@ -1078,6 +1087,9 @@ fn start_pool(
         handles.push(h);
     }
     let _ = op;
+    for _ in 0..n {
+        let _ = ready_rx.recv();
+    }
     Ok(Pool {
         name,
         sqs,
@@ -1118,9 +1130,6 @@ fn pin_to(cpu: usize) {
 }
 
 fn worker_loop(mut w: WorkerCtx) {
-    if let Some(cpu) = w.cpu {
-        pin_to(cpu);
-    }
     loop {
         match w.sq.pop() {
             Ok(Some(sqe)) => {
