@@ -1229,13 +1229,24 @@ impl WorkerCtx {
                 }
             }
             Op::Lookup => {
-                for (i, k) in keys.iter().enumerate() {
-                    if devs
-                        .iter()
-                        .any(|d| d.state().is_readable() && d.core.exists(*k, true))
-                    {
-                        task.set(start + i);
+                // One batched call per readable device over the keys still
+                // missing (upstream's grouping, reference §3.6 step 3).
+                let mut left: Vec<usize> = (0..len).collect();
+                for d in devs.iter().filter(|d| d.state().is_readable()) {
+                    if left.is_empty() {
+                        break;
                     }
+                    let batch: Vec<Key> = left.iter().map(|&i| keys[i]).collect();
+                    let hits = d.core.exists_many(&batch, true);
+                    let mut j = 0;
+                    left.retain(|&i| {
+                        let hit = hits[j];
+                        j += 1;
+                        if hit {
+                            task.set(start + i);
+                        }
+                        !hit
+                    });
                 }
             }
             Op::Load => {

@@ -239,6 +239,21 @@ fn two_devices_balance_and_serve() {
             .sum::<usize>(),
         4
     );
+    // Lookup batches per device over the keys still missing.
+    let id = e
+        .submit_lookup_and_lock(vec![k(1), k(9), k(2), k(3), k(4)])
+        .unwrap();
+    assert_eq!(
+        e.wait_lookup(id, T).unwrap().to_vec(),
+        vec![true, false, true, true, true]
+    );
+    assert_eq!(
+        e.status()["locked_key_count"],
+        4,
+        "each hit locked once, on its own device"
+    );
+    e.submit_unlock(&[k(1), k(2), k(3), k(4)]);
+    assert_eq!(e.status()["locked_key_count"], 0);
     let keys: Vec<Key> = (1..=4).map(k).collect();
     let id = e.submit_load(keys, vec![vec![0; 100]; 4]).unwrap();
     let r = e.wait_load(id, T).unwrap();
