@@ -1,22 +1,28 @@
 //! # The standard `daxkv bench` workload
 //!
 //! For each object size: N = min(max_objects, total_bytes / size) objects
-//! go through the phases store → lookup-and-lock → load → unlock → delete,
-//! in tasks of 16 keys, on a fresh device (memfd by default) with one slot
-//! per object. Before the phases, the same mapping's raw limits are
-//! measured in the same run: single-thread non-temporal copy in, plain
-//! `memcpy` in, and copy out. Each phase prints its ratio to its limit.
-//!
-//! This runs through the synchronous [`DaxCore`] API on one thread; the
-//! engine (rings, worker pools) will run the same workload.
+//! go through the phases store → lookup-and-lock → load → unlock → delete
+//! through the public [`Engine`] API (the path a user takes): tasks of 16
+//! keys, up to 8 tasks in flight, on fresh devices (memfds by default) with
+//! one slot per object. Before the phases, the same mapping's raw limits
+//! are measured in the same run: single-thread non-temporal copy in, plain
+//! `memcpy` in, copy out, and a raw eventfd ping-pong between two threads.
+//! Each phase prints its ratio to its limit.
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::arena::{ArenaSource, ArenaSpec};
-use crate::core::{CoreConfig, DaxCore};
+use crate::buf::Buf;
+use crate::core::CoreConfig;
+use crate::engine::{DeviceSpec, Engine, EngineOptions, TaskId};
 use crate::key::Key;
+use crate::notify::EventFd;
 
 /// Keys per task.
 pub const TASK_KEYS: usize = 16;
@@ -27,8 +33,19 @@ pub struct BenchConfig {
     pub sizes: Vec<usize>,
     pub total_bytes: usize,
     pub max_objects: usize,
-    /// A device or file to use instead of a memfd (must hold `total_bytes`).
-    pub path: Option<std::path::PathBuf>,
+    /// Devices or files to use instead of memfds (together they must hold
+    /// `total_bytes`); empty: `devices` memfds.
+    pub paths: Vec<std::path::PathBuf>,
+    /// Number of memfd devices when `paths` is empty.
+    pub devices: usize,
+    pub store_workers: usize,
+    pub lookup_workers: usize,
+    pub load_workers: usize,
+    /// Spin before parking (workers and the waiting caller); zero parks at
+    /// once (eventfd wakes only).
+    pub spin: Duration,
+    /// Tasks in flight per phase.
+    pub inflight_tasks: usize,
     /// Pre-fault the mapping (first-touch faults of fresh tmpfs pages would
     /// otherwise dominate; a real DAX device has none).
     pub prefault: bool,
@@ -42,7 +59,13 @@ impl Default for BenchConfig {
             sizes: vec![4 << 10, 64 << 10, 256 << 10, 2 << 20, 8 << 20],
             total_bytes: 1 << 30,
             max_objects: 20_000,
-            path: None,
+            paths: Vec::new(),
+            devices: 1,
+            store_workers: 1,
+            lookup_workers: 1,
+            load_workers: 1,
+            spin: Duration::from_micros(250),
+            inflight_tasks: 8,
             prefault: true,
             verify_every: 64,
         }
@@ -77,6 +100,9 @@ pub struct PhaseResult {
 /// A whole run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Report {
+    pub eventfd_ping_pong_us: f64,
+    pub workers: (usize, usize, usize),
+    pub spin_us: u64,
     pub cpu: String,
     pub cores: usize,
     pub numa_nodes: usize,
@@ -189,19 +215,80 @@ impl Phase {
     }
 }
 
+/// Raw eventfd ping-pong between two threads: the round-trip limit.
+fn eventfd_ping_pong_us(rounds: usize) -> Result<f64, BenchError> {
+    let e = |x: std::io::Error| BenchError::Failed(format!("eventfd: {x}"));
+    let a = Arc::new(EventFd::new().map_err(e)?);
+    let b = Arc::new(EventFd::new().map_err(e)?);
+    let (a2, b2) = (a.clone(), b.clone());
+    let t = std::thread::spawn(move || {
+        for _ in 0..rounds {
+            while !a2.wait(Duration::from_secs(5)).unwrap_or(true) {}
+            let _ = a2.drain();
+            let _ = b2.notify();
+        }
+    });
+    let start = Instant::now();
+    for _ in 0..rounds {
+        a.notify().map_err(e)?;
+        while !b.wait(Duration::from_secs(5)).map_err(e)? {}
+        b.drain().map_err(e)?;
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+    t.join()
+        .map_err(|_| BenchError::Failed("ping-pong thread panicked".into()))?;
+    Ok(us)
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Run `tasks` tasks with at most `depth` in flight: `submit(t)` starts task
+/// `t`, `wait(id)` blocks for its completion (oldest first). Returns the
+/// per-task latencies in µs.
+fn pipeline<R>(
+    ph: &mut Phase,
+    tasks: usize,
+    depth: usize,
+    mut submit: impl FnMut(usize) -> Result<TaskId, BenchError>,
+    mut wait: impl FnMut(TaskId) -> Option<R>,
+    mut done: impl FnMut(usize, R),
+) -> Result<(), BenchError> {
+    let mut q: VecDeque<(usize, TaskId, Instant)> = VecDeque::new();
+    let mut next = 0;
+    while next < tasks || !q.is_empty() {
+        while next < tasks && q.len() < depth.max(1) {
+            q.push_back((next, submit(next)?, Instant::now()));
+            next += 1;
+        }
+        let (t, id, at) = q.pop_front().expect("non-empty");
+        let r = wait(id).ok_or_else(|| BenchError::Failed(format!("task {} timed out", id.0)))?;
+        ph.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
+        done(t, r);
+    }
+    Ok(())
+}
+
 /// Run the workload; `progress` is called with a line per finished phase.
 #[allow(clippy::too_many_lines)] // one phase after another, in order
 pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, BenchError> {
     let (cpu, cores, numa_nodes) = machine();
     let mut report = Report {
+        eventfd_ping_pong_us: eventfd_ping_pong_us(2000)?,
+        workers: (cfg.store_workers, cfg.lookup_workers, cfg.load_workers),
+        spin_us: cfg.spin.as_micros() as u64,
         cpu,
         cores,
         numa_nodes,
         kernel: crate::copy::selected().name(),
-        device: cfg
-            .path
-            .as_ref()
-            .map_or_else(|| "memfd".to_string(), |p| p.display().to_string()),
+        device: if cfg.paths.is_empty() {
+            format!("{} memfd", cfg.devices.max(1))
+        } else {
+            cfg.paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        },
         limits: Vec::new(),
         results: Vec::new(),
     };
@@ -210,57 +297,87 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
             return Err(BenchError::Failed("object size must be > 0".into()));
         }
         let n = cfg.max_objects.min(cfg.total_bytes / size).max(1);
-        let source = match &cfg.path {
-            Some(p) => ArenaSource::Path(p.clone()),
-            None => ArenaSource::Memfd,
+        let ndev = if cfg.paths.is_empty() {
+            cfg.devices.max(1)
+        } else {
+            cfg.paths.len()
         };
-        let core = DaxCore::open(&CoreConfig::new(
-            ArenaSpec::new(source, n * size).populate(cfg.prefault),
-            size,
-        ))?;
+        let per_dev = n.div_ceil(ndev);
+        let specs: Vec<DeviceSpec> = (0..ndev)
+            .map(|i| {
+                let (path, source) = match cfg.paths.get(i) {
+                    Some(p) => (p.display().to_string(), ArenaSource::Path(p.clone())),
+                    None => ("memfd".to_string(), ArenaSource::Memfd),
+                };
+                DeviceSpec {
+                    path,
+                    core: CoreConfig::new(
+                        ArenaSpec::new(source, per_dev * size).populate(cfg.prefault),
+                        size,
+                    ),
+                }
+            })
+            .collect();
+        let opts = EngineOptions {
+            num_store_workers: cfg.store_workers,
+            num_lookup_workers: cfg.lookup_workers,
+            num_load_workers: cfg.load_workers,
+            spin: cfg.spin,
+            ..EngineOptions::default()
+        };
+        let engine = Engine::open(specs, size, false, opts)
+            .map_err(|e| BenchError::Failed(e.to_string()))?;
+        let devs = engine.devices();
         if cfg.prefault {
-            if let Some(g) = core.raw_guard() {
-                g.prefault();
+            for d in devs.iter() {
+                if let Some(g) = d.core.raw_guard() {
+                    g.prefault();
+                }
             }
         }
         // Sources: a ring of distinct objects (bounded memory); destinations:
         // one buffer per object, touched before timing.
         let ring = n.min(64);
-        let sources: Vec<Vec<u8>> = (0..ring)
+        let sources: Vec<Arc<[u8]>> = (0..ring)
             .map(|i| {
                 let mut v = vec![0u8; size];
                 fill(&mut v, i);
-                v
+                v.into()
             })
             .collect();
-        let mut dests: Vec<Vec<u8>> = (0..n).map(|_| vec![1u8; size]).collect();
+        let mut dests: Vec<Option<Vec<u8>>> = (0..n).map(|_| Some(vec![1u8; size])).collect();
         let keys: Vec<Key> = (0..n)
             .map(|i| Key::digest(format!("bench@0@0@{size:x}@{i:x}").as_bytes()))
             .collect();
+        let tasks = n.div_ceil(TASK_KEYS);
+        let range = |t: usize| t * TASK_KEYS..((t + 1) * TASK_KEYS).min(n);
 
-        // Limits, on this very mapping.
+        // Limits, on the first device's own mapping.
         let limits = {
-            let g = core
+            let g = devs[0]
+                .core
                 .raw_guard()
                 .ok_or_else(|| BenchError::Failed("device closed".into()))?;
+            let m = per_dev.min(n);
             let t = Instant::now();
-            for i in 0..n {
+            for i in 0..m {
                 g.write(i * size, &sources[i % ring])
                     .map_err(|e| BenchError::Failed(e.to_string()))?;
             }
-            let nt = gb_s(n * size, t.elapsed().as_secs_f64());
+            let nt = gb_s(m * size, t.elapsed().as_secs_f64());
             let t = Instant::now();
-            for i in 0..n {
+            for i in 0..m {
                 g.write_plain(i * size, &sources[i % ring])
                     .map_err(|e| BenchError::Failed(e.to_string()))?;
             }
-            let mc = gb_s(n * size, t.elapsed().as_secs_f64());
+            let mc = gb_s(m * size, t.elapsed().as_secs_f64());
             let t = Instant::now();
-            for (i, d) in dests.iter_mut().enumerate() {
+            for (i, d) in dests.iter_mut().take(m).enumerate() {
+                let d = d.as_mut().expect("present");
                 g.read(i * size, d)
                     .map_err(|e| BenchError::Failed(e.to_string()))?;
             }
-            let out = gb_s(n * size, t.elapsed().as_secs_f64());
+            let out = gb_s(m * size, t.elapsed().as_secs_f64());
             Limits {
                 size_bytes: size,
                 nt_copy_in_gb_s: nt,
@@ -268,22 +385,43 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
                 copy_out_gb_s: out,
             }
         };
+        let depth = cfg.inflight_tasks;
 
-        // store
+        // store: completions come back in batches; match them by id.
         let mut ph = Phase::start();
-        let mut stored = 0;
-        for (t, chunk) in keys.chunks(TASK_KEYS).enumerate() {
-            let bufs: Vec<&[u8]> = (0..chunk.len())
-                .map(|j| &sources[(t * TASK_KEYS + j) % ring][..])
-                .collect();
-            let ok = ph
-                .task(|| core.put_many(chunk, &bufs))
-                .map_err(|e| BenchError::Failed(e.to_string()))?;
-            stored += ok.iter().filter(|&&b| b).count();
+        let mut stored_ok = 0usize;
+        {
+            let mut pending: HashMap<TaskId, Instant> = HashMap::new();
+            let mut next = 0;
+            while next < tasks || !pending.is_empty() {
+                while next < tasks && pending.len() < depth.max(1) {
+                    let r = range(next);
+                    let bufs = r
+                        .clone()
+                        .map(|i| Buf::Owned(sources[i % ring].clone()))
+                        .collect();
+                    let id = engine
+                        .submit_store(keys[r].to_vec(), bufs)
+                        .map_err(|e| BenchError::Failed(e.to_string()))?;
+                    pending.insert(id, Instant::now());
+                    next += 1;
+                }
+                let got = engine.wait_stores(WAIT);
+                if got.is_empty() {
+                    return Err(BenchError::Failed("store tasks timed out".into()));
+                }
+                for (id, r) in got {
+                    if let Some(at) = pending.remove(&id) {
+                        ph.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
+                    }
+                    stored_ok += usize::from(r.success);
+                }
+            }
         }
-        if stored != n {
+        if stored_ok != tasks {
             return Err(BenchError::Failed(format!(
-                "stored {stored} of {n} objects of {size} bytes"
+                "{} of {tasks} store tasks failed ({size} bytes)",
+                tasks - stored_ok
             )));
         }
         let store = ph.finish(
@@ -297,65 +435,76 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         // lookup-and-lock
         let mut ph = Phase::start();
         let mut hits = 0;
-        for chunk in keys.chunks(TASK_KEYS) {
-            hits += ph
-                .task(|| core.exists_many(chunk, true))
-                .iter()
-                .filter(|&&b| b)
-                .count();
-        }
+        pipeline(
+            &mut ph,
+            tasks,
+            depth,
+            |t| {
+                engine
+                    .submit_lookup_and_lock(keys[range(t)].to_vec())
+                    .map_err(|e| BenchError::Failed(e.to_string()))
+            },
+            |id| engine.wait_lookup(id, WAIT),
+            |_, bm| hits += bm.count_ones(),
+        )?;
         if hits != n {
             return Err(BenchError::Failed(format!("lookup found {hits} of {n}")));
         }
         let lookup = ph.finish(size, "lookup", n, None, None);
 
-        // load
+        // load: each task's destinations go in and come back.
         let mut ph = Phase::start();
         let mut loaded = 0;
-        for (t, (chunk, dchunk)) in keys
-            .chunks(TASK_KEYS)
-            .zip(dests.chunks_mut(TASK_KEYS))
-            .enumerate()
         {
-            let _ = t;
-            let mut bufs: Vec<&mut [u8]> = dchunk.iter_mut().map(|d| &mut d[..]).collect();
-            let ok = ph
-                .task(|| core.load_many_into(chunk, &mut bufs))
-                .map_err(|e| BenchError::Failed(e.to_string()))?;
-            loaded += ok.iter().filter(|&&b| b).count();
+            let dests_cell = std::cell::RefCell::new(&mut dests);
+            pipeline(
+                &mut ph,
+                tasks,
+                depth,
+                |t| {
+                    let bufs: Vec<Vec<u8>> = range(t)
+                        .map(|i| dests_cell.borrow_mut()[i].take().expect("buffer home"))
+                        .collect();
+                    engine
+                        .submit_load(keys[range(t)].to_vec(), bufs)
+                        .map_err(|e| BenchError::Failed(e.to_string()))
+                },
+                |id| engine.wait_load(id, WAIT),
+                |t, r| {
+                    loaded += r.bitmap.count_ones();
+                    for (i, b) in range(t).zip(r.bufs) {
+                        dests_cell.borrow_mut()[i] = Some(b);
+                    }
+                },
+            )?;
         }
         let mut load = ph.finish(size, "load", n, Some(n * size), Some(limits.copy_out_gb_s));
         let verified = loaded == n
             && (0..n)
                 .step_by(cfg.verify_every.max(1))
-                .all(|i| dests[i] == sources[i % ring]);
+                .all(|i| dests[i].as_deref() == Some(&sources[i % ring][..]));
         load.verified = Some(verified);
 
-        // unlock
+        // unlock and delete are synchronous calls.
         let mut ph = Phase::start();
-        for chunk in keys.chunks(TASK_KEYS) {
-            ph.task(|| core.unlock_many(chunk));
+        for t in 0..tasks {
+            ph.task(|| engine.submit_unlock(&keys[range(t)]));
         }
         let unlock = ph.finish(size, "unlock", n, None, None);
-
-        // delete
         let mut ph = Phase::start();
         let mut deleted = 0;
-        for chunk in keys.chunks(TASK_KEYS) {
-            deleted += ph
-                .task(|| core.delete_many(chunk, false))
-                .iter()
-                .filter(|&&b| b)
-                .count();
+        for t in 0..tasks {
+            deleted += ph.task(|| engine.delete(&keys[range(t)])).len();
         }
-        if deleted != n || core.live_slot_count() != 0 {
+        let live: usize = devs.iter().map(|d| d.core.live_slot_count()).sum();
+        if deleted != n || live != 0 {
             return Err(BenchError::Failed(format!(
-                "deleted {deleted} of {n}; {} slots still live",
-                core.live_slot_count()
+                "deleted {deleted} of {n}; {live} slots still live"
             )));
         }
         let delete = ph.finish(size, "delete", n, None, None);
-        core.close();
+        drop(devs);
+        engine.close();
 
         for r in [&store, &lookup, &load, &unlock, &delete] {
             progress(&format_row(r));
@@ -399,15 +548,19 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "daxkv bench: DaxCore, 1 thread, tasks of {TASK_KEYS} keys, device {}, copy kernel {}",
-            self.device, self.kernel
+            "daxkv bench: engine, workers store/lookup/load {}/{}/{}, spin {} us, tasks of {TASK_KEYS} keys, device {}, copy kernel {}",
+            self.workers.0, self.workers.1, self.workers.2, self.spin_us, self.device, self.kernel
         );
         let _ = writeln!(
             s,
             "machine: {}, {} cores, {} NUMA node(s)",
             self.cpu, self.cores, self.numa_nodes
         );
-        let _ = writeln!(s, "\nlimits (same mapping, single thread):");
+        let _ = writeln!(
+            s,
+            "\nlimits (same mapping, single thread); raw eventfd ping-pong {:.1} us:",
+            self.eventfd_ping_pong_us
+        );
         let _ = writeln!(
             s,
             "{:>8} {:>12} {:>12} {:>12}",
@@ -470,10 +623,14 @@ impl Report {
         let mut s = String::new();
         let _ = write!(
             s,
-            "{{\"machine\":{{\"cpu\":\"{}\",\"cores\":{},\"numa_nodes\":{}}},\"mode\":\"core\",\"copy_kernel\":\"{}\",\"device\":\"{}\",\"limits\":{{",
+            "{{\"machine\":{{\"cpu\":\"{}\",\"cores\":{},\"numa_nodes\":{}}},\"mode\":\"engine\",\"workers\":{{\"store\":{},\"lookup\":{},\"load\":{}}},\"spin_us\":{},\"copy_kernel\":\"{}\",\"device\":\"{}\",\"limits\":{{",
             esc(&self.cpu),
             self.cores,
             self.numa_nodes,
+            self.workers.0,
+            self.workers.1,
+            self.workers.2,
+            self.spin_us,
             self.kernel,
             esc(&self.device)
         );
@@ -488,8 +645,11 @@ impl Report {
                 num(l.copy_out_gb_s)
             );
         }
-        // The engine round trip is measured once the engine exists.
-        s.push_str("},\"eventfd_ping_pong_us\":null,\"results\":[");
+        let _ = write!(
+            s,
+            "}},\"eventfd_ping_pong_us\":{},\"results\":[",
+            num(self.eventfd_ping_pong_us)
+        );
         for (i, r) in self.results.iter().enumerate() {
             let _ = write!(
                 s,

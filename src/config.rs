@@ -257,7 +257,7 @@ impl EngineConfig {
             }
         };
         let spin_us = match obj.get("spin_us") {
-            None => 50,
+            None => 250,
             Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64().unwrap_or_default(),
             Some(v) => {
                 return Err(err(

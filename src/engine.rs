@@ -172,6 +172,10 @@ pub struct EngineOptions {
     pub num_lookup_workers: usize,
     pub num_load_workers: usize,
     /// How long an idle worker (or a waiting caller) spins before parking.
+    /// Default 250 µs: longer than a cross-vCPU eventfd wake (100-200 µs on
+    /// the VM this was tuned on), so a caller woken from park can resubmit
+    /// before the worker parks again; with 50 µs both sides could fall into
+    /// paying a wake per task.
     pub spin: Duration,
     /// Size of the task table: tasks in flight plus results not collected.
     pub task_slots: usize,
@@ -190,7 +194,7 @@ impl Default for EngineOptions {
             num_store_workers: 1,
             num_lookup_workers: 1,
             num_load_workers: cpus.min(4),
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(250),
             task_slots: 4096,
             cpus: Vec::new(),
             panic_on_key: None,

@@ -18,9 +18,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Store, look up, load, unlock and delete chunks on a memfd (or the
-    /// given device) and print objects/s and GB/s next to the raw copy
-    /// bandwidth of the same mapping.
+    /// Store, look up, load, unlock and delete chunks through the engine on
+    /// memfds (or the given devices) and print objects/s, GB/s and task
+    /// latency next to the raw copy bandwidth of the same mapping and a raw
+    /// eventfd ping-pong.
     Bench {
         /// Object sizes, comma separated (e.g. 4K,64K,256K,2M,8M).
         #[arg(long, default_value = "4K,64K,256K,2M,8M")]
@@ -31,9 +32,31 @@ enum Cmd {
         /// Most objects per size.
         #[arg(long, default_value_t = 20_000)]
         max_objects: usize,
-        /// A device-dax node or tmpfs file to use instead of a memfd.
+        /// A device-dax node or tmpfs file to use instead of memfds
+        /// (repeat for several devices).
         #[arg(long)]
-        path: Option<PathBuf>,
+        path: Vec<PathBuf>,
+        /// Number of memfd devices (without --path).
+        #[arg(long, default_value_t = 1)]
+        devices: usize,
+        /// Store workers.
+        #[arg(long, default_value_t = 1)]
+        store_workers: usize,
+        /// Lookup workers.
+        #[arg(long, default_value_t = 1)]
+        lookup_workers: usize,
+        /// Load workers.
+        #[arg(long, default_value_t = 1)]
+        load_workers: usize,
+        /// Spin this long before parking (workers and the waiting caller).
+        #[arg(long, default_value_t = 250)]
+        spin_us: u64,
+        /// Park at once (eventfd wakes only); same as --spin-us 0.
+        #[arg(long)]
+        park: bool,
+        /// Tasks in flight per phase.
+        #[arg(long, default_value_t = 8)]
+        inflight: usize,
         /// Do not pre-fault the mapping.
         #[arg(long)]
         no_prefault: bool,
@@ -50,9 +73,27 @@ fn main() -> anyhow::Result<()> {
             total_bytes,
             max_objects,
             path,
+            devices,
+            store_workers,
+            lookup_workers,
+            load_workers,
+            spin_us,
+            park,
+            inflight,
             no_prefault,
             json,
         } => {
+            for (name, v) in [
+                ("--devices", devices),
+                ("--store-workers", store_workers),
+                ("--lookup-workers", lookup_workers),
+                ("--load-workers", load_workers),
+                ("--inflight", inflight),
+            ] {
+                if v == 0 {
+                    bail!("{name} must be > 0");
+                }
+            }
             let sizes = sizes
                 .split(',')
                 .map(|s| {
@@ -70,7 +111,13 @@ fn main() -> anyhow::Result<()> {
                 sizes,
                 total_bytes,
                 max_objects,
-                path,
+                paths: path,
+                devices,
+                store_workers,
+                lookup_workers,
+                load_workers,
+                spin: std::time::Duration::from_micros(if park { 0 } else { spin_us }),
+                inflight_tasks: inflight,
                 prefault: !no_prefault,
                 ..Default::default()
             };

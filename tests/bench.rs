@@ -9,9 +9,10 @@ fn tiny_bench_is_complete_and_verified() {
         sizes: vec![4096, 64 << 10],
         total_bytes: 1 << 20,
         max_objects: 40,
-        path: None,
         prefault: true,
         verify_every: 1,
+        load_workers: 2,
+        ..BenchConfig::default()
     };
     let mut lines = 0;
     let report = run(&cfg, |_| lines += 1).unwrap();
@@ -42,6 +43,9 @@ fn tiny_bench_is_complete_and_verified() {
     assert!(j["machine"]["cpu"].is_string());
     assert!(j["machine"]["cores"].as_u64().unwrap() >= 1);
     assert!(j["machine"]["numa_nodes"].as_u64().unwrap() >= 1);
+    assert!(j["eventfd_ping_pong_us"].as_f64().unwrap() > 0.0);
+    assert_eq!(j["mode"], "engine");
+    assert_eq!(j["workers"]["load"], 2);
     for size in ["4096", "65536"] {
         for f in ["nt_copy_in_gb_s", "memcpy_in_gb_s", "copy_out_gb_s"] {
             assert!(
