@@ -269,7 +269,7 @@ fn pipeline<R>(
 }
 
 /// Run the workload; `progress` is called with a line per finished phase.
-#[allow(clippy::too_many_lines)] // one phase after another, in order
+#[allow(clippy::too_many_lines, clippy::many_single_char_names)] // one phase after another
 pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, BenchError> {
     let (cpu, cores, numa_nodes) = machine();
     let mut report = Report {
