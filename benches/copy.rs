@@ -4,52 +4,75 @@
 //! every copy lands on lines that are not in cache, as stores into a DAX
 //! device do. `copy/threshold/*` picks `NT_THRESHOLD_BYTES`.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use daxkv::arena::{Arena, ArenaSpec};
-use daxkv::copy::{self, Kernel};
 use std::time::Duration;
+
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
+use daxkv::arena::{Arena, ArenaGuard, ArenaSpec};
+use daxkv::copy::{self, Kernel};
 
 const MAP: usize = 256 << 20;
 
-fn bench_to_dax(c: &mut Criterion) {
+/// Streaming copies with each kernel in `kernels`, then plain memcpy, of
+/// `size` bytes to destinations `stride` slots apart.
+fn nt_vs_memcpy(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    g: &ArenaGuard<'_>,
+    kernels: &[Kernel],
+    size: usize,
+    stride: usize,
+) {
+    let src = vec![0x5Au8; size];
+    let slots = MAP / size;
+    group.throughput(Throughput::Bytes(size as u64));
+    for &kernel in kernels {
+        let mut i = 0;
+        group.bench_with_input(
+            BenchmarkId::new(format!("nt_{}", kernel.name()), size),
+            &size,
+            |b, _| {
+                b.iter(|| {
+                    i = (i + stride) % slots;
+                    let dst = g.as_ptr(i * size);
+                    // SAFETY: i < slots, so the copy ends inside the mapping `g`
+                    // keeps alive; `src` is a separate buffer; the caller passes
+                    // only available kernels.
+                    unsafe { copy::stream_with(kernel, dst, src.as_ptr(), size) };
+                });
+            },
+        );
+    }
+    let mut i = 0;
+    group.bench_with_input(BenchmarkId::new("memcpy", size), &size, |b, _| {
+        b.iter(|| {
+            i = (i + stride) % slots;
+            g.write_plain(i * size, &src).unwrap();
+        });
+    });
+}
+
+fn mapping() -> Arena {
     let arena = Arena::open(&ArenaSpec::memfd(MAP).populate(true)).unwrap();
+    arena.enter().unwrap().prefault();
+    arena
+}
+
+fn bench_to_dax(c: &mut Criterion) {
+    let arena = mapping();
     let g = arena.enter().unwrap();
-    g.prefault();
+    let kernels: Vec<Kernel> = Kernel::ALL
+        .into_iter()
+        .filter(|k| k.is_available() && *k != Kernel::Portable)
+        .collect();
     let mut group = c.benchmark_group("copy/to_dax");
     group
         .measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(300))
         .sample_size(20);
     for size in [4 << 10, 64 << 10, 256 << 10, 2 << 20, 8 << 20, 32 << 20] {
-        let src = vec![0x5Au8; size];
-        group.throughput(Throughput::Bytes(size as u64));
-        let slots = MAP / size;
-        for kernel in Kernel::ALL
-            .into_iter()
-            .filter(|k| k.is_available() && *k != Kernel::Portable)
-        {
-            let mut i = 0;
-            group.bench_with_input(
-                BenchmarkId::new(format!("nt_{}", kernel.name()), size),
-                &size,
-                |b, _| {
-                    b.iter(|| {
-                        i = (i + 1) % slots;
-                        let dst = g.as_ptr(i * size);
-                        // SAFETY: (i + 1) * size <= MAP, `g` keeps the mapping
-                        // alive, `src` is a separate buffer, kernel available.
-                        unsafe { copy::stream_with(kernel, dst, src.as_ptr(), size) };
-                    });
-                },
-            );
-        }
-        let mut i = 0;
-        group.bench_with_input(BenchmarkId::new("memcpy", size), &size, |b, _| {
-            b.iter(|| {
-                i = (i + 1) % slots;
-                g.write_plain(i * size, &src).unwrap();
-            });
-        });
+        nt_vs_memcpy(&mut group, &g, &kernels, size, 1);
     }
     group.finish();
 
@@ -74,39 +97,16 @@ fn bench_to_dax(c: &mut Criterion) {
 }
 
 fn bench_threshold(c: &mut Criterion) {
-    let arena = Arena::open(&ArenaSpec::memfd(MAP).populate(true)).unwrap();
+    let arena = mapping();
     let g = arena.enter().unwrap();
-    g.prefault();
-    let kernel = copy::selected();
     let mut group = c.benchmark_group("copy/threshold");
     group
         .measurement_time(Duration::from_secs(1))
         .warm_up_time(Duration::from_millis(200))
         .sample_size(20);
     for size in [256usize, 512, 1024, 2048, 4096, 8192, 16384] {
-        let src = vec![0x33u8; size];
-        let slots = MAP / size;
-        group.throughput(Throughput::Bytes(size as u64));
-        let mut i = 0;
-        group.bench_with_input(
-            BenchmarkId::new(format!("nt_{}", kernel.name()), size),
-            &size,
-            |b, _| {
-                b.iter(|| {
-                    i = (i + 7919) % slots;
-                    let dst = g.as_ptr(i * size);
-                    // SAFETY: in bounds (i < slots), distinct buffers, kernel available.
-                    unsafe { copy::stream_with(kernel, dst, src.as_ptr(), size) };
-                });
-            },
-        );
-        let mut i = 0;
-        group.bench_with_input(BenchmarkId::new("memcpy", size), &size, |b, _| {
-            b.iter(|| {
-                i = (i + 7919) % slots;
-                g.write_plain(i * size, &src).unwrap();
-            });
-        });
+        // A large prime stride: random-looking, cache-cold destinations.
+        nt_vs_memcpy(&mut group, &g, &[copy::selected()], size, 7919);
     }
     group.finish();
 }
