@@ -466,3 +466,26 @@ fn config_json_opens_and_pins_workers() {
     let err = Engine::from_config(&bad).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/dax9.9"), "{err}");
 }
+
+/// Close while a large load is running: close waits for it, and its result
+/// (bytes included) can still be collected afterwards.
+#[test]
+fn close_while_a_load_runs_lets_it_finish() {
+    const BIG: usize = 64 << 10;
+    let dev = DeviceSpec {
+        path: "memfd".into(),
+        core: CoreConfig::new(ArenaSpec::memfd(64 * BIG), BIG),
+    };
+    let e = Engine::open(vec![dev], BIG, false, EngineOptions::default()).unwrap();
+    let keys: Vec<Key> = (0..64).map(k).collect();
+    let bufs = (0..64).map(|i| Buf::from(payload(i, BIG))).collect();
+    e.submit_store(keys.clone(), bufs).unwrap();
+    assert!(e.wait_stores(T)[0].1.success);
+    let id = e.submit_load(keys, vec![vec![0; BIG]; 64]).unwrap();
+    e.close();
+    let r = e.query_load(id).expect("close waited for the load");
+    assert_eq!(r.bitmap.count_ones(), 64);
+    for (i, b) in r.bufs.iter().enumerate() {
+        assert_eq!(*b, payload(i as u32, BIG), "key {i}");
+    }
+}
