@@ -757,9 +757,54 @@ impl DaxCore {
     /// Copy one key's payload into `dst`: `Some(len)` on a hit, `None` on a
     /// miss or when `dst` is too short (then untouched).
     pub fn load_into(&self, key: Key, dst: &mut [u8]) -> Option<usize> {
-        let set = self.reserve_reads(&[key], false);
-        let r = set.items().first()?;
-        set.read(r, dst)
+        // The single-key path borrows the slot directly: no read set, no
+        // allocation.
+        let g = self.arena.enter().ok()?;
+        let (s, gen) = self.borrow_in(key)?;
+        // ORDERING: Relaxed — a statistic.
+        self.active_reads.fetch_add(1, Ordering::Relaxed);
+        let (len, _) = self.len_meta(s);
+        let ok = dst.len() >= len
+            && g.read(s.0 as usize * self.slot_bytes, &mut dst[..len])
+                .is_ok();
+        if let Ok(t) = self.meta(s).state.release(gen) {
+            self.settle(s, t);
+        }
+        self.active_reads.fetch_sub(1, Ordering::Relaxed);
+        ok.then_some(len)
+    }
+
+    /// Look up (and lock) each key, writing hits into `out` (no allocation).
+    /// `out` must be as long as `keys`.
+    pub fn exists_many_into(
+        &self,
+        keys: &[Key],
+        lock: bool,
+        out: &mut [bool],
+    ) -> Result<(), CoreError> {
+        if keys.len() != out.len() {
+            return Err(CoreError::LengthMismatch {
+                what: "exists_many_into",
+                keys: keys.len(),
+                bufs: out.len(),
+            });
+        }
+        let Ok(_g) = self.arena.enter() else {
+            out.fill(false);
+            return Ok(());
+        };
+        for (o, &k) in out.iter_mut().zip(keys) {
+            *o = self.exists_in(k, lock);
+        }
+        Ok(())
+    }
+
+    /// Delete one key (see `delete_many`); no allocation.
+    pub fn delete(&self, key: Key, force: bool) -> bool {
+        let Ok(_g) = self.arena.enter() else {
+            return false;
+        };
+        self.delete_in(key, force)
     }
 
     /// Payload length and tag of a readable key.
