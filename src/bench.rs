@@ -268,9 +268,27 @@ fn pipeline<R>(
     Ok(())
 }
 
-/// Run the workload; `progress` is called with a line per finished phase.
+/// What `run` reports while it works.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress<'a> {
+    /// Size `index` of `sizes` starts phase `phase` over `objects` objects.
+    Phase {
+        index: usize,
+        sizes: usize,
+        size_bytes: usize,
+        phase: &'static str,
+        objects: usize,
+    },
+    /// A finished phase's table row.
+    Row(&'a str),
+}
+
+/// Run the workload; `progress` hears each phase start and each finished row.
 #[allow(clippy::too_many_lines, clippy::many_single_char_names)] // one phase after another
-pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, BenchError> {
+pub fn run(
+    cfg: &BenchConfig,
+    mut progress: impl FnMut(Progress<'_>),
+) -> Result<Report, BenchError> {
     let (cpu, cores, numa_nodes) = machine();
     let mut report = Report {
         eventfd_ping_pong_us: eventfd_ping_pong_us(2000)?,
@@ -292,7 +310,7 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         limits: Vec::new(),
         results: Vec::new(),
     };
-    for &size in &cfg.sizes {
+    for (index, &size) in cfg.sizes.iter().enumerate() {
         if size == 0 {
             return Err(BenchError::Failed("object size must be > 0".into()));
         }
@@ -387,7 +405,17 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         };
         let depth = cfg.inflight_tasks;
 
+        let mut tell = |phase| {
+            progress(Progress::Phase {
+                index,
+                sizes: cfg.sizes.len(),
+                size_bytes: size,
+                phase,
+                objects: n,
+            });
+        };
         // store: completions come back in batches; match them by id.
+        tell("store");
         let mut ph = Phase::start();
         let mut stored_ok = 0usize;
         {
@@ -433,6 +461,7 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         );
 
         // lookup-and-lock
+        tell("lookup");
         let mut ph = Phase::start();
         let mut hits = 0;
         pipeline(
@@ -453,6 +482,7 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         let lookup = ph.finish(size, "lookup", n, None, None);
 
         // load: each task's destinations go in and come back.
+        tell("load");
         let mut ph = Phase::start();
         let mut loaded = 0;
         {
@@ -486,6 +516,7 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         load.verified = Some(verified);
 
         // unlock and delete are synchronous calls.
+        tell("unlock/delete");
         let mut ph = Phase::start();
         for t in 0..tasks {
             ph.task(|| engine.submit_unlock(&keys[range(t)]));
@@ -507,7 +538,7 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Report, 
         engine.close();
 
         for r in [&store, &lookup, &load, &unlock, &delete] {
-            progress(&format_row(r));
+            progress(Progress::Row(&format_row(r)));
         }
         report.limits.push(limits);
         report.results.extend([store, lookup, load, unlock, delete]);

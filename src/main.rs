@@ -66,6 +66,45 @@ enum Cmd {
     },
 }
 
+/// A one-line progress bar on a terminal; plain lines otherwise.
+fn progress_printer(tty: bool) -> impl FnMut(daxkv::bench::Progress<'_>) {
+    let started = std::time::Instant::now();
+    move |p| match p {
+        daxkv::bench::Progress::Phase {
+            index,
+            sizes,
+            size_bytes,
+            phase,
+            objects,
+        } => {
+            let step = ["store", "lookup", "load"]
+                .iter()
+                .position(|x| *x == phase)
+                .unwrap_or(3);
+            let width = 30;
+            let filled = (index * 4 + step) * width / (sizes * 4).max(1);
+            let bar: String = (0..width)
+                .map(|i| if i < filled { '#' } else { '.' })
+                .collect();
+            let line = format!(
+                "[{bar}] size {}/{sizes} ({size_bytes} B x {objects}) {phase} {:.1}s",
+                index + 1,
+                started.elapsed().as_secs_f64()
+            );
+            if tty {
+                eprint!("\r{line:<90}");
+            } else {
+                eprintln!("{line}");
+            }
+        }
+        daxkv::bench::Progress::Row(row) => {
+            if !tty {
+                eprintln!("done: {row}");
+            }
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Bench {
@@ -125,7 +164,11 @@ fn main() -> anyhow::Result<()> {
                 "running: sizes {:?}, up to {} objects / {} bytes per size",
                 cfg.sizes, cfg.max_objects, cfg.total_bytes
             );
-            let report = daxkv::bench::run(&cfg, |line| eprintln!("done: {line}"))?;
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let report = daxkv::bench::run(&cfg, progress_printer(tty))?;
+            if tty {
+                eprintln!();
+            }
             print!("{}", report.table());
             if let Some(p) = json {
                 std::fs::write(&p, report.json())

@@ -1,7 +1,7 @@
 //! The `daxkv bench` workload at a tiny size: every phase runs, the data
 //! verification passes, and the JSON carries the documented names.
 
-use daxkv::bench::{run, BenchConfig};
+use daxkv::bench::{run, BenchConfig, Progress};
 
 #[test]
 fn tiny_bench_is_complete_and_verified() {
@@ -14,9 +14,23 @@ fn tiny_bench_is_complete_and_verified() {
         load_workers: 2,
         ..BenchConfig::default()
     };
-    let mut lines = 0;
-    let report = run(&cfg, |_| lines += 1).unwrap();
-    assert_eq!(lines, 10, "one progress line per phase per size");
+    let (mut rows, mut phases) = (0, Vec::new());
+    let report = run(&cfg, |p| match p {
+        Progress::Row(_) => rows += 1,
+        Progress::Phase {
+            index,
+            sizes,
+            phase,
+            ..
+        } => {
+            assert_eq!(sizes, 2);
+            phases.push((index, phase));
+        }
+    })
+    .unwrap();
+    assert_eq!(rows, 10, "one row per phase per size");
+    assert_eq!(phases.len(), 8, "four progress steps per size: {phases:?}");
+    assert_eq!(phases[4], (1, "store"));
     assert_eq!(report.limits.len(), 2);
     let phases: Vec<(usize, &str)> = report
         .results
