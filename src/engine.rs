@@ -315,6 +315,19 @@ impl Task {
         self.results[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
     }
 
+    /// Keys that succeeded (0 if a part panicked).
+    fn ok_count(&self) -> usize {
+        // ORDERING: Acquire — pairs with the Release in `run`.
+        if self.panicked.load(Ordering::Acquire) {
+            return 0;
+        }
+        self.results
+            .iter()
+            // ORDERING: Relaxed — read after the last part's AcqRel countdown.
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
+            .sum()
+    }
+
     fn bitmap(&self) -> Bitmap {
         let panicked = self.panicked.load(Ordering::Acquire);
         Bitmap {
@@ -1291,19 +1304,20 @@ impl WorkerCtx {
     }
 
     fn finish(&mut self, slot: &TaskSlot, task: &Task) {
-        let bitmap = task.bitmap();
-        let ok = bitmap.count_ones();
+        let ok = task.ok_count();
         // Tell the listeners before publishing, so a caller that sees the
-        // result also sees the events.
-        let hits: Vec<Key> = task
-            .keys
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| bitmap.test(*i))
-            .map(|(_, k)| *k)
-            .collect();
-        if !hits.is_empty() {
-            let ls = self.inner.listeners.load();
+        // result also sees the events. (Nothing is built when no listener
+        // is registered: the common embedded case allocates nothing here.)
+        let ls = self.inner.listeners.load();
+        if ok > 0 && !ls.is_empty() && task.op != Op::Lookup {
+            let bitmap = task.bitmap();
+            let hits: Vec<Key> = task
+                .keys
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| bitmap.test(*i))
+                .map(|(_, k)| *k)
+                .collect();
             match task.op {
                 Op::Store => {
                     let sizes = vec![self.inner.slot_bytes; hits.len()];
@@ -1343,13 +1357,20 @@ fn store_one(devs: &[Arc<Device>], key: Key, data: &[u8]) -> bool {
     {
         return true;
     }
-    let mut order: Vec<(f64, &Arc<Device>)> = devs
-        .iter()
-        .filter(|d| d.state().is_writable())
-        .map(|d| (d.usage(), d))
-        .collect();
-    order.sort_by(|a, b| a.0.total_cmp(&b.0));
-    for (_, d) in order {
+    // Try writable devices in ascending usage: pick the least used one not
+    // yet tried, each round (devices are few; no allocation per key).
+    let mut tried: u64 = 0;
+    for _ in 0..devs.len().min(64) {
+        let Some((i, d)) = devs
+            .iter()
+            .enumerate()
+            .take(64)
+            .filter(|(i, d)| tried & (1 << i) == 0 && d.state().is_writable())
+            .min_by(|a, b| a.1.usage().total_cmp(&b.1.usage()))
+        else {
+            return false;
+        };
+        tried |= 1 << i;
         match d.core.put(key, data, 0) {
             Ok(_) => return true,
             Err(PutError::Full | PutError::IndexFull | PutError::Closed) => {}
