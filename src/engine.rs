@@ -474,19 +474,9 @@ impl Engine {
             close_lock: Mutex::new(false),
         };
         let pools = [
-            start_pool(
-                &inner,
-                Op::Store,
-                "daxkv-store",
-                inner.opts.num_store_workers,
-            ),
-            start_pool(
-                &inner,
-                Op::Lookup,
-                "daxkv-lookup",
-                inner.opts.num_lookup_workers,
-            ),
-            start_pool(&inner, Op::Load, "daxkv-load", inner.opts.num_load_workers),
+            start_pool(&inner, "daxkv-store", inner.opts.num_store_workers),
+            start_pool(&inner, "daxkv-lookup", inner.opts.num_lookup_workers),
+            start_pool(&inner, "daxkv-load", inner.opts.num_load_workers),
         ];
         let mut ok = Vec::new();
         let mut err = None;
@@ -1051,12 +1041,7 @@ impl Drop for Engine {
     }
 }
 
-fn start_pool(
-    inner: &Arc<Inner>,
-    op: Op,
-    name: &'static str,
-    n: usize,
-) -> Result<Pool, EngineError> {
+fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, EngineError> {
     let fd = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
     let cap = (inner.opts.task_slots as u32)
         .next_power_of_two()
@@ -1104,7 +1089,6 @@ fn start_pool(
         cqs.push(cq_c);
         handles.push(h);
     }
-    let _ = op;
     for _ in 0..n {
         let _ = ready_rx.recv();
     }
