@@ -53,6 +53,9 @@ use crate::key::Key;
 use crate::notify::EventFd;
 use crate::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe};
 
+/// Keys a worker's lookup scratch holds without growing.
+const SCRATCH_KEYS: usize = 4096;
+
 /// Smallest load part when a task is split across workers.
 pub const SPLIT_MIN_KEYS: usize = 8;
 
@@ -1072,6 +1075,7 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
             done_fd: fd.clone(),
             cpu: (!inner.opts.cpus.is_empty()).then(|| inner.opts.cpus[w % inner.opts.cpus.len()]),
             name: format!("{name}-{w}"),
+            scratch: Scratch::with_capacity(SCRATCH_KEYS),
         };
         let ready = ready_tx.clone();
         let h = std::thread::Builder::new()
@@ -1122,6 +1126,26 @@ struct WorkerCtx {
     done_fd: Arc<EventFd>,
     cpu: Option<usize>,
     name: String,
+    /// Scratch for batched lookups, sized at start-up (grown only by a task
+    /// larger than any before), so a worker allocates nothing per task.
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    left: Vec<usize>,
+    keys: Vec<Key>,
+    hits: Vec<bool>,
+}
+
+impl Scratch {
+    fn with_capacity(n: usize) -> Scratch {
+        Scratch {
+            left: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
+            hits: Vec::with_capacity(n),
+        }
+    }
 }
 
 fn pin_to(cpu: usize) {
@@ -1231,7 +1255,7 @@ impl WorkerCtx {
         }
     }
 
-    fn run_part(&self, task: &Task, start: usize, len: usize) {
+    fn run_part(&mut self, task: &Task, start: usize, len: usize) {
         let inner = &self.inner;
         let devs = inner.devices.load();
         let keys = &task.keys[start..start + len];
@@ -1249,13 +1273,24 @@ impl WorkerCtx {
             Op::Lookup => {
                 // One batched call per readable device over the keys still
                 // missing (upstream's grouping, reference §3.6 step 3).
-                let mut left: Vec<usize> = (0..len).collect();
+                let Scratch {
+                    left,
+                    keys: batch,
+                    hits,
+                } = &mut self.scratch;
+                left.clear();
+                left.extend(0..len);
                 for d in devs.iter().filter(|d| d.state().is_readable()) {
                     if left.is_empty() {
                         break;
                     }
-                    let batch: Vec<Key> = left.iter().map(|&i| keys[i]).collect();
-                    let hits = d.core.exists_many(&batch, true);
+                    batch.clear();
+                    batch.extend(left.iter().map(|&i| keys[i]));
+                    hits.clear();
+                    hits.resize(batch.len(), false);
+                    if d.core.exists_many_into(batch, true, hits).is_err() {
+                        continue;
+                    }
                     let mut j = 0;
                     left.retain(|&i| {
                         let hit = hits[j];
