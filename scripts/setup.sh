@@ -4,11 +4,12 @@
 #   - a C toolchain: the `blake3` dev-dependency (a benchmark baseline)
 #     compiles C / assembly through the `cc` crate;
 #   - rustfmt and clippy components for the lint steps.
+# No -sys crate is used (NUMA topology comes from sysfs, not hwloc), so no
+# C library or pkg-config is needed.
 set -euo pipefail
 
 need=()
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
-command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
@@ -21,8 +22,15 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo not found; install a Rust toolchain (rustup) first" >&2
   exit 1
 fi
-if command -v rustup >/dev/null 2>&1; then
-  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
-  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
-fi
+for tool in rustfmt clippy; do
+  sub=fmt; [ "$tool" = clippy ] && sub=clippy
+  if ! cargo "$sub" --version >/dev/null 2>&1; then
+    if command -v rustup >/dev/null 2>&1; then
+      rustup component add "$tool" || { echo "setup: cannot install the $tool component" >&2; exit 1; }
+    else
+      echo "setup: cargo $tool is missing and rustup is not available" >&2
+      exit 1
+    fi
+  fi
+done
 echo "setup: ok"
