@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use daxkv::arena::ArenaSpec;
 use daxkv::buf::Buf;
-use daxkv::engine::{DeviceSpec, Engine, EngineOptions};
+use daxkv::engine::{DeviceSpec, Engine, EngineOptions, Signal};
 use daxkv::{CoreConfig, Key};
 
 const T: Duration = Duration::from_secs(10);
@@ -23,6 +23,8 @@ fn engine(slot: usize, slots: usize, load_workers: usize, spin: Duration) -> Eng
     let opts = EngineOptions {
         num_load_workers: load_workers,
         spin,
+        // The benches wait with the `wait_*` helpers.
+        signal: Signal::WhenWaiting,
         ..EngineOptions::default()
     };
     let e = Engine::open(vec![dev], slot, false, opts).unwrap();

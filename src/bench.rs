@@ -341,6 +341,9 @@ pub fn run(
             num_lookup_workers: cfg.lookup_workers,
             num_load_workers: cfg.load_workers,
             spin: cfg.spin,
+            // The bench waits with the `wait_*` helpers, so the workers
+            // need to signal only while it is parked.
+            signal: crate::engine::Signal::WhenWaiting,
             ..EngineOptions::default()
         };
         let engine = Engine::open(specs, size, false, opts)

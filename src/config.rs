@@ -14,7 +14,8 @@
 //! `persist_enabled`, `serde`, the fork's `watch_directory` and
 //! `watch_interval_seconds`) are accepted and ignored here. daxkv's own
 //! keys: `numa` (`"auto"`, `"off"` or a node number), `cpus` (a list),
-//! `spin_us`, `prefault`, `task_slots`, `sysfs_root`. A `device_path` of
+//! `spin_us`, `prefault`, `task_slots`, `sysfs_root`, `signal` (`"always"`,
+//! the default, or `"when_waiting"`: see `engine::Signal`). A `device_path` of
 //! `"memfd"` maps an anonymous memfd (embedded use and tests).
 //!
 //! Every invalid value is an error that names the field and the rule; an
@@ -59,6 +60,7 @@ const OURS: &[&str] = &[
     "prefault",
     "task_slots",
     "sysfs_root",
+    "signal",
 ];
 
 /// A config error: the field and what is wrong with it.
@@ -97,6 +99,7 @@ pub struct EngineConfig {
     pub prefault: bool,
     pub task_slots: usize,
     pub sysfs_root: PathBuf,
+    pub signal: crate::engine::Signal,
 }
 
 fn positive_int(
@@ -276,7 +279,19 @@ impl EngineConfig {
             Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
             Some(v) => return Err(err("sysfs_root", format!("must be a path (got {v})"))),
         };
+        let signal = match obj.get("signal") {
+            None => crate::engine::Signal::Always,
+            Some(Value::String(s)) if s == "always" => crate::engine::Signal::Always,
+            Some(Value::String(s)) if s == "when_waiting" => crate::engine::Signal::WhenWaiting,
+            Some(v) => {
+                return Err(err(
+                    "signal",
+                    format!("must be \"always\" or \"when_waiting\" (got {v})"),
+                ))
+            }
+        };
         Ok(EngineConfig {
+            signal,
             slot_bytes,
             devices,
             hotplug_enabled,
@@ -326,6 +341,7 @@ impl EngineConfig {
                 .placement
                 .resolve(&topo, &self.sysfs_root, first.as_deref()),
             panic_on_key: None,
+            signal: self.signal,
         }
     }
 }
@@ -394,6 +410,7 @@ mod tests {
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"hotplug_enabled":1}"#, "config: hotplug_enabled: must be true or false (got 1)"),
             (r#"{"type":"redis","slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1}"#, "config: type: must be \"dax\" (got \"redis\")"),
             ("[1]", "config: (document): must be a JSON object"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"signal":"never"}"#, "config: signal: must be \"always\" or \"when_waiting\" (got \"never\")"),
         ];
         for (json, want) in cases {
             assert_eq!(parse(json).unwrap_err().to_string(), want, "{json}");

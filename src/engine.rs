@@ -186,6 +186,21 @@ pub struct EngineOptions {
     pub cpus: Vec<usize>,
     /// Fault injection for tests: a task part that meets this key panics.
     pub panic_on_key: Option<Key>,
+    /// When workers write the completion eventfds.
+    pub signal: Signal,
+}
+
+/// When a worker writes its class's completion eventfd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Signal {
+    /// After every completion: the fds are polled by someone who does not
+    /// use the `wait_*` helpers (LMCache's controllers). The default.
+    #[default]
+    Always,
+    /// Only while a `wait_*` caller is parked (it sets the completion
+    /// rings' NEED_WAKEUP flag before sleeping): a busy caller that finds
+    /// its results while spinning costs the workers no syscall per task.
+    WhenWaiting,
 }
 
 impl Default for EngineOptions {
@@ -201,6 +216,7 @@ impl Default for EngineOptions {
             task_slots: 4096,
             cpus: Vec::new(),
             panic_on_key: None,
+            signal: Signal::Always,
         }
     }
 }
@@ -363,6 +379,8 @@ struct Pool {
     sqs: Vec<Mutex<Producer<Sqe>>>,
     wakes: Vec<Arc<EventFd>>,
     cqs: Mutex<Vec<Consumer<Cqe>>>,
+    /// `wait_*` callers parked on `fd` (guarded by `cqs`'s mutex).
+    waiters: AtomicUsize,
     fd: Arc<EventFd>,
     rr: AtomicUsize,
     handles: Mutex<Vec<JoinHandle<()>>>,
@@ -828,14 +846,23 @@ impl Engine {
             spin_pause(&mut spins);
         }
         let pools = self.pools.load_full()?;
-        let fd = pools[idx(op)].fd.clone();
+        let pool = &pools[idx(op)];
+        let on_demand = self.inner.opts.signal == Signal::WhenWaiting;
         loop {
             if let Some(r) = poll() {
                 return Some(r);
             }
             let left = timeout.checked_sub(start.elapsed())?;
-            let _ = fd.wait(left.min(Duration::from_millis(50)));
-            let _ = fd.drain();
+            // Ask the workers for a signal, then re-check the rings before
+            // sleeping (the ring's NEED_WAKEUP handshake: no lost wakeup).
+            let sleep = !on_demand || arm(pool);
+            if sleep {
+                let _ = pool.fd.wait(left.min(Duration::from_millis(50)));
+            }
+            if on_demand {
+                disarm(pool);
+            }
+            let _ = pool.fd.drain();
         }
     }
 
@@ -1062,10 +1089,12 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
         let (cq_p, mut cq_c) = Ring::<Cqe>::heap(cap)
             .expect("power-of-two capacity")
             .split();
-        // The caller side starts out asking for completion signals (the
-        // LMCache contract polls the eventfd); the wait helper's spin
-        // phase is the only time it does not need them.
-        let _ = cq_c.prepare_wait();
+        // With `Signal::Always` the caller side asks for completion signals
+        // for good (the LMCache contract polls the eventfd); with
+        // `WhenWaiting` only a parked `wait_*` caller asks.
+        if inner.opts.signal == Signal::Always {
+            let _ = cq_c.prepare_wait();
+        }
         let wake = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
         let ctx = WorkerCtx {
             inner: inner.clone(),
@@ -1101,10 +1130,35 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
         sqs,
         wakes,
         cqs: Mutex::new(cqs),
+        waiters: AtomicUsize::new(0),
         fd,
         rr: AtomicUsize::new(0),
         handles: Mutex::new(handles),
     })
+}
+
+/// A `wait_*` caller is about to park: set NEED_WAKEUP on the class's
+/// completion rings. False if a completion is already there (do not sleep).
+fn arm(p: &Pool) -> bool {
+    let mut cqs = p.cqs.lock().unwrap_or_else(PoisonError::into_inner);
+    // ORDERING: Relaxed — guarded by the `cqs` mutex.
+    p.waiters.fetch_add(1, Ordering::Relaxed);
+    let mut empty = true;
+    for cq in cqs.iter_mut() {
+        empty &= cq.prepare_wait().unwrap_or(false);
+    }
+    empty
+}
+
+/// The parked caller is back: the last one clears NEED_WAKEUP.
+fn disarm(p: &Pool) {
+    let mut cqs = p.cqs.lock().unwrap_or_else(PoisonError::into_inner);
+    // ORDERING: Relaxed — guarded by the `cqs` mutex.
+    if p.waiters.fetch_sub(1, Ordering::Relaxed) == 1 {
+        for cq in cqs.iter_mut() {
+            cq.end_wait();
+        }
+    }
 }
 
 fn stop_pool(p: &Pool) {
@@ -1193,7 +1247,9 @@ fn worker_loop(mut w: WorkerCtx) {
         let mut got = false;
         let mut spins = 0u32;
         while start.elapsed() < w.inner.opts.spin {
-            if w.sq.available().unwrap_or(0) > 0 {
+            // ORDERING: Relaxed — only ends the spin early; the Acquire
+            // check at the top of the loop is the one that stops.
+            if w.sq.available().unwrap_or(0) > 0 || w.inner.stop.load(Ordering::Relaxed) {
                 got = true;
                 break;
             }
