@@ -349,6 +349,8 @@ pub fn run(
         let engine = Engine::open(specs, size, false, opts)
             .map_err(|e| BenchError::Failed(e.to_string()))?;
         let devs = engine.devices();
+        // One submitting thread: it gets rings of its own (no submit lock).
+        let mut sub = engine.submitter().map_err(|e| BenchError::Failed(e.to_string()))?;
         if cfg.prefault {
             for d in devs.iter() {
                 if let Some(g) = d.core.raw_guard() {
@@ -431,7 +433,7 @@ pub fn run(
                         .clone()
                         .map(|i| Buf::Owned(sources[i % ring].clone()))
                         .collect();
-                    let id = engine
+                    let id = sub
                         .submit_store(keys[r].to_vec(), bufs)
                         .map_err(|e| BenchError::Failed(e.to_string()))?;
                     pending.insert(id, Instant::now());
@@ -472,7 +474,7 @@ pub fn run(
             tasks,
             depth,
             |t| {
-                engine
+                sub
                     .submit_lookup_and_lock(keys[range(t)].to_vec())
                     .map_err(|e| BenchError::Failed(e.to_string()))
             },
@@ -498,7 +500,7 @@ pub fn run(
                     let bufs: Vec<Vec<u8>> = range(t)
                         .map(|i| dests_cell.borrow_mut()[i].take().expect("buffer home"))
                         .collect();
-                    engine
+                    sub
                         .submit_load(keys[range(t)].to_vec(), bufs)
                         .map_err(|e| BenchError::Failed(e.to_string()))
                 },
@@ -538,6 +540,7 @@ pub fn run(
         }
         let delete = ph.finish(size, "delete", n, None, None);
         drop(devs);
+        drop(sub);
         engine.close();
 
         for r in [&store, &lookup, &load, &unlock, &delete] {

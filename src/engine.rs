@@ -374,9 +374,18 @@ struct TaskSlot {
     done: AtomicBool,
 }
 
+/// Submission rings a worker has not adopted yet (from new `Submitter`s).
+#[derive(Default)]
+struct Inbox {
+    pending: Mutex<Vec<Consumer<Sqe>>>,
+    has_new: AtomicBool,
+}
+
 struct Pool {
     name: &'static str,
     sqs: Vec<Mutex<Producer<Sqe>>>,
+    inboxes: Vec<Arc<Inbox>>,
+    ring_capacity: u32,
     wakes: Vec<Arc<EventFd>>,
     cqs: Mutex<Vec<Consumer<Cqe>>>,
     /// `wait_*` callers parked on `fd` (guarded by `cqs`'s mutex).
@@ -685,6 +694,25 @@ impl Engine {
         srcs: Vec<Buf>,
         dsts: Option<Dsts>,
     ) -> Result<TaskId, EngineError> {
+        // The shared submit path: one mutex per worker SQ, held for the push
+        // and the publish only. A thread with a `Submitter` pushes to rings
+        // of its own instead, without a lock.
+        self.enqueue_with(op, keys, srcs, dsts, |pool, w, e| {
+            let mut sq = pool.sqs[w].lock().unwrap_or_else(PoisonError::into_inner);
+            push_sqe(&mut sq, &pool.wakes[w], e);
+        })
+    }
+
+    /// Record the task in the table, then hand its parts to `push`
+    /// (worker index, entry).
+    fn enqueue_with(
+        &self,
+        op: Op,
+        keys: Vec<Key>,
+        srcs: Vec<Buf>,
+        dsts: Option<Dsts>,
+        mut push: impl FnMut(&Pool, usize, Sqe),
+    ) -> Result<TaskId, EngineError> {
         let inner = &self.inner;
         let pools = self.pools.load_full().ok_or(EngineError::Closing)?;
         let pool = &pools[idx(op)];
@@ -692,22 +720,20 @@ impl Engine {
         let id = inner.next_task.fetch_add(1, Ordering::Relaxed);
         let n = keys.len();
         let workers = pool.sqs.len();
-        let parts: Vec<(u32, u32)> = if op == Op::Load && workers > 1 && n >= 2 * SPLIT_MIN_KEYS {
-            let per = n.div_ceil(workers).max(SPLIT_MIN_KEYS);
-            (0..n)
-                .step_by(per)
-                .map(|s| (s as u32, per.min(n - s) as u32))
-                .collect()
+        // Parts: a load of many keys is spread over the load workers.
+        let per = if op == Op::Load && workers > 1 && n >= 2 * SPLIT_MIN_KEYS {
+            n.div_ceil(workers).max(SPLIT_MIN_KEYS)
         } else {
-            vec![(0, n as u32)]
+            n.max(1)
         };
+        let nparts = n.div_ceil(per).max(1);
         let task = Arc::new(Task {
             id,
             op,
             results: (0..n.div_ceil(64).max(1))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            parts_left: AtomicU32::new(parts.len() as u32),
+            parts_left: AtomicU32::new(nparts as u32),
             panicked: AtomicBool::new(false),
             keys,
             srcs,
@@ -724,35 +750,47 @@ impl Engine {
         // is published; workers and queries check the id with Acquire.
         slot.done.store(false, Ordering::Relaxed);
         slot.id.store(id, Ordering::Release);
-        for (start, len) in parts {
-            let w = pool.rr.fetch_add(1, Ordering::Relaxed) % workers;
-            let mut sq = pool.sqs[w].lock().unwrap_or_else(PoisonError::into_inner);
-            let mut e = Sqe {
+        for p in 0..nparts {
+            let start = p * per;
+            let e = Sqe {
                 task: id,
-                start,
-                len,
+                start: start as u32,
+                len: per.min(n - start.min(n)) as u32,
             };
-            // The SQ holds `task_slots` entries, more than can be in
-            // flight, so it is never full for long; spin (bounded by the
-            // worker draining it).
-            loop {
-                match sq.push(e) {
-                    Ok(()) => break,
-                    Err(PushError::Full(back)) => {
-                        e = back;
-                        if sq.sync() {
-                            let _ = pool.wakes[w].notify();
-                        }
-                        std::thread::yield_now();
-                    }
-                    Err(PushError::Corrupt(c)) => unreachable!("in-process ring corrupt: {c}"),
-                }
-            }
-            if sq.sync() {
-                let _ = pool.wakes[w].notify();
-            }
+            // ORDERING: Relaxed — round-robin spreading only.
+            let w = pool.rr.fetch_add(1, Ordering::Relaxed) % workers;
+            push(pool, w, e);
         }
         Ok(TaskId(id))
+    }
+
+    /// A submission handle for one thread: its own SPSC ring to every
+    /// worker, so its submits take no lock. Results are collected through
+    /// the engine as usual (`pop_completed_stores`, `query_*`, `wait_*`).
+    /// Creating one is a cold-path operation (it allocates the rings).
+    pub fn submitter(&self) -> Result<Submitter<'_>, EngineError> {
+        let pools = self.pools.load_full().ok_or(EngineError::Closing)?;
+        let mut sqs: [Vec<Producer<Sqe>>; 3] = Default::default();
+        for (c, pool) in pools.iter().enumerate() {
+            for (w, inbox) in pool.inboxes.iter().enumerate() {
+                let (p, cons) = Ring::<Sqe>::heap(pool.ring_capacity)
+                    .expect("power-of-two capacity")
+                    .split();
+                inbox
+                    .pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(cons);
+                // ORDERING: Release — the worker's Acquire sees the ring.
+                inbox.has_new.store(true, Ordering::Release);
+                // Wake the worker so it adopts (and, when it next parks,
+                // arms) the new ring.
+                let _ = pool.wakes[w].notify();
+                sqs[c].push(p);
+            }
+        }
+        // The pools are not kept: after `close` their eventfds must close.
+        Ok(Submitter { engine: self, sqs })
     }
 
     // ----- results -----
@@ -1077,6 +1115,7 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
         .next_power_of_two()
         .clamp(64, crate::ring::CAPACITY_MAX);
     let mut sqs = Vec::new();
+    let mut inboxes = Vec::new();
     let mut wakes = Vec::new();
     let mut cqs = Vec::new();
     let mut handles = Vec::new();
@@ -1096,9 +1135,12 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
             let _ = cq_c.prepare_wait();
         }
         let wake = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
+        let inbox = Arc::new(Inbox::default());
         let ctx = WorkerCtx {
             inner: inner.clone(),
-            sq: sq_c,
+            sqs: vec![sq_c],
+            cursor: 0,
+            inbox: inbox.clone(),
             cq: cq_p,
             wake: wake.clone(),
             done_fd: fd.clone(),
@@ -1118,6 +1160,7 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
             })
             .map_err(EngineError::Spawn)?;
         sqs.push(Mutex::new(sq_p));
+        inboxes.push(inbox);
         wakes.push(wake);
         cqs.push(cq_c);
         handles.push(h);
@@ -1128,6 +1171,8 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
     Ok(Pool {
         name,
         sqs,
+        inboxes,
+        ring_capacity: cap,
         wakes,
         cqs: Mutex::new(cqs),
         waiters: AtomicUsize::new(0),
@@ -1135,6 +1180,103 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
         rr: AtomicUsize::new(0),
         handles: Mutex::new(handles),
     })
+}
+
+/// Push one entry and publish it, waking the worker if it asked. The SQ
+/// holds `task_slots` entries, more than can be in flight, so it is never
+/// full for long: a full ring is retried (bounded by the worker draining it).
+fn push_sqe(sq: &mut Producer<Sqe>, wake: &EventFd, mut e: Sqe) {
+    loop {
+        match sq.push(e) {
+            Ok(()) => break,
+            Err(PushError::Full(back)) => {
+                e = back;
+                if sq.sync() {
+                    let _ = wake.notify();
+                }
+                std::thread::yield_now();
+            }
+            Err(PushError::Corrupt(c)) => unreachable!("in-process ring corrupt: {c}"),
+        }
+    }
+    if sq.sync() {
+        let _ = wake.notify();
+    }
+}
+
+/// Lock-free submission for one thread (see [`Engine::submitter`]).
+/// `Send`, not `Sync`.
+pub struct Submitter<'e> {
+    engine: &'e Engine,
+    /// Per class, one ring to each worker.
+    sqs: [Vec<Producer<Sqe>>; 3],
+}
+
+impl Submitter<'_> {
+    fn submit(
+        &mut self,
+        op: Op,
+        keys: Vec<Key>,
+        srcs: Vec<Buf>,
+        dsts: Option<Dsts>,
+    ) -> Result<TaskId, EngineError> {
+        let inner = &self.engine.inner;
+        // Counted before the closing check, as in `Engine::submit`.
+        // ORDERING: SeqCst — pairs with `close`.
+        inner.inflight[idx(op)].fetch_add(1, Ordering::SeqCst);
+        if inner.closing.load(Ordering::SeqCst) {
+            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Closing);
+        }
+        let sqs = &mut self.sqs[idx(op)];
+        let r = self
+            .engine
+            .enqueue_with(op, keys, srcs, dsts, |pool, w, e| {
+                push_sqe(&mut sqs[w], &pool.wakes[w], e);
+            });
+        if r.is_err() {
+            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// [`Engine::submit_store`], without a lock.
+    pub fn submit_store(&mut self, keys: Vec<Key>, bufs: Vec<Buf>) -> Result<TaskId, EngineError> {
+        if keys.len() != bufs.len() {
+            return Err(EngineError::LengthMismatch {
+                what: "submit_store",
+                keys: keys.len(),
+                bufs: bufs.len(),
+            });
+        }
+        self.submit(Op::Store, keys, bufs, None)
+    }
+
+    /// [`Engine::submit_lookup_and_lock`], without a lock.
+    pub fn submit_lookup_and_lock(&mut self, keys: Vec<Key>) -> Result<TaskId, EngineError> {
+        self.submit(Op::Lookup, keys, Vec::new(), None)
+    }
+
+    /// [`Engine::submit_load`], without a lock.
+    pub fn submit_load(
+        &mut self,
+        keys: Vec<Key>,
+        bufs: Vec<Vec<u8>>,
+    ) -> Result<TaskId, EngineError> {
+        if keys.len() != bufs.len() {
+            return Err(EngineError::LengthMismatch {
+                what: "submit_load",
+                keys: keys.len(),
+                bufs: bufs.len(),
+            });
+        }
+        self.submit(
+            Op::Load,
+            keys,
+            Vec::new(),
+            Some(Dsts::Lent(Lent::new(bufs))),
+        )
+    }
 }
 
 /// A `wait_*` caller is about to park: set NEED_WAKEUP on the class's
@@ -1174,7 +1316,12 @@ fn stop_pool(p: &Pool) {
 
 struct WorkerCtx {
     inner: Arc<Inner>,
-    sq: Consumer<Sqe>,
+    /// The shared SQ first, then one per `Submitter`.
+    sqs: Vec<Consumer<Sqe>>,
+    /// Where the next pop starts (round-robin over `sqs`, so no submitter
+    /// starves another).
+    cursor: usize,
+    inbox: Arc<Inbox>,
     cq: Producer<Cqe>,
     wake: Arc<EventFd>,
     done_fd: Arc<EventFd>,
@@ -1226,18 +1373,17 @@ fn spin_pause(spins: &mut u32) {
 
 fn worker_loop(mut w: WorkerCtx) {
     loop {
-        match w.sq.pop() {
-            Ok(Some(sqe)) => {
-                w.run(sqe);
-                continue;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                eprintln!("daxkv: {}: {e}", w.name);
-                return;
-            }
+        // ORDERING: Acquire — pairs with the Release in `Engine::submitter`.
+        if w.inbox.has_new.load(Ordering::Acquire) {
+            w.adopt();
         }
-        w.sq.sync();
+        if let Some(sqe) = w.pop_any() {
+            w.run(sqe);
+            continue;
+        }
+        for sq in &mut w.sqs {
+            sq.sync();
+        }
         // ORDERING: Acquire — see the stop request with what preceded it.
         if w.inner.stop.load(Ordering::Acquire) {
             return;
@@ -1247,9 +1393,12 @@ fn worker_loop(mut w: WorkerCtx) {
         let mut got = false;
         let mut spins = 0u32;
         while start.elapsed() < w.inner.opts.spin {
-            // ORDERING: Relaxed — only ends the spin early; the Acquire
-            // check at the top of the loop is the one that stops.
-            if w.sq.available().unwrap_or(0) > 0 || w.inner.stop.load(Ordering::Relaxed) {
+            // ORDERING: Relaxed — only ends the spin early; the checks at
+            // the top of the loop are the ones that act.
+            if w.sqs.iter_mut().any(|sq| sq.available().unwrap_or(0) > 0)
+                || w.inner.stop.load(Ordering::Relaxed)
+                || w.inbox.has_new.load(Ordering::Relaxed)
+            {
                 got = true;
                 break;
             }
@@ -1258,15 +1407,61 @@ fn worker_loop(mut w: WorkerCtx) {
         if got {
             continue;
         }
-        if let Ok(true) = w.sq.prepare_wait() {
+        // Arm every ring; sleep only if all are still empty.
+        let mut empty = true;
+        for sq in &mut w.sqs {
+            empty &= sq.prepare_wait().unwrap_or(false);
+        }
+        if empty {
             let _ = w.wake.wait(Duration::from_millis(100));
             let _ = w.wake.drain();
-            w.sq.end_wait();
+        }
+        for sq in &mut w.sqs {
+            sq.end_wait();
         }
     }
 }
 
 impl WorkerCtx {
+    /// Take the rings of new submitters; drop rings whose submitter is
+    /// gone and which are drained.
+    fn adopt(&mut self) {
+        let mut pending = self
+            .inbox
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // ORDERING: Relaxed — under the inbox mutex.
+        self.inbox.has_new.store(false, Ordering::Relaxed);
+        self.sqs.append(&mut pending);
+        drop(pending);
+        let mut i = 1; // the shared SQ (index 0) stays
+        while i < self.sqs.len() {
+            if self.sqs[i].is_orphaned() && self.sqs[i].available().unwrap_or(0) == 0 {
+                self.sqs.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// The next entry from any SQ, round-robin.
+    fn pop_any(&mut self) -> Option<Sqe> {
+        let n = self.sqs.len();
+        for k in 0..n {
+            let i = (self.cursor + k) % n;
+            match self.sqs[i].pop() {
+                Ok(Some(e)) => {
+                    self.cursor = i + 1;
+                    return Some(e);
+                }
+                Ok(None) => {}
+                Err(e) => eprintln!("daxkv: {}: submission ring {i}: {e}", self.name),
+            }
+        }
+        None
+    }
+
     fn run(&mut self, sqe: Sqe) {
         let inner = self.inner.clone();
         let tasks = &inner.tasks;

@@ -572,6 +572,12 @@ impl<E: Pod> Consumer<E> {
         Ok(true)
     }
 
+    /// True when no producer half of this (heap) ring exists any more:
+    /// whatever it published is all there will ever be.
+    pub fn is_orphaned(&self) -> bool {
+        Arc::strong_count(&self.ring) == 1
+    }
+
     /// Woken (or done waiting): stop asking for wakeups.
     pub fn end_wait(&mut self) {
         // ORDERING: Relaxed — a producer that still sees the flag only
