@@ -350,7 +350,9 @@ pub fn run(
             .map_err(|e| BenchError::Failed(e.to_string()))?;
         let devs = engine.devices();
         // One submitting thread: it gets rings of its own (no submit lock).
-        let mut sub = engine.submitter().map_err(|e| BenchError::Failed(e.to_string()))?;
+        let mut sub = engine
+            .submitter()
+            .map_err(|e| BenchError::Failed(e.to_string()))?;
         if cfg.prefault {
             for d in devs.iter() {
                 if let Some(g) = d.core.raw_guard() {
@@ -474,8 +476,7 @@ pub fn run(
             tasks,
             depth,
             |t| {
-                sub
-                    .submit_lookup_and_lock(keys[range(t)].to_vec())
+                sub.submit_lookup_and_lock(keys[range(t)].to_vec())
                     .map_err(|e| BenchError::Failed(e.to_string()))
             },
             |id| engine.wait_lookup(id, WAIT),
@@ -500,8 +501,7 @@ pub fn run(
                     let bufs: Vec<Vec<u8>> = range(t)
                         .map(|i| dests_cell.borrow_mut()[i].take().expect("buffer home"))
                         .collect();
-                    sub
-                        .submit_load(keys[range(t)].to_vec(), bufs)
+                    sub.submit_load(keys[range(t)].to_vec(), bufs)
                         .map_err(|e| BenchError::Failed(e.to_string()))
                 },
                 |id| engine.wait_load(id, WAIT),
