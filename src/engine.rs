@@ -28,11 +28,13 @@
 //!
 //! ## Workers
 //!
-//! Each worker owns one SQ (consumer) and one CQ (producer). Submitters pick
-//! a worker round-robin and push under a per-worker mutex (held for the push
-//! and the publish, never during a copy). An idle worker spins for
-//! `spin_us`, then sets its SQ's NEED_WAKEUP flag and sleeps on its own
-//! eventfd, which a submitter writes only when that flag is set.
+//! Each worker consumes a shared SQ plus one SQ per [`Submitter`] (polled
+//! round-robin) and produces one CQ. Tasks go to workers round-robin. A
+//! `Submitter` owns the producer side of its rings, so its submits take no
+//! lock; the shared `&self` submit methods push to the shared SQ under a
+//! per-worker mutex held for the push and the publish only. An idle worker
+//! spins for `spin_us`, then sets NEED_WAKEUP on all its SQs and sleeps on
+//! its own eventfd, which a submitter writes only when that flag is set.
 //!
 //! A panic inside a task part fails that task (all keys false), is logged
 //! and counted in `status().worker_panics`, and the worker keeps serving.
