@@ -616,32 +616,20 @@ impl Engine {
     /// Store `bufs[i]` under `keys[i]`. Task success = every key stored (or
     /// already present).
     pub fn submit_store(&self, keys: Vec<Key>, bufs: Vec<Buf>) -> Result<TaskId, EngineError> {
-        if keys.len() != bufs.len() {
-            return Err(EngineError::LengthMismatch {
-                what: "submit_store",
-                keys: keys.len(),
-                bufs: bufs.len(),
-            });
-        }
-        self.submit(Op::Store, keys, bufs, None)
+        same_len("submit_store", keys.len(), bufs.len())?;
+        self.enqueue(Op::Store, keys, bufs, None)
     }
 
     /// Look up and lock: each hit takes one lock (release with
     /// `submit_unlock`).
     pub fn submit_lookup_and_lock(&self, keys: Vec<Key>) -> Result<TaskId, EngineError> {
-        self.submit(Op::Lookup, keys, Vec::new(), None)
+        self.enqueue(Op::Lookup, keys, Vec::new(), None)
     }
 
     /// Load into owned buffers, handed back by `query_load`.
     pub fn submit_load(&self, keys: Vec<Key>, bufs: Vec<Vec<u8>>) -> Result<TaskId, EngineError> {
-        if keys.len() != bufs.len() {
-            return Err(EngineError::LengthMismatch {
-                what: "submit_load",
-                keys: keys.len(),
-                bufs: bufs.len(),
-            });
-        }
-        self.submit(
+        same_len("submit_load", keys.len(), bufs.len())?;
+        self.enqueue(
             Op::Load,
             keys,
             Vec::new(),
@@ -655,38 +643,8 @@ impl Engine {
         keys: Vec<Key>,
         bufs: Vec<RawBuf>,
     ) -> Result<TaskId, EngineError> {
-        if keys.len() != bufs.len() {
-            return Err(EngineError::LengthMismatch {
-                what: "submit_load",
-                keys: keys.len(),
-                bufs: bufs.len(),
-            });
-        }
-        self.submit(Op::Load, keys, Vec::new(), Some(Dsts::Raw(bufs)))
-    }
-
-    fn submit(
-        &self,
-        op: Op,
-        keys: Vec<Key>,
-        srcs: Vec<Buf>,
-        dsts: Option<Dsts>,
-    ) -> Result<TaskId, EngineError> {
-        let inner = &self.inner;
-        // Count the task before checking `closing` (the arena-gate habit):
-        // close sets `closing`, then waits for the count, so a task that
-        // got past the check always runs on live workers.
-        // ORDERING: SeqCst — pairs with the SeqCst store + load in `close`.
-        inner.inflight[idx(op)].fetch_add(1, Ordering::SeqCst);
-        if inner.closing.load(Ordering::SeqCst) {
-            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
-            return Err(EngineError::Closing);
-        }
-        let r = self.enqueue(op, keys, srcs, dsts);
-        if r.is_err() {
-            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
-        }
-        r
+        same_len("submit_load", keys.len(), bufs.len())?;
+        self.enqueue(Op::Load, keys, Vec::new(), Some(Dsts::Raw(bufs)))
     }
 
     fn enqueue(
@@ -708,6 +666,31 @@ impl Engine {
     /// Record the task in the table, then hand its parts to `push`
     /// (worker index, entry).
     fn enqueue_with(
+        &self,
+        op: Op,
+        keys: Vec<Key>,
+        srcs: Vec<Buf>,
+        dsts: Option<Dsts>,
+        push: impl FnMut(&Pool, usize, Sqe),
+    ) -> Result<TaskId, EngineError> {
+        let inner = &self.inner;
+        // Count the task before checking `closing` (the arena-gate habit):
+        // close sets `closing`, then waits for the count, so a task that
+        // got past the check always runs on live workers.
+        // ORDERING: SeqCst — pairs with the SeqCst store + load in `close`.
+        inner.inflight[idx(op)].fetch_add(1, Ordering::SeqCst);
+        let r = if inner.closing.load(Ordering::SeqCst) {
+            Err(EngineError::Closing)
+        } else {
+            self.record_and_push(op, keys, srcs, dsts, push)
+        };
+        if r.is_err() {
+            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn record_and_push(
         &self,
         op: Op,
         keys: Vec<Key>,
@@ -1184,6 +1167,14 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
     })
 }
 
+fn same_len(what: &'static str, keys: usize, bufs: usize) -> Result<(), EngineError> {
+    if keys == bufs {
+        Ok(())
+    } else {
+        Err(EngineError::LengthMismatch { what, keys, bufs })
+    }
+}
+
 /// Push one entry and publish it, waking the worker if it asked. The SQ
 /// holds `task_slots` entries, more than can be in flight, so it is never
 /// full for long: a full ring is retried (bounded by the worker draining it).
@@ -1222,35 +1213,16 @@ impl Submitter<'_> {
         srcs: Vec<Buf>,
         dsts: Option<Dsts>,
     ) -> Result<TaskId, EngineError> {
-        let inner = &self.engine.inner;
-        // Counted before the closing check, as in `Engine::submit`.
-        // ORDERING: SeqCst — pairs with `close`.
-        inner.inflight[idx(op)].fetch_add(1, Ordering::SeqCst);
-        if inner.closing.load(Ordering::SeqCst) {
-            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
-            return Err(EngineError::Closing);
-        }
         let sqs = &mut self.sqs[idx(op)];
-        let r = self
-            .engine
+        self.engine
             .enqueue_with(op, keys, srcs, dsts, |pool, w, e| {
                 push_sqe(&mut sqs[w], &pool.wakes[w], e);
-            });
-        if r.is_err() {
-            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
-        }
-        r
+            })
     }
 
     /// [`Engine::submit_store`], without a lock.
     pub fn submit_store(&mut self, keys: Vec<Key>, bufs: Vec<Buf>) -> Result<TaskId, EngineError> {
-        if keys.len() != bufs.len() {
-            return Err(EngineError::LengthMismatch {
-                what: "submit_store",
-                keys: keys.len(),
-                bufs: bufs.len(),
-            });
-        }
+        same_len("submit_store", keys.len(), bufs.len())?;
         self.submit(Op::Store, keys, bufs, None)
     }
 
@@ -1265,13 +1237,7 @@ impl Submitter<'_> {
         keys: Vec<Key>,
         bufs: Vec<Vec<u8>>,
     ) -> Result<TaskId, EngineError> {
-        if keys.len() != bufs.len() {
-            return Err(EngineError::LengthMismatch {
-                what: "submit_load",
-                keys: keys.len(),
-                bufs: bufs.len(),
-            });
-        }
+        same_len("submit_load", keys.len(), bufs.len())?;
         self.submit(
             Op::Load,
             keys,
