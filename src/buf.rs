@@ -77,67 +77,84 @@ impl RawBuf {
     }
 }
 
-/// Owned load destinations lent to a task: the vectors stay here, untouched,
-/// while workers write through descriptors borrowed from this value; they
-/// go back to the caller with the result.
+/// Load destinations as the caller hands them to a task.
 #[derive(Debug)]
+pub enum Dsts {
+    /// Caller memory (see the module's lifetime rule).
+    Raw(Vec<RawBuf>),
+    /// Owned vectors, lent to the task and handed back with its result.
+    Owned(Vec<Vec<u8>>),
+}
+
+impl Dsts {
+    pub fn len(&self) -> usize {
+        match self {
+            Dsts::Raw(r) => r.len(),
+            Dsts::Owned(o) => o.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A task's load destinations, kept in a reusable task record: one
+/// descriptor per destination (moved in for raw buffers, borrowed from the
+/// owned vectors otherwise), in a vector whose capacity is kept from task
+/// to task, so lending allocates nothing once the record is warm.
+///
+/// The owned vectors stay here, untouched, while workers write through the
+/// descriptors; `take_back` drops every descriptor before handing them out.
+#[derive(Debug, Default)]
 pub struct Lent {
     owned: Vec<Vec<u8>>,
-    raw: Vec<RawBuf>,
+    views: Vec<RawBuf>,
 }
 
 impl Lent {
-    pub fn new(mut owned: Vec<Vec<u8>>) -> Lent {
-        let raw = owned
-            .iter_mut()
-            // SAFETY: each vector's heap buffer is valid for `len` bytes and
-            // stays put (we never touch `owned` again until `into_owned`,
-            // which consumes `self` and so every borrowed descriptor).
-            .map(|v| unsafe { RawBuf::new(v.as_mut_ptr(), v.len()) })
-            .collect();
-        Lent { owned, raw }
+    /// Room for `n` descriptors without allocating.
+    pub fn with_capacity(n: usize) -> Lent {
+        Lent {
+            owned: Vec::new(),
+            views: Vec::with_capacity(n),
+        }
+    }
+
+    /// Take `d` as this task's destinations (whatever was lent before is
+    /// dropped).
+    pub fn lend(&mut self, d: Dsts) {
+        self.views.clear();
+        match d {
+            Dsts::Raw(raw) => {
+                self.owned = Vec::new();
+                self.views.extend(raw);
+            }
+            Dsts::Owned(mut owned) => {
+                self.views.extend(
+                    owned
+                        .iter_mut()
+                        // SAFETY: each vector's heap buffer is valid for
+                        // `len` bytes and stays put: `owned` is reachable
+                        // only through `take_back` / `lend` / drop, which
+                        // clear (or drop) every descriptor first or with it.
+                        .map(|v| unsafe { RawBuf::new(v.as_mut_ptr(), v.len()) }),
+                );
+                self.owned = owned;
+            }
+        }
     }
 
     /// The descriptors, borrowed from this value.
     pub fn bufs(&self) -> &[RawBuf] {
-        &self.raw
+        &self.views
     }
 
-    pub fn into_owned(self) -> Vec<Vec<u8>> {
-        drop(self.raw);
-        self.owned
-    }
-}
-
-/// Load destinations of one task.
-#[derive(Debug)]
-pub enum Dsts {
-    Raw(Vec<RawBuf>),
-    Lent(Lent),
-}
-
-impl Dsts {
-    pub fn bufs(&self) -> &[RawBuf] {
-        match self {
-            Dsts::Raw(r) => r,
-            Dsts::Lent(l) => l.bufs(),
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.bufs().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bufs().is_empty()
-    }
-
-    /// The owned vectors back (empty for raw destinations).
-    pub fn into_owned(self) -> Vec<Vec<u8>> {
-        match self {
-            Dsts::Raw(_) => Vec::new(),
-            Dsts::Lent(l) => l.into_owned(),
-        }
+    /// The owned vectors back (empty for raw destinations); the descriptors
+    /// are dropped, the capacity kept.
+    pub fn take_back(&mut self) -> Vec<Vec<u8>> {
+        self.views.clear();
+        std::mem::take(&mut self.owned)
     }
 }
 

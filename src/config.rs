@@ -14,7 +14,7 @@
 //! `persist_enabled`, `serde`, the fork's `watch_directory` and
 //! `watch_interval_seconds`) are accepted and ignored here. daxkv's own
 //! keys: `numa` (`"auto"`, `"off"` or a node number), `cpus` (a list),
-//! `spin_us`, `prefault`, `task_slots`, `sysfs_root`, `signal` (`"always"`,
+//! `spin_us`, `prefault`, `task_slots`, `task_keys`, `sysfs_root`, `signal` (`"always"`,
 //! the default, or `"when_waiting"`: see `engine::Signal`). A `device_path` of
 //! `"memfd"` maps an anonymous memfd (embedded use and tests).
 //!
@@ -59,6 +59,7 @@ const OURS: &[&str] = &[
     "spin_us",
     "prefault",
     "task_slots",
+    "task_keys",
     "sysfs_root",
     "signal",
 ];
@@ -98,6 +99,7 @@ pub struct EngineConfig {
     pub spin: Duration,
     pub prefault: bool,
     pub task_slots: usize,
+    pub task_keys: usize,
     pub sysfs_root: PathBuf,
     pub signal: crate::engine::Signal,
 }
@@ -302,6 +304,7 @@ impl EngineConfig {
             spin: Duration::from_micros(spin_us),
             prefault,
             task_slots: positive_int(obj, "task_slots", Some(4096))?,
+            task_keys: positive_int(obj, "task_keys", Some(64))?,
             sysfs_root,
         })
     }
@@ -337,6 +340,7 @@ impl EngineConfig {
             num_load_workers: self.num_load_workers,
             spin: self.spin,
             task_slots: self.task_slots,
+            task_keys: self.task_keys,
             cpus: self
                 .placement
                 .resolve(&topo, &self.sysfs_root, first.as_deref()),

@@ -41,12 +41,15 @@
 #![forbid(unsafe_code)]
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::fence;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+
+use crate::cell::Mailbox;
 
 use crate::buf::{Buf, Dsts, Lent, RawBuf};
 use crate::core::{CoreConfig, DaxCore};
@@ -184,6 +187,12 @@ pub struct EngineOptions {
     pub spin: Duration,
     /// Size of the task table: tasks in flight plus results not collected.
     pub task_slots: usize,
+    /// Keys per task the table is sized for: a task of at most this many
+    /// keys allocates nothing in the engine (each record holds this many
+    /// destination descriptors and result bits, 16 bytes and 1 bit a key:
+    /// about 4 MiB for 4096 slots × 64 keys). A larger task grows its
+    /// record once; the record keeps the room.
+    pub task_keys: usize,
     /// CPUs to pin workers to (round-robin); empty: no pinning.
     pub cpus: Vec<usize>,
     /// Fault injection for tests: a task part that meets this key panics.
@@ -216,6 +225,7 @@ impl Default for EngineOptions {
             num_load_workers: cpus.min(4),
             spin: Duration::from_micros(250),
             task_slots: 4096,
+            task_keys: 64,
             cpus: Vec::new(),
             panic_on_key: None,
             signal: Signal::Always,
@@ -257,14 +267,46 @@ pub struct StoreResult {
     pub bytes_transferred: u64,
 }
 
+/// Words a [`Bitmap`] keeps inline: tasks of up to 256 keys hand their
+/// result back without allocating.
+const INLINE_WORDS: usize = 4;
+
 /// A per-key result bitmap (LMCache's `Bitmap`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Bitmap {
-    words: Vec<u64>,
+    /// Bits of tasks of up to `64 * INLINE_WORDS` keys (zero otherwise).
+    inline: [u64; INLINE_WORDS],
+    /// Bits of larger tasks (empty otherwise).
+    heap: Vec<u64>,
     len: usize,
 }
 
 impl Bitmap {
+    fn from_words(len: usize, words: impl ExactSizeIterator<Item = u64>) -> Bitmap {
+        let mut b = Bitmap {
+            inline: [0; INLINE_WORDS],
+            heap: Vec::new(),
+            len,
+        };
+        if len.div_ceil(64) <= INLINE_WORDS {
+            for (dst, w) in b.inline.iter_mut().zip(words) {
+                *dst = w;
+            }
+        } else {
+            b.heap.extend(words);
+        }
+        b
+    }
+
+    fn words(&self) -> &[u64] {
+        let n = self.len.div_ceil(64);
+        if n <= INLINE_WORDS {
+            &self.inline[..n]
+        } else {
+            &self.heap
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -274,11 +316,11 @@ impl Bitmap {
     }
 
     pub fn test(&self, i: usize) -> bool {
-        i < self.len && self.words[i / 64] & (1 << (i % 64)) != 0
+        i < self.len && self.words()[i / 64] & (1 << (i % 64)) != 0
     }
 
     pub fn count_ones(&self) -> usize {
-        self.words.iter().map(|w| w.count_ones() as usize).sum()
+        self.words().iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// Hits before the first miss.
@@ -317,22 +359,44 @@ enum Op {
     Load,
 }
 
-struct Task {
+/// One task-table record. Allocated at start-up (with room for
+/// `task_keys` keys) and reused: a submit fills it, workers and pollers
+/// read it, the collector takes the result out and leaves it empty
+/// ([`Mailbox`]). The caller's vectors are moved in and dropped at
+/// collection; the record's own vectors keep their capacity.
+struct TaskRec {
     id: u64,
     op: Op,
     keys: Vec<Key>,
     srcs: Vec<Buf>,
-    /// Load destinations; read-only while the task runs, taken back by
-    /// `query_load` once the last worker has let go of the task.
-    dsts: Option<Dsts>,
-    results: Box<[AtomicU64]>,
+    /// Load destinations; read-only while the task runs.
+    dsts: Lent,
+    results: Vec<AtomicU64>,
     parts_left: AtomicU32,
     panicked: AtomicBool,
+    /// Set (Release) by the worker that finishes the last part.
+    done: AtomicBool,
 }
 
-impl Task {
+impl TaskRec {
+    fn with_capacity(keys: usize) -> TaskRec {
+        TaskRec {
+            id: u64::MAX,
+            op: Op::Store,
+            keys: Vec::new(),
+            srcs: Vec::new(),
+            dsts: Lent::with_capacity(keys),
+            results: (0..keys.div_ceil(64).max(1))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            parts_left: AtomicU32::new(0),
+            panicked: AtomicBool::new(false),
+            done: AtomicBool::new(false),
+        }
+    }
+
     fn set(&self, i: usize) {
-        // ORDERING: Relaxed — published by the Release in `finish_part`.
+        // ORDERING: Relaxed — published by the Release of `done`.
         self.results[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
     }
 
@@ -351,29 +415,25 @@ impl Task {
 
     fn bitmap(&self) -> Bitmap {
         let panicked = self.panicked.load(Ordering::Acquire);
-        Bitmap {
-            // ORDERING: Relaxed — read after the Acquire of the done flag.
-            words: self
-                .results
-                .iter()
-                .map(|w| {
-                    if panicked {
-                        0
-                    } else {
-                        w.load(Ordering::Relaxed)
-                    }
-                })
-                .collect(),
-            len: self.keys.len(),
-        }
+        Bitmap::from_words(
+            self.keys.len(),
+            self.results.iter().map(|w| {
+                if panicked {
+                    0
+                } else {
+                    // ORDERING: Relaxed — read after the Acquire of `done`.
+                    w.load(Ordering::Relaxed)
+                }
+            }),
+        )
     }
-}
 
-struct TaskSlot {
-    /// The id of the task in this slot; `u64::MAX` when empty.
-    id: AtomicU64,
-    task: ArcSwapOption<Task>,
-    done: AtomicBool,
+    /// Drop the caller's vectors (the record keeps its own capacity).
+    fn clear(&mut self) {
+        self.keys = Vec::new();
+        self.srcs = Vec::new();
+        drop(self.dsts.take_back());
+    }
 }
 
 /// Submission rings a worker has not adopted yet (from new `Submitter`s).
@@ -390,11 +450,19 @@ struct Pool {
     ring_capacity: u32,
     wakes: Vec<Arc<EventFd>>,
     cqs: Mutex<Vec<Consumer<Cqe>>>,
-    /// `wait_*` callers parked on `fd` (guarded by `cqs`'s mutex).
-    waiters: AtomicUsize,
+    /// `wait_*` callers about to park on `fd` (with `Signal::WhenWaiting`
+    /// workers signal only while this is non-zero).
+    waiters: Arc<AtomicUsize>,
     fd: Arc<EventFd>,
     rr: AtomicUsize,
     handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Inner {
+    /// The task-table record of task `id`.
+    fn task(&self, id: u64) -> &Mailbox<TaskRec> {
+        &self.tasks[(id % self.tasks.len() as u64) as usize]
+    }
 }
 
 struct Inner {
@@ -403,7 +471,7 @@ struct Inner {
     hotplug_enabled: bool,
     devices: ArcSwap<Vec<Arc<Device>>>,
     next_device: AtomicU32,
-    tasks: Box<[TaskSlot]>,
+    tasks: Box<[Mailbox<TaskRec>]>,
     next_task: AtomicU64,
     /// Tasks submitted and not yet finished (close waits for zero).
     inflight: [AtomicUsize; 3],
@@ -453,6 +521,7 @@ impl Engine {
             ("num_lookup_workers", opts.num_lookup_workers),
             ("num_load_workers", opts.num_load_workers),
             ("task_slots", opts.task_slots),
+            ("task_keys", opts.task_keys),
         ] {
             if v == 0 {
                 return Err(EngineError::Invalid { field, value: v });
@@ -486,11 +555,7 @@ impl Engine {
             devices: ArcSwap::from_pointee(devs),
             next_device: AtomicU32::new(n_dev),
             tasks: (0..opts.task_slots)
-                .map(|_| TaskSlot {
-                    id: AtomicU64::new(u64::MAX),
-                    task: ArcSwapOption::empty(),
-                    done: AtomicBool::new(false),
-                })
+                .map(|_| Mailbox::new(TaskRec::with_capacity(opts.task_keys)))
                 .collect(),
             next_task: AtomicU64::new(0),
             inflight: Default::default(),
@@ -629,12 +694,7 @@ impl Engine {
     /// Load into owned buffers, handed back by `query_load`.
     pub fn submit_load(&self, keys: Vec<Key>, bufs: Vec<Vec<u8>>) -> Result<TaskId, EngineError> {
         same_len("submit_load", keys.len(), bufs.len())?;
-        self.enqueue(
-            Op::Load,
-            keys,
-            Vec::new(),
-            Some(Dsts::Lent(Lent::new(bufs))),
-        )
+        self.enqueue(Op::Load, keys, Vec::new(), Some(Dsts::Owned(bufs)))
     }
 
     /// Load into caller memory (see `buf` for the lifetime rule).
@@ -705,36 +765,34 @@ impl Engine {
         let id = inner.next_task.fetch_add(1, Ordering::Relaxed);
         let n = keys.len();
         let workers = pool.sqs.len();
-        // Parts: a load of many keys is spread over the load workers.
-        let per = if op == Op::Load && workers > 1 && n >= 2 * SPLIT_MIN_KEYS {
+        // Parts: a store or load of many keys is spread over the pool's
+        // workers (lookups stay whole: one batched probe per device).
+        let per = if op != Op::Lookup && workers > 1 && n >= 2 * SPLIT_MIN_KEYS {
             n.div_ceil(workers).max(SPLIT_MIN_KEYS)
         } else {
             n.max(1)
         };
         let nparts = n.div_ceil(per).max(1);
-        let task = Arc::new(Task {
-            id,
-            op,
-            results: (0..n.div_ceil(64).max(1))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            parts_left: AtomicU32::new(nparts as u32),
-            panicked: AtomicBool::new(false),
-            keys,
-            srcs,
-            dsts,
+        let words = n.div_ceil(64).max(1);
+        let filled = inner.task(id).fill(move |rec| {
+            rec.id = id;
+            rec.op = op;
+            rec.keys = keys;
+            rec.srcs = srcs;
+            if let Some(d) = dsts {
+                rec.dsts.lend(d);
+            }
+            rec.results.clear();
+            rec.results.resize_with(words, || AtomicU64::new(0));
+            *rec.parts_left.get_mut() = nparts as u32;
+            *rec.panicked.get_mut() = false;
+            *rec.done.get_mut() = false;
         });
-        let slot = &inner.tasks[(id % inner.tasks.len() as u64) as usize];
-        let prev = slot.task.compare_and_swap(&None::<Arc<Task>>, Some(task));
-        if prev.is_some() {
+        if filled.is_none() {
             return Err(EngineError::TooManyInFlight {
                 capacity: inner.tasks.len(),
             });
         }
-        // ORDERING: Relaxed then Release — `done` is reset before the id
-        // is published; workers and queries check the id with Acquire.
-        slot.done.store(false, Ordering::Relaxed);
-        slot.id.store(id, Ordering::Release);
         for p in 0..nparts {
             let start = p * per;
             let e = Sqe {
@@ -779,63 +837,77 @@ impl Engine {
     }
 
     // ----- results -----
+    //
+    // Collection takes no lock that anyone waits on: the result lives in
+    // the task's record (a `Mailbox`: readers counted, one taker), and the
+    // completion rings of a class are drained by whichever caller wins a
+    // `try_lock` (a concurrent caller skips the drain; for stores, the
+    // winner hands out the ids it popped, each exactly once).
 
     /// Every completed store task not popped before, each exactly once.
+    /// Allocates the returned vector; [`Engine::pop_completed_stores_into`]
+    /// reuses one.
     pub fn pop_completed_stores(&self) -> Vec<(TaskId, StoreResult)> {
+        let mut out = Vec::new();
+        self.pop_completed_stores_into(&mut out);
+        out
+    }
+
+    /// Append every completed store task not popped before to `out` (each
+    /// exactly once); returns how many were appended. When another thread
+    /// is popping at the same moment, it gets them instead and this call
+    /// appends none.
+    pub fn pop_completed_stores_into(&self, out: &mut Vec<(TaskId, StoreResult)>) -> usize {
         let Some(pools) = self.pools.load_full() else {
-            return Vec::new();
+            return 0;
         };
-        let mut ids = Vec::new();
-        {
-            let mut cqs = pools[0].cqs.lock().unwrap_or_else(PoisonError::into_inner);
-            for cq in cqs.iter_mut() {
-                while let Ok(Some(c)) = cq.pop() {
-                    ids.push(c.task);
-                }
-                cq.sync();
-            }
-        }
-        ids.into_iter()
-            .filter_map(|id| {
-                let task = self.take(id)?;
-                let b = task.bitmap();
-                let ok = b.count_ones();
-                Some((
-                    TaskId(id),
+        let Some(mut cqs) = try_lock(&pools[0].cqs) else {
+            return 0;
+        };
+        let before = out.len();
+        let slot_bytes = self.inner.slot_bytes as u64;
+        for cq in cqs.iter_mut() {
+            while let Ok(Some(c)) = cq.pop() {
+                let r = self.take_done(c.task, Op::Store, |rec| {
+                    let ok = rec.ok_count();
+                    let n = rec.keys.len();
+                    rec.clear();
                     StoreResult {
-                        success: ok == task.keys.len(),
-                        bytes_transferred: (ok * self.inner.slot_bytes) as u64,
-                    },
-                ))
-            })
-            .collect()
+                        success: ok == n,
+                        bytes_transferred: ok as u64 * slot_bytes,
+                    }
+                });
+                if let Some(r) = r {
+                    out.push((TaskId(c.task), r));
+                }
+            }
+            cq.sync();
+        }
+        out.len() - before
     }
 
     /// The lookup bitmap once the task is done (`None` while pending, and
-    /// for every call after the one that returned it).
+    /// for every call after the one that returned it). Allocates nothing
+    /// for tasks of up to 256 keys.
     pub fn query_lookup(&self, id: TaskId) -> Option<Bitmap> {
         self.drain_cqs(Op::Lookup);
-        self.take_done(id.0, Op::Lookup).map(|t| t.bitmap())
+        self.take_done(id.0, Op::Lookup, |rec| {
+            let b = rec.bitmap();
+            rec.clear();
+            b
+        })
     }
 
-    /// The load result once done (one-shot, like `query_lookup`).
+    /// The load result once done (one-shot, like `query_lookup`). The owned
+    /// destinations come back in `bufs` (the caller's vector, moved back).
     pub fn query_load(&self, id: TaskId) -> Option<LoadResult> {
         self.drain_cqs(Op::Load);
-        let mut task = self.take_done(id.0, Op::Load)?;
-        let bitmap = task.bitmap();
-        // The finishing worker drops its reference right after publishing;
-        // wait for that (bounded: it is running, not blocked) to own the
-        // destinations again.
-        let bufs = loop {
-            match Arc::try_unwrap(task) {
-                Ok(t) => break t.dsts.map(Dsts::into_owned).unwrap_or_default(),
-                Err(t) => {
-                    task = t;
-                    std::thread::yield_now();
-                }
-            }
-        };
-        Some(LoadResult { bitmap, bufs })
+        self.take_done(id.0, Op::Load, |rec| {
+            let bitmap = rec.bitmap();
+            let bufs = rec.dsts.take_back();
+            rec.clear();
+            LoadResult { bitmap, bufs }
+        })
     }
 
     /// Wait for a lookup: spin for `spin`, then sleep on the eventfd, up to
@@ -851,11 +923,22 @@ impl Engine {
 
     /// Wait until at least one store completes, then pop them all.
     pub fn wait_stores(&self, timeout: Duration) -> Vec<(TaskId, StoreResult)> {
+        let mut out = Vec::new();
+        self.wait_stores_into(&mut out, timeout);
+        out
+    }
+
+    /// [`Engine::wait_stores`] appending to `out`; returns how many.
+    pub fn wait_stores_into(
+        &self,
+        out: &mut Vec<(TaskId, StoreResult)>,
+        timeout: Duration,
+    ) -> usize {
         self.wait(Op::Store, timeout, || {
-            let v = self.pop_completed_stores();
-            (!v.is_empty()).then_some(v)
+            let n = self.pop_completed_stores_into(out);
+            (n > 0).then_some(n)
         })
-        .unwrap_or_default()
+        .unwrap_or(0)
     }
 
     fn wait<R>(&self, op: Op, timeout: Duration, mut poll: impl FnMut() -> Option<R>) -> Option<R> {
@@ -872,65 +955,58 @@ impl Engine {
         let pool = &pools[idx(op)];
         let on_demand = self.inner.opts.signal == Signal::WhenWaiting;
         loop {
-            if let Some(r) = poll() {
-                return Some(r);
+            // Announce the wait, then re-check before sleeping: a worker
+            // publishes, then checks `waiters` (each side writes, fences,
+            // reads the other: no lost wakeup, as in the ring's handshake).
+            if on_demand {
+                // ORDERING: SeqCst fence — the Dekker pair of the one in
+                // `WorkerCtx::finish`.
+                pool.waiters.fetch_add(1, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
             }
-            let left = timeout.checked_sub(start.elapsed())?;
-            // Ask the workers for a signal, then re-check the rings before
-            // sleeping (the ring's NEED_WAKEUP handshake: no lost wakeup).
-            let sleep = !on_demand || arm(pool);
-            if sleep {
-                let _ = pool.fd.wait(left.min(Duration::from_millis(50)));
+            let r = poll();
+            if r.is_none() {
+                if let Some(left) = timeout.checked_sub(start.elapsed()) {
+                    let _ = pool.fd.wait(left.min(Duration::from_millis(50)));
+                }
             }
             if on_demand {
-                disarm(pool);
+                pool.waiters.fetch_sub(1, Ordering::Relaxed);
+            }
+            if r.is_some() {
+                return r;
             }
             let _ = pool.fd.drain();
+            if start.elapsed() >= timeout {
+                return poll();
+            }
         }
     }
 
+    /// Drain a class's completion rings (lookup and load entries only wake
+    /// waiters; the record's `done` flag is the result), unless another
+    /// thread is draining them now.
     fn drain_cqs(&self, op: Op) {
         if let Some(pools) = self.pools.load_full() {
-            let mut cqs = pools[idx(op)]
-                .cqs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            for cq in cqs.iter_mut() {
-                while let Ok(Some(_)) = cq.pop() {}
-                cq.sync();
+            if let Some(mut cqs) = try_lock(&pools[idx(op)].cqs) {
+                for cq in cqs.iter_mut() {
+                    while let Ok(Some(_)) = cq.pop() {}
+                    cq.sync();
+                }
             }
         }
     }
 
-    fn take_done(&self, id: u64, op: Op) -> Option<Arc<Task>> {
-        let slot = &self.inner.tasks[(id % self.inner.tasks.len() as u64) as usize];
-        // ORDERING: Acquire — pairs with the Release stores in `enqueue`
-        // (id) and `finish_part` (done), which publish the results.
-        if slot.id.load(Ordering::Acquire) != id || !slot.done.load(Ordering::Acquire) {
+    /// Take task `id`'s result out of its record if it is done and of kind
+    /// `op`; one caller wins, every later call gets `None`.
+    fn take_done<R>(&self, id: u64, op: Op, f: impl FnOnce(&mut TaskRec) -> R) -> Option<R> {
+        let rec = self.inner.task(id).read()?;
+        // ORDERING: Acquire — pairs with the Release in `finish`, which
+        // publishes the result bits and the destination bytes.
+        if rec.id != id || rec.op != op || !rec.done.load(Ordering::Acquire) {
             return None;
         }
-        let t = self.take(id)?;
-        (t.op == op).then_some(t)
-    }
-
-    fn take(&self, id: u64) -> Option<Arc<Task>> {
-        let slot = &self.inner.tasks[(id % self.inner.tasks.len() as u64) as usize];
-        let cur = slot.task.load_full()?;
-        if cur.id != id {
-            return None;
-        }
-        // Only one caller wins the swap: results are handed out once.
-        let prev = slot
-            .task
-            .compare_and_swap(&Some(cur.clone()), None::<Arc<Task>>);
-        match prev.as_ref() {
-            Some(p) if Arc::ptr_eq(p, &cur) => {
-                // ORDERING: Release — the slot is free for a later id.
-                slot.id.store(u64::MAX, Ordering::Release);
-                Some(cur)
-            }
-            _ => None,
-        }
+        rec.take(f)
     }
 
     // ----- synchronous operations -----
@@ -946,27 +1022,36 @@ impl Engine {
     /// Delete unlocked, committed keys from every device; returns the keys
     /// deleted (each once) and tells the listeners.
     pub fn delete(&self, keys: &[Key]) -> Vec<Key> {
+        let mut out = Vec::new();
+        self.delete_into(keys, &mut out);
+        out
+    }
+
+    /// [`Engine::delete`] appending the deleted keys to `out` (a reused
+    /// vector: nothing is allocated); returns how many.
+    pub fn delete_into(&self, keys: &[Key], out: &mut Vec<Key>) -> usize {
         if keys.is_empty() || self.inner.closing.load(Ordering::Acquire) {
-            return Vec::new();
+            return 0;
         }
-        let mut hit = vec![false; keys.len()];
-        for d in self.inner.devices.load().iter() {
-            for (h, r) in hit.iter_mut().zip(d.core.delete_many(keys, false)) {
-                *h |= r;
+        let before = out.len();
+        let devs = self.inner.devices.load();
+        for &k in keys {
+            // Every device: a key being migrated may sit on two.
+            let mut hit = false;
+            for d in devs.iter() {
+                hit |= d.core.delete(k, false);
+            }
+            if hit {
+                out.push(k);
             }
         }
-        let deleted: Vec<Key> = keys
-            .iter()
-            .zip(&hit)
-            .filter(|(_, &h)| h)
-            .map(|(k, _)| *k)
-            .collect();
+        let deleted = &out[before..];
         if !deleted.is_empty() {
             for l in self.inner.listeners.load().iter() {
-                l.on_keys_deleted(&deleted);
+                l.on_keys_deleted(deleted);
             }
         }
-        deleted
+        deleted.len()
     }
 
     /// `(bytes used, capacity bytes)` over the devices that count capacity,
@@ -1096,6 +1181,7 @@ impl Drop for Engine {
 
 fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, EngineError> {
     let fd = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
+    let waiters = Arc::new(AtomicUsize::new(0));
     let cap = (inner.opts.task_slots as u32)
         .next_power_of_two()
         .clamp(64, crate::ring::CAPACITY_MAX);
@@ -1110,15 +1196,9 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
         let (sq_p, sq_c) = Ring::<Sqe>::heap(cap)
             .expect("power-of-two capacity")
             .split();
-        let (cq_p, mut cq_c) = Ring::<Cqe>::heap(cap)
+        let (cq_p, cq_c) = Ring::<Cqe>::heap(cap)
             .expect("power-of-two capacity")
             .split();
-        // With `Signal::Always` the caller side asks for completion signals
-        // for good (the LMCache contract polls the eventfd); with
-        // `WhenWaiting` only a parked `wait_*` caller asks.
-        if inner.opts.signal == Signal::Always {
-            let _ = cq_c.prepare_wait();
-        }
         let wake = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
         let inbox = Arc::new(Inbox::default());
         let ctx = WorkerCtx {
@@ -1129,6 +1209,7 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
             cq: cq_p,
             wake: wake.clone(),
             done_fd: fd.clone(),
+            waiters: waiters.clone(),
             cpu: (!inner.opts.cpus.is_empty()).then(|| inner.opts.cpus[w % inner.opts.cpus.len()]),
             name: format!("{name}-{w}"),
             scratch: Scratch::with_capacity(SCRATCH_KEYS),
@@ -1160,11 +1241,20 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
         ring_capacity: cap,
         wakes,
         cqs: Mutex::new(cqs),
-        waiters: AtomicUsize::new(0),
+        waiters,
         fd,
         rr: AtomicUsize::new(0),
         handles: Mutex::new(handles),
     })
+}
+
+/// Lock `m` if nobody holds it; never waits.
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }
 
 fn same_len(what: &'static str, keys: usize, bufs: usize) -> Result<(), EngineError> {
@@ -1238,36 +1328,7 @@ impl Submitter<'_> {
         bufs: Vec<Vec<u8>>,
     ) -> Result<TaskId, EngineError> {
         same_len("submit_load", keys.len(), bufs.len())?;
-        self.submit(
-            Op::Load,
-            keys,
-            Vec::new(),
-            Some(Dsts::Lent(Lent::new(bufs))),
-        )
-    }
-}
-
-/// A `wait_*` caller is about to park: set NEED_WAKEUP on the class's
-/// completion rings. False if a completion is already there (do not sleep).
-fn arm(p: &Pool) -> bool {
-    let mut cqs = p.cqs.lock().unwrap_or_else(PoisonError::into_inner);
-    // ORDERING: Relaxed — guarded by the `cqs` mutex.
-    p.waiters.fetch_add(1, Ordering::Relaxed);
-    let mut empty = true;
-    for cq in cqs.iter_mut() {
-        empty &= cq.prepare_wait().unwrap_or(false);
-    }
-    empty
-}
-
-/// The parked caller is back: the last one clears NEED_WAKEUP.
-fn disarm(p: &Pool) {
-    let mut cqs = p.cqs.lock().unwrap_or_else(PoisonError::into_inner);
-    // ORDERING: Relaxed — guarded by the `cqs` mutex.
-    if p.waiters.fetch_sub(1, Ordering::Relaxed) == 1 {
-        for cq in cqs.iter_mut() {
-            cq.end_wait();
-        }
+        self.submit(Op::Load, keys, Vec::new(), Some(Dsts::Owned(bufs)))
     }
 }
 
@@ -1293,6 +1354,7 @@ struct WorkerCtx {
     cq: Producer<Cqe>,
     wake: Arc<EventFd>,
     done_fd: Arc<EventFd>,
+    waiters: Arc<AtomicUsize>,
     cpu: Option<usize>,
     name: String,
     /// Scratch for batched lookups, sized at start-up (grown only by a task
@@ -1432,15 +1494,9 @@ impl WorkerCtx {
 
     fn run(&mut self, sqe: Sqe) {
         let inner = self.inner.clone();
-        let tasks = &inner.tasks;
-        let slot = &tasks[(sqe.task % tasks.len() as u64) as usize];
         // Validate everything read from the ring before use.
-        // ORDERING: Acquire — pairs with the Release in `enqueue`.
-        if slot.id.load(Ordering::Acquire) != sqe.task {
+        let Some(task) = inner.task(sqe.task).read().filter(|t| t.id == sqe.task) else {
             eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
-            return;
-        }
-        let Some(task) = slot.task.load_full().filter(|t| t.id == sqe.task) else {
             return;
         };
         let (start, len) = (sqe.start as usize, sqe.len as usize);
@@ -1470,11 +1526,12 @@ impl WorkerCtx {
         }
         // ORDERING: AcqRel — the last part sees every part's result bits.
         if task.parts_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.finish(slot, &task);
+            self.finish(&task);
         }
+        // Dropping the guard lets the collector take the record.
     }
 
-    fn run_part(&mut self, task: &Task, start: usize, len: usize) {
+    fn run_part(&mut self, task: &TaskRec, start: usize, len: usize) {
         let inner = &self.inner;
         let devs = inner.devices.load();
         let keys = &task.keys[start..start + len];
@@ -1522,12 +1579,9 @@ impl WorkerCtx {
                 }
             }
             Op::Load => {
-                let Some(dsts) = task.dsts.as_ref() else {
-                    return;
-                };
                 // Parts cover disjoint index ranges, so each destination is
                 // written by exactly one worker (RawBuf's contract).
-                let views: &[RawBuf] = &dsts.bufs()[start..start + len];
+                let views: &[RawBuf] = &task.dsts.bufs()[start..start + len];
                 for (i, (k, dst)) in keys.iter().zip(views).enumerate() {
                     let dst = dst.as_mut_slice();
                     if devs
@@ -1541,7 +1595,7 @@ impl WorkerCtx {
         }
     }
 
-    fn finish(&mut self, slot: &TaskSlot, task: &Task) {
+    fn finish(&mut self, task: &TaskRec) {
         let ok = task.ok_count();
         // Tell the listeners before publishing, so a caller that sees the
         // result also sees the events. (Nothing is built when no listener
@@ -1567,7 +1621,7 @@ impl WorkerCtx {
         }
         // ORDERING: Release — publishes the result bits (and the
         // destination bytes) to `take_done`'s Acquire.
-        slot.done.store(true, Ordering::Release);
+        task.done.store(true, Ordering::Release);
         let cqe = Cqe {
             task: task.id,
             ok: u32::from(ok == task.keys.len()),
@@ -1577,8 +1631,18 @@ impl WorkerCtx {
         // the caller never pops; lookup / load CQEs are wake-ups only (the
         // done flag is the truth), so a full CQ just drops one.
         let _ = self.cq.push(cqe);
-        let wake = self.cq.sync();
+        self.cq.sync();
         self.inner.inflight[idx(task.op)].fetch_sub(1, Ordering::SeqCst);
+        let wake = match self.inner.opts.signal {
+            Signal::Always => true,
+            Signal::WhenWaiting => {
+                // ORDERING: SeqCst fence — the Dekker pair of the one in
+                // `Engine::wait`: either we see its `waiters` count, or
+                // it sees our `done` (and the CQE) before it sleeps.
+                fence(Ordering::SeqCst);
+                self.waiters.load(Ordering::Relaxed) > 0
+            }
+        };
         if wake {
             let _ = self.done_fd.notify();
         }

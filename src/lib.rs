@@ -15,6 +15,7 @@
 //! | [`core`] | [`DaxCore`]: one device's put / lookup+lock / load / delete |
 //! | [`ring`] | SPSC submission / completion rings (heap or memfd) |
 //! | [`notify`] | the non-blocking eventfd completions signal |
+//! | [`cell`] | [`cell::Mailbox`]: the engine's reusable task-table cell |
 //! | [`buf`] | caller buffers handed to the engine (owned, or raw with a lifetime rule) |
 //! | [`numa`] | device NUMA node, topology and nearest CPUs from sysfs |
 //! | [`config`] | LMCache's `dax` adapter JSON, validated with errors that name the field |
@@ -22,13 +23,14 @@
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`] | the standard `daxkv bench` workload |
 //!
-//! Unsafe code lives only in `arena`, `copy`, `ring`, `buf`, `notify` and `sys`;
+//! Unsafe code lives only in `arena`, `copy`, `ring`, `cell`, `buf`, `notify` and `sys`;
 //! every other module is
 //! `#![forbid(unsafe_code)]`.
 
 pub mod arena;
 pub mod bench;
 pub mod buf;
+pub mod cell;
 pub mod config;
 pub mod copy;
 pub mod core;
