@@ -427,6 +427,7 @@ pub fn run(
         let mut stored_ok = 0usize;
         {
             let mut pending: HashMap<TaskId, Instant> = HashMap::new();
+            let mut got = Vec::with_capacity(depth.max(1));
             let mut next = 0;
             while next < tasks || !pending.is_empty() {
                 while next < tasks && pending.len() < depth.max(1) {
@@ -441,11 +442,11 @@ pub fn run(
                     pending.insert(id, Instant::now());
                     next += 1;
                 }
-                let got = engine.wait_stores(WAIT);
-                if got.is_empty() {
+                got.clear();
+                if engine.wait_stores_into(&mut got, WAIT) == 0 {
                     return Err(BenchError::Failed("store tasks timed out".into()));
                 }
-                for (id, r) in got {
+                for &(id, r) in &got {
                     if let Some(at) = pending.remove(&id) {
                         ph.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
                     }
@@ -529,8 +530,10 @@ pub fn run(
         let unlock = ph.finish(size, "unlock", n, None, None);
         let mut ph = Phase::start();
         let mut deleted = 0;
+        let mut gone = Vec::with_capacity(TASK_KEYS);
         for t in 0..tasks {
-            deleted += ph.task(|| engine.delete(&keys[range(t)])).len();
+            gone.clear();
+            deleted += ph.task(|| engine.delete_into(&keys[range(t)], &mut gone));
         }
         let live: usize = devs.iter().map(|d| d.core.live_slot_count()).sum();
         if deleted != n || live != 0 {

@@ -64,7 +64,7 @@ impl<T> std::fmt::Debug for Mailbox<T> {
             .field("full", &(s & FULL != 0))
             .field("exclusive", &(s & EXCL != 0))
             .field("readers", &(s & READERS))
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -248,7 +248,7 @@ mod tests {
         let b = m.read().unwrap();
         assert_eq!(*a, vec![1]);
         drop(b);
-        let got = a.take(|v| std::mem::take(v)).unwrap();
+        let got = a.take(std::mem::take).unwrap();
         assert_eq!(got, vec![1]);
         assert!(m.is_empty());
         assert!(m.read().is_none());

@@ -1,14 +1,15 @@
 //! # Engine: rings, worker pools and the device pool (LMCache's MP adapter)
 //!
 //! ```text
-//! submit_*(keys, bufs) ──► task table slot (lock-free ArcSwap) ──► SQE on a worker's SQ
+//! submit_*(keys, bufs) ──► fill the task's record (Mailbox) ──► SQE on a worker's queue
 //!                                                                   │
 //!          worker (store / lookup / load pool) ◄────────────────────┘
-//!            run the part against the device pool, set result bits,
-//!            count down the task's parts; the last part publishes:
-//!            done flag (Release) → CQE on its CQ → eventfd if NEED_WAKEUP
+//!            read the record, run the part against the device pool, set
+//!            result bits, count down the task's parts; the last part
+//!            publishes: done flag (Release) → CQE on its CQ → eventfd
 //!                                                                   │
 //! pop_completed_stores / query_lookup / query_load ◄────────────────┘
+//!   (take the result out of the record; the record is empty for reuse)
 //! ```
 //!
 //! The API mirrors LMCache's L2 adapter contract (reference §1): task ids
@@ -20,21 +21,39 @@
 //!
 //! ## Tasks and parts
 //!
-//! A task lives in a fixed table of `task_slots` entries (slot = id mod
-//! size). A load task of many keys is split into parts of at least
-//! [`SPLIT_MIN_KEYS`] keys spread over the load workers; the parts write
-//! disjoint result bits and destination buffers, and the task completes once
-//! (an atomic countdown).
+//! A task lives in a fixed table of `task_slots` records (slot = id mod
+//! size), allocated at start-up with room for `task_keys` keys and reused
+//! ([`crate::cell::Mailbox`]: filled by the submitter, read by workers and
+//! pollers with a reader count, taken by one collector). A store or load
+//! task of many keys is split into parts of at least [`SPLIT_MIN_KEYS`]
+//! keys spread over its pool's workers; the parts write disjoint result bits
+//! (and destination buffers), and the task completes once (an atomic
+//! countdown).
+//!
+//! ## No lock and no allocation on the data path
+//!
+//! After start-up, a task of at most `task_keys` keys allocates nothing
+//! inside the engine and takes no lock that anyone waits on, from submit to
+//! collection (`tests/alloc_engine.rs` counts allocations on both sides):
+//! - submit: an id from a counter, one CAS to fill the record, one push per
+//!   part: a CAS on the worker's shared [`ArrayQueue`] for the `&self`
+//!   methods, or a plain store on a [`Submitter`]'s own SPSC ring;
+//! - run: the worker reads the record under a counted guard;
+//! - collect: result bits are read from the record (inline [`Bitmap`]s up
+//!   to 256 keys), the owned buffers moved back; completion rings are
+//!   drained by whoever wins a `try_lock` (nobody waits on it);
+//!   `*_into` variants fill caller-reused vectors.
+//!
+//! The mutexes left are on cold paths only: adopting a new submitter's
+//! rings, joining workers, and `close`.
 //!
 //! ## Workers
 //!
-//! Each worker consumes a shared SQ plus one SQ per [`Submitter`] (polled
-//! round-robin) and produces one CQ. Tasks go to workers round-robin. A
-//! `Submitter` owns the producer side of its rings, so its submits take no
-//! lock; the shared `&self` submit methods push to the shared SQ under a
-//! per-worker mutex held for the push and the publish only. An idle worker
-//! spins for `spin_us`, then sets NEED_WAKEUP on all its SQs and sleeps on
-//! its own eventfd, which a submitter writes only when that flag is set.
+//! Each worker consumes one shared queue plus one SPSC ring per
+//! [`Submitter`] (polled round-robin) and produces one CQ. Tasks go to
+//! workers round-robin. An idle worker spins for `spin_us`, then sets
+//! NEED_WAKEUP on all its queues and sleeps on its own eventfd, which a
+//! submitter writes only when that flag is set.
 //!
 //! A panic inside a task part fails that task (all keys false), is logged
 //! and counted in `status().worker_panics`, and the worker keeps serving.
@@ -48,6 +67,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use crossbeam_queue::ArrayQueue;
 
 use crate::cell::Mailbox;
 
@@ -445,7 +465,8 @@ struct Inbox {
 
 struct Pool {
     name: &'static str,
-    sqs: Vec<Mutex<Producer<Sqe>>>,
+    /// Per worker, the queue the shared `&self` submit methods push to.
+    shared: Vec<Arc<SharedSq>>,
     inboxes: Vec<Arc<Inbox>>,
     ring_capacity: u32,
     wakes: Vec<Arc<EventFd>>,
@@ -455,6 +476,8 @@ struct Pool {
     waiters: Arc<AtomicUsize>,
     fd: Arc<EventFd>,
     rr: AtomicUsize,
+    /// Task parts each worker has run (status; shows how work spread).
+    parts: Vec<Arc<AtomicU64>>,
     handles: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -714,12 +737,10 @@ impl Engine {
         srcs: Vec<Buf>,
         dsts: Option<Dsts>,
     ) -> Result<TaskId, EngineError> {
-        // The shared submit path: one mutex per worker SQ, held for the push
-        // and the publish only. A thread with a `Submitter` pushes to rings
-        // of its own instead, without a lock.
+        // The shared submit path: a CAS on the worker's MPMC queue. A thread
+        // with a `Submitter` pushes to rings of its own instead.
         self.enqueue_with(op, keys, srcs, dsts, |pool, w, e| {
-            let mut sq = pool.sqs[w].lock().unwrap_or_else(PoisonError::into_inner);
-            push_sqe(&mut sq, &pool.wakes[w], e);
+            pool.shared[w].push(&pool.wakes[w], e);
         })
     }
 
@@ -764,7 +785,7 @@ impl Engine {
         // ORDERING: Relaxed — ids need only be unique.
         let id = inner.next_task.fetch_add(1, Ordering::Relaxed);
         let n = keys.len();
-        let workers = pool.sqs.len();
+        let workers = pool.shared.len();
         // Parts: a store or load of many keys is spread over the pool's
         // workers (lookups stay whole: one batched probe per device).
         let per = if op != Op::Lookup && workers > 1 && n >= 2 * SPLIT_MIN_KEYS {
@@ -1118,6 +1139,15 @@ impl Engine {
             }));
         }
         let (used, cap) = self.usage();
+        let parts = |c: usize| -> Vec<u64> {
+            self.pools.load().as_ref().map_or_else(Vec::new, |p| {
+                // ORDERING: Relaxed — statistics.
+                p[c].parts
+                    .iter()
+                    .map(|n| n.load(Ordering::Relaxed))
+                    .collect()
+            })
+        };
         serde_json::json!({
             "is_healthy": healthy,
             "type": "dax",
@@ -1135,6 +1165,7 @@ impl Engine {
             "supports_restart_recovery": false,
             "hotplug_enabled": self.inner.hotplug_enabled,
             "worker_panics": self.inner.panics.load(Ordering::Relaxed),
+            "parts_run": {"store": parts(0), "lookup": parts(1), "load": parts(2)},
             "num_devices": devs.len(),
             "devices": devices,
         })
@@ -1185,7 +1216,8 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
     let cap = (inner.opts.task_slots as u32)
         .next_power_of_two()
         .clamp(64, crate::ring::CAPACITY_MAX);
-    let mut sqs = Vec::new();
+    let mut shareds = Vec::new();
+    let mut parts = Vec::new();
     let mut inboxes = Vec::new();
     let mut wakes = Vec::new();
     let mut cqs = Vec::new();
@@ -1193,17 +1225,21 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
     // Workers report once pinned, so `open` returns with placement done.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     for w in 0..n {
-        let (sq_p, sq_c) = Ring::<Sqe>::heap(cap)
-            .expect("power-of-two capacity")
-            .split();
+        let shared = Arc::new(SharedSq {
+            q: ArrayQueue::new(cap as usize),
+            need_wakeup: AtomicBool::new(false),
+        });
         let (cq_p, cq_c) = Ring::<Cqe>::heap(cap)
             .expect("power-of-two capacity")
             .split();
         let wake = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
         let inbox = Arc::new(Inbox::default());
+        let ran = Arc::new(AtomicU64::new(0));
         let ctx = WorkerCtx {
             inner: inner.clone(),
-            sqs: vec![sq_c],
+            shared: shared.clone(),
+            parts: ran.clone(),
+            sqs: Vec::new(),
             cursor: 0,
             inbox: inbox.clone(),
             cq: cq_p,
@@ -1225,7 +1261,8 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
                 worker_loop(ctx);
             })
             .map_err(EngineError::Spawn)?;
-        sqs.push(Mutex::new(sq_p));
+        shareds.push(shared);
+        parts.push(ran);
         inboxes.push(inbox);
         wakes.push(wake);
         cqs.push(cq_c);
@@ -1236,7 +1273,7 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
     }
     Ok(Pool {
         name,
-        sqs,
+        shared: shareds,
         inboxes,
         ring_capacity: cap,
         wakes,
@@ -1244,6 +1281,7 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
         waiters,
         fd,
         rr: AtomicUsize::new(0),
+        parts,
         handles: Mutex::new(handles),
     })
 }
@@ -1284,6 +1322,34 @@ fn push_sqe(sq: &mut Producer<Sqe>, wake: &EventFd, mut e: Sqe) {
     }
     if sq.sync() {
         let _ = wake.notify();
+    }
+}
+
+/// The shared submission queue of one worker: bounded lock-free MPMC
+/// (`&self` submitters from any thread, one consuming worker; a push is a
+/// CAS and allocates nothing) with the ring's NEED_WAKEUP handshake.
+struct SharedSq {
+    q: ArrayQueue<Sqe>,
+    /// Set by the worker before it sleeps (see `worker_loop`).
+    need_wakeup: AtomicBool,
+}
+
+impl SharedSq {
+    /// Push and wake the worker if it asked. The queue holds `task_slots`
+    /// entries, more than can be in flight, so it is never full for long.
+    fn push(&self, wake: &EventFd, mut e: Sqe) {
+        while let Err(back) = self.q.push(e) {
+            e = back;
+            let _ = wake.notify();
+            std::thread::yield_now();
+        }
+        // ORDERING: SeqCst fence — the Dekker pair of the worker's fence
+        // between setting `need_wakeup` and re-checking the queue (the
+        // ring module's sleep / wake argument).
+        fence(Ordering::SeqCst);
+        if self.need_wakeup.load(Ordering::Relaxed) {
+            let _ = wake.notify();
+        }
     }
 }
 
@@ -1345,10 +1411,14 @@ fn stop_pool(p: &Pool) {
 
 struct WorkerCtx {
     inner: Arc<Inner>,
-    /// The shared SQ first, then one per `Submitter`.
+    /// The queue of the shared `&self` submit methods.
+    shared: Arc<SharedSq>,
+    /// One SPSC ring per `Submitter`.
     sqs: Vec<Consumer<Sqe>>,
-    /// Where the next pop starts (round-robin over `sqs`, so no submitter
-    /// starves another).
+    /// Parts run (status).
+    parts: Arc<AtomicU64>,
+    /// Where the next pop starts (round-robin over the shared queue, then
+    /// `sqs`, so no submitter starves another).
     cursor: usize,
     inbox: Arc<Inbox>,
     cq: Producer<Cqe>,
@@ -1425,7 +1495,8 @@ fn worker_loop(mut w: WorkerCtx) {
         while start.elapsed() < w.inner.opts.spin {
             // ORDERING: Relaxed — only ends the spin early; the checks at
             // the top of the loop are the ones that act.
-            if w.sqs.iter_mut().any(|sq| sq.available().unwrap_or(0) > 0)
+            if !w.shared.q.is_empty()
+                || w.sqs.iter_mut().any(|sq| sq.available().unwrap_or(0) > 0)
                 || w.inner.stop.load(Ordering::Relaxed)
                 || w.inbox.has_new.load(Ordering::Relaxed)
             {
@@ -1437,8 +1508,11 @@ fn worker_loop(mut w: WorkerCtx) {
         if got {
             continue;
         }
-        // Arm every ring; sleep only if all are still empty.
-        let mut empty = true;
+        // Arm every queue; sleep only if all are still empty.
+        // ORDERING: SeqCst fence — pairs with the one in `SharedSq::push`.
+        w.shared.need_wakeup.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let mut empty = w.shared.q.is_empty();
         for sq in &mut w.sqs {
             empty &= sq.prepare_wait().unwrap_or(false);
         }
@@ -1446,6 +1520,7 @@ fn worker_loop(mut w: WorkerCtx) {
             let _ = w.wake.wait(Duration::from_millis(100));
             let _ = w.wake.drain();
         }
+        w.shared.need_wakeup.store(false, Ordering::Relaxed);
         for sq in &mut w.sqs {
             sq.end_wait();
         }
@@ -1465,7 +1540,7 @@ impl WorkerCtx {
         self.inbox.has_new.store(false, Ordering::Relaxed);
         self.sqs.append(&mut pending);
         drop(pending);
-        let mut i = 1; // the shared SQ (index 0) stays
+        let mut i = 0;
         while i < self.sqs.len() {
             if self.sqs[i].is_orphaned() && self.sqs[i].available().unwrap_or(0) == 0 {
                 self.sqs.swap_remove(i);
@@ -1475,18 +1550,26 @@ impl WorkerCtx {
         }
     }
 
-    /// The next entry from any SQ, round-robin.
+    /// The next entry from any queue, round-robin (position 0 is the
+    /// shared queue, then the submitters' rings).
     fn pop_any(&mut self) -> Option<Sqe> {
-        let n = self.sqs.len();
+        let n = self.sqs.len() + 1;
         for k in 0..n {
             let i = (self.cursor + k) % n;
-            match self.sqs[i].pop() {
-                Ok(Some(e)) => {
-                    self.cursor = i + 1;
-                    return Some(e);
+            let got = if i == 0 {
+                self.shared.q.pop()
+            } else {
+                match self.sqs[i - 1].pop() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        eprintln!("daxkv: {}: submission ring {i}: {e}", self.name);
+                        None
+                    }
                 }
-                Ok(None) => {}
-                Err(e) => eprintln!("daxkv: {}: submission ring {i}: {e}", self.name),
+            };
+            if got.is_some() {
+                self.cursor = i + 1;
+                return got;
             }
         }
         None
@@ -1510,6 +1593,8 @@ impl WorkerCtx {
             );
             return;
         }
+        // ORDERING: Relaxed — a statistic.
+        self.parts.fetch_add(1, Ordering::Relaxed);
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_part(&task, start, len)));
         if let Err(p) = r {
             let msg = p

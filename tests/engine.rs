@@ -635,3 +635,141 @@ fn submitters_give_each_thread_its_own_rings() {
         Err(daxkv::engine::EngineError::Closing)
     ));
 }
+
+/// A store task of many keys is split over the store workers (both run a
+/// part), completes once, and every key reads back its own bytes.
+#[test]
+fn split_store_spreads_over_store_workers() {
+    let opts = EngineOptions {
+        num_store_workers: 2,
+        ..EngineOptions::default()
+    };
+    let e = engine_with(vec![memfd_dev(128)], opts);
+    let ids: Vec<u32> = (0..64).collect();
+    assert!(store(&e, &ids, 3000));
+    let parts: Vec<u64> = serde_json::from_value(e.status()["parts_run"]["store"].clone()).unwrap();
+    assert_eq!(parts, vec![1, 1], "one part on each store worker");
+    let keys: Vec<Key> = ids.iter().map(|&i| k(i)).collect();
+    let id = e.submit_load(keys, vec![vec![0; 3000]; 64]).unwrap();
+    let r = e.wait_load(id, T).unwrap();
+    assert_eq!(r.bitmap.count_ones(), 64);
+    for (i, b) in r.bufs.iter().enumerate() {
+        assert_eq!(*b, payload(i as u32, 3000), "key {i}");
+    }
+    assert!(
+        e.pop_completed_stores().is_empty(),
+        "the task completed once"
+    );
+    assert_eq!(e.status()["inflight_store_tasks"], 0);
+}
+
+/// A full task table refuses the next task with an error naming the
+/// capacity; nothing is lost, and collecting one result frees its record.
+#[test]
+fn full_task_table_refuses_then_recovers() {
+    let opts = EngineOptions {
+        task_slots: 2,
+        ..EngineOptions::default()
+    };
+    let e = engine_with(vec![memfd_dev(8)], opts);
+    assert!(store(&e, &[1, 2], 10));
+    let a = e.submit_lookup_and_lock(vec![k(1)]).unwrap();
+    let b = e.submit_lookup_and_lock(vec![k(2)]).unwrap();
+    // Both finish, uncollected: their records stay taken.
+    while e.status()["inflight_lookup_tasks"] != 0 {
+        std::thread::yield_now();
+    }
+    let err = e
+        .submit_lookup_and_lock(vec![k(1)])
+        .expect_err("accepted with the table full");
+    assert_eq!(
+        err.to_string(),
+        "task table full: 2 tasks in flight or awaiting collection"
+    );
+    assert_eq!(e.status()["inflight_lookup_tasks"], 0, "refusal undone");
+    assert!(e.wait_lookup(a, T).unwrap().test(0));
+    // Table slot of `a` is free again: some later id maps onto it.
+    // (An id that maps to `b`'s record is refused and skipped.)
+    let c = loop {
+        if let Ok(id) = e.submit_lookup_and_lock(vec![k(1)]) {
+            break id;
+        }
+    };
+    assert!(e.wait_lookup(b, T).unwrap().test(0));
+    assert!(e.wait_lookup(c, T).unwrap().test(0));
+    e.submit_unlock(&[k(1), k(1), k(2)]);
+    assert_eq!(e.status()["locked_key_count"], 0, "no lock left behind");
+}
+
+/// Tasks larger than `task_keys` (and than an inline bitmap's 256 keys)
+/// grow their record once and report every key.
+#[test]
+fn tasks_larger_than_the_record_grow_it() {
+    let opts = EngineOptions {
+        task_keys: 4,
+        task_slots: 4,
+        ..EngineOptions::default()
+    };
+    let e = engine_with(vec![memfd_dev(400)], opts);
+    let ids: Vec<u32> = (0..300).collect();
+    assert!(store(&e, &ids, 100));
+    // Every other key missing, so the bitmap's words are checked bit by bit.
+    let mut keys: Vec<Key> = ids.iter().map(|&i| k(i)).collect();
+    for (j, key) in keys.iter_mut().enumerate() {
+        if j % 2 == 1 {
+            *key = k(100_000 + j as u32);
+        }
+    }
+    for _ in 0..3 {
+        // Three rounds: the grown records are reused.
+        let id = e.submit_lookup_and_lock(keys.clone()).unwrap();
+        let b = e.wait_lookup(id, T).unwrap();
+        assert_eq!(b.len(), 300);
+        assert_eq!(b.to_vec(), (0..300).map(|j| j % 2 == 0).collect::<Vec<_>>());
+        let hits: Vec<Key> = keys.iter().step_by(2).copied().collect();
+        e.submit_unlock(&hits);
+        let id = e
+            .submit_load(keys.clone(), vec![vec![0; 100]; 300])
+            .unwrap();
+        let r = e.wait_load(id, T).unwrap();
+        assert_eq!(r.bitmap.count_ones(), 150);
+        for (j, b) in r.bufs.iter().enumerate() {
+            if j % 2 == 0 {
+                assert_eq!(*b, payload(j as u32, 100), "key {j}");
+            } else {
+                assert!(b.iter().all(|&x| x == 0), "a miss leaves its buffer alone");
+            }
+        }
+    }
+}
+
+/// Two threads polling the same lookup: exactly one gets the result.
+#[test]
+fn a_result_is_handed_out_once_under_racing_pollers() {
+    let e = engine(64);
+    assert!(store(&e, &[1], 10));
+    for _ in 0..200 {
+        let id = e.submit_lookup_and_lock(vec![k(1)]).unwrap();
+        let got = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let start = std::time::Instant::now();
+                    // Poll until one of the two has it (or give up late).
+                    while got.load(Ordering::Relaxed) == 0 && start.elapsed() < T {
+                        if let Some(b) = e.query_lookup(id) {
+                            assert!(b.test(0));
+                            got.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                });
+            }
+        });
+        assert_eq!(got.load(Ordering::Relaxed), 1);
+        assert!(e.query_lookup(id).is_none(), "and never again");
+        e.submit_unlock(&[k(1)]);
+    }
+    assert_eq!(e.status()["locked_key_count"], 0);
+}

@@ -34,7 +34,7 @@ fn take_waits_for_readers() {
             }
         });
         let g = m.read().expect("published");
-        let got = g.take(|v| std::mem::take(v)).expect("only taker");
+        let got = g.take(std::mem::take).expect("only taker");
         assert_eq!(got, (7, 8));
         worker.join().unwrap();
         assert!(m.is_empty());
