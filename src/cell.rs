@@ -5,9 +5,10 @@
 //! workers running its parts and by callers polling for its result, and
 //! *taken* (read exclusively, then emptied for reuse) by the one caller
 //! that collects the result. [`Mailbox`] is that cell: one atomic word and
-//! the value, no allocation and no lock; nobody ever blocks on it except a
-//! taker waiting for the readers still inside (workers that have published
-//! the result and are returning, so the wait is a few instructions long).
+//! the value, no allocation and no lock. The one wait is a taker's, for
+//! guards still alive; the engine makes it short: its workers drop their
+//! guard before they publish a task as done, so what a collector can find
+//! inside is another poller between two loads.
 //!
 //! ## State word
 //!

@@ -5,8 +5,9 @@
 //!                                                                   │
 //!          worker (store / lookup / load pool) ◄────────────────────┘
 //!            read the record, run the part against the device pool, set
-//!            result bits, count down the task's parts; the last part
-//!            publishes: done flag (Release) → CQE on its CQ → eventfd
+//!            result bits, count down the task's parts; the last part lets
+//!            go of the record, then publishes: done id (Release) → CQE on
+//!            its CQ → eventfd
 //!                                                                   │
 //! pop_completed_stores / query_lookup / query_load ◄────────────────┘
 //!   (take the result out of the record; the record is empty for reuse)
@@ -394,8 +395,15 @@ struct TaskRec {
     results: Vec<AtomicU64>,
     parts_left: AtomicU32,
     panicked: AtomicBool,
-    /// Set (Release) by the worker that finishes the last part.
-    done: AtomicBool,
+}
+
+/// One entry of the task table.
+struct TaskSlot {
+    /// The id of the last task finished in this slot (Release by the
+    /// worker that finished it, after it let go of the record, so a
+    /// collector that sees it never waits for that worker).
+    done: AtomicU64,
+    rec: Mailbox<TaskRec>,
 }
 
 impl TaskRec {
@@ -411,7 +419,6 @@ impl TaskRec {
                 .collect(),
             parts_left: AtomicU32::new(0),
             panicked: AtomicBool::new(false),
-            done: AtomicBool::new(false),
         }
     }
 
@@ -483,7 +490,7 @@ struct Pool {
 
 impl Inner {
     /// The task-table record of task `id`.
-    fn task(&self, id: u64) -> &Mailbox<TaskRec> {
+    fn task(&self, id: u64) -> &TaskSlot {
         &self.tasks[(id % self.tasks.len() as u64) as usize]
     }
 }
@@ -494,7 +501,7 @@ struct Inner {
     hotplug_enabled: bool,
     devices: ArcSwap<Vec<Arc<Device>>>,
     next_device: AtomicU32,
-    tasks: Box<[Mailbox<TaskRec>]>,
+    tasks: Box<[TaskSlot]>,
     next_task: AtomicU64,
     /// Tasks submitted and not yet finished (close waits for zero).
     inflight: [AtomicUsize; 3],
@@ -578,7 +585,10 @@ impl Engine {
             devices: ArcSwap::from_pointee(devs),
             next_device: AtomicU32::new(n_dev),
             tasks: (0..opts.task_slots)
-                .map(|_| Mailbox::new(TaskRec::with_capacity(opts.task_keys)))
+                .map(|_| TaskSlot {
+                    done: AtomicU64::new(u64::MAX),
+                    rec: Mailbox::new(TaskRec::with_capacity(opts.task_keys)),
+                })
                 .collect(),
             next_task: AtomicU64::new(0),
             inflight: Default::default(),
@@ -594,9 +604,9 @@ impl Engine {
             close_lock: Mutex::new(false),
         };
         let pools = [
-            start_pool(&inner, "daxkv-store", inner.opts.num_store_workers),
-            start_pool(&inner, "daxkv-lookup", inner.opts.num_lookup_workers),
-            start_pool(&inner, "daxkv-load", inner.opts.num_load_workers),
+            start_pool(&inner, Op::Store, inner.opts.num_store_workers),
+            start_pool(&inner, Op::Lookup, inner.opts.num_lookup_workers),
+            start_pool(&inner, Op::Load, inner.opts.num_load_workers),
         ];
         let mut ok = Vec::new();
         let mut err = None;
@@ -795,7 +805,7 @@ impl Engine {
         };
         let nparts = n.div_ceil(per).max(1);
         let words = n.div_ceil(64).max(1);
-        let filled = inner.task(id).fill(move |rec| {
+        let filled = inner.task(id).rec.fill(move |rec| {
             rec.id = id;
             rec.op = op;
             rec.keys = keys;
@@ -807,7 +817,6 @@ impl Engine {
             rec.results.resize_with(words, || AtomicU64::new(0));
             *rec.parts_left.get_mut() = nparts as u32;
             *rec.panicked.get_mut() = false;
-            *rec.done.get_mut() = false;
         });
         if filled.is_none() {
             return Err(EngineError::TooManyInFlight {
@@ -1021,10 +1030,16 @@ impl Engine {
     /// Take task `id`'s result out of its record if it is done and of kind
     /// `op`; one caller wins, every later call gets `None`.
     fn take_done<R>(&self, id: u64, op: Op, f: impl FnOnce(&mut TaskRec) -> R) -> Option<R> {
-        let rec = self.inner.task(id).read()?;
-        // ORDERING: Acquire — pairs with the Release in `finish`, which
-        // publishes the result bits and the destination bytes.
-        if rec.id != id || rec.op != op || !rec.done.load(Ordering::Acquire) {
+        let slot = self.inner.task(id);
+        // ORDERING: Acquire — pairs with the Release in `publish`, which
+        // comes after the result bits, the destination bytes and every
+        // worker's guard release.
+        if slot.done.load(Ordering::Acquire) != id {
+            return None;
+        }
+        // The record may already be taken (and refilled by a later id).
+        let rec = slot.rec.read()?;
+        if rec.id != id || rec.op != op {
             return None;
         }
         rec.take(f)
@@ -1210,7 +1225,12 @@ impl Drop for Engine {
     }
 }
 
-fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, EngineError> {
+fn start_pool(inner: &Arc<Inner>, class: Op, n: usize) -> Result<Pool, EngineError> {
+    let name = match class {
+        Op::Store => "daxkv-store",
+        Op::Lookup => "daxkv-lookup",
+        Op::Load => "daxkv-load",
+    };
     let fd = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
     let waiters = Arc::new(AtomicUsize::new(0));
     let cap = (inner.opts.task_slots as u32)
@@ -1248,6 +1268,7 @@ fn start_pool(inner: &Arc<Inner>, name: &'static str, n: usize) -> Result<Pool, 
             waiters: waiters.clone(),
             cpu: (!inner.opts.cpus.is_empty()).then(|| inner.opts.cpus[w % inner.opts.cpus.len()]),
             name: format!("{name}-{w}"),
+            class,
             scratch: Scratch::with_capacity(SCRATCH_KEYS),
         };
         let ready = ready_tx.clone();
@@ -1427,6 +1448,8 @@ struct WorkerCtx {
     waiters: Arc<AtomicUsize>,
     cpu: Option<usize>,
     name: String,
+    /// The pool's task kind.
+    class: Op,
     /// Scratch for batched lookups, sized at start-up (grown only by a task
     /// larger than any before), so a worker allocates nothing per task.
     scratch: Scratch,
@@ -1578,7 +1601,8 @@ impl WorkerCtx {
     fn run(&mut self, sqe: Sqe) {
         let inner = self.inner.clone();
         // Validate everything read from the ring before use.
-        let Some(task) = inner.task(sqe.task).read().filter(|t| t.id == sqe.task) else {
+        let slot = inner.task(sqe.task);
+        let Some(task) = slot.rec.read().filter(|t| t.id == sqe.task) else {
             eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
             return;
         };
@@ -1610,10 +1634,14 @@ impl WorkerCtx {
             inner.panics.fetch_add(1, Ordering::Relaxed);
         }
         // ORDERING: AcqRel — the last part sees every part's result bits.
-        if task.parts_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.finish(&task);
+        let last = task.parts_left.fetch_sub(1, Ordering::AcqRel) == 1;
+        let cqe = last.then(|| self.finish(&task));
+        // Let go of the record before publishing: a collector that sees
+        // the task done can take it at once, without waiting for us.
+        drop(task);
+        if let Some(cqe) = cqe {
+            self.publish(slot, cqe);
         }
-        // Dropping the guard lets the collector take the record.
     }
 
     fn run_part(&mut self, task: &TaskRec, start: usize, len: usize) {
@@ -1680,7 +1708,8 @@ impl WorkerCtx {
         }
     }
 
-    fn finish(&mut self, task: &TaskRec) {
+    /// The last part is done: tell the listeners, and build the CQE.
+    fn finish(&mut self, task: &TaskRec) -> Cqe {
         let ok = task.ok_count();
         // Tell the listeners before publishing, so a caller that sees the
         // result also sees the events. (Nothing is built when no listener
@@ -1704,26 +1733,31 @@ impl WorkerCtx {
                 Op::Lookup => {}
             }
         }
-        // ORDERING: Release — publishes the result bits (and the
-        // destination bytes) to `take_done`'s Acquire.
-        task.done.store(true, Ordering::Release);
-        let cqe = Cqe {
+        Cqe {
             task: task.id,
             ok: u32::from(ok == task.keys.len()),
             keys_ok: ok as u32,
-        };
+        }
+    }
+
+    /// Publish a finished task: done id, CQE, in-flight count, eventfd.
+    fn publish(&mut self, slot: &TaskSlot, cqe: Cqe) {
+        let op = self.class;
+        // ORDERING: Release — publishes the result bits, the destination
+        // bytes and our guard's release to `take_done`'s Acquire.
+        slot.done.store(cqe.task, Ordering::Release);
         // Store CQs are sized to the task table, so a push fails only if
         // the caller never pops; lookup / load CQEs are wake-ups only (the
-        // done flag is the truth), so a full CQ just drops one.
+        // done id is the truth), so a full CQ just drops one.
         let _ = self.cq.push(cqe);
         self.cq.sync();
-        self.inner.inflight[idx(task.op)].fetch_sub(1, Ordering::SeqCst);
+        self.inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
         let wake = match self.inner.opts.signal {
             Signal::Always => true,
             Signal::WhenWaiting => {
                 // ORDERING: SeqCst fence — the Dekker pair of the one in
                 // `Engine::wait`: either we see its `waiters` count, or
-                // it sees our `done` (and the CQE) before it sleeps.
+                // it sees our done id (and the CQE) before it sleeps.
                 fence(Ordering::SeqCst);
                 self.waiters.load(Ordering::Relaxed) > 0
             }
