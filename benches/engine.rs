@@ -5,6 +5,7 @@
 //! keys/s with one worker, and one vs two load workers for 4 KiB objects.
 #![allow(clippy::many_single_char_names)]
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -16,6 +17,16 @@ use daxkv::{CoreConfig, Key};
 const T: Duration = Duration::from_secs(10);
 
 fn engine(slot: usize, slots: usize, load_workers: usize, spin: Duration) -> Engine {
+    engine_waiting(slot, slots, load_workers, spin, spin)
+}
+
+fn engine_waiting(
+    slot: usize,
+    slots: usize,
+    load_workers: usize,
+    spin: Duration,
+    wait_spin: Duration,
+) -> Engine {
     let dev = DeviceSpec {
         path: "memfd".into(),
         core: CoreConfig::new(ArenaSpec::memfd(slot * slots).populate(true), slot),
@@ -23,6 +34,7 @@ fn engine(slot: usize, slots: usize, load_workers: usize, spin: Duration) -> Eng
     let opts = EngineOptions {
         num_load_workers: load_workers,
         spin,
+        wait_spin,
         // The benches wait with the `wait_*` helpers.
         signal: Signal::WhenWaiting,
         ..EngineOptions::default()
@@ -186,22 +198,93 @@ fn bench_lookup_and_workers(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(300))
         .sample_size(10);
-    for workers in [1usize, 2] {
-        let e = engine(4096, 2048, workers, Duration::from_micros(50));
-        let ks = keys(2048);
-        fill(&e, &ks, 4096);
-        g.throughput(Throughput::Elements(256));
-        let mut bufs = Some(vec![vec![0u8; 4096]; 256]);
-        let mut i = 0;
-        g.bench_with_input(BenchmarkId::new("4k_task256", workers), &workers, |b, _| {
-            b.iter(|| {
-                i = (i + 256) % ks.len();
-                let id = e
-                    .submit_load(ks[i..i + 256].to_vec(), bufs.take().unwrap())
-                    .unwrap();
-                let r = e.wait_load(id, T).unwrap();
-                bufs = Some(r.bufs);
+    // The caller either spins while it waits (as long as the workers do)
+    // or parks almost at once (2 µs), leaving the CPUs to the workers.
+    for (mode, wait_spin) in [("spin", 50), ("park", 2)] {
+        for workers in [1usize, 2] {
+            let e = engine_waiting(
+                4096,
+                2048,
+                workers,
+                Duration::from_micros(50),
+                Duration::from_micros(wait_spin),
+            );
+            let ks = keys(2048);
+            fill(&e, &ks, 4096);
+            g.throughput(Throughput::Elements(256));
+            let mut bufs = Some(vec![vec![0u8; 4096]; 256]);
+            let mut i = 0;
+            let id = BenchmarkId::new(format!("4k_task256_{mode}"), workers);
+            g.bench_with_input(id, &workers, |b, _| {
+                b.iter(|| {
+                    i = (i + 256) % ks.len();
+                    let id = e
+                        .submit_load(ks[i..i + 256].to_vec(), bufs.take().unwrap())
+                        .unwrap();
+                    let r = e.wait_load(id, T).unwrap();
+                    bufs = Some(r.bufs);
+                });
             });
+        }
+    }
+    // The hardware's own scaling for the same work: the same 256 objects
+    // copied out of the same mapping by one thread, or split between two
+    // (the second a spinning helper, released by a generation counter).
+    let e = engine(4096, 2048, 1, Duration::from_micros(50));
+    let ks = keys(2048);
+    fill(&e, &ks, 4096);
+    let devs = e.devices();
+    let guard = devs[0].core.raw_guard().unwrap();
+    let copy = |first: usize, count: usize, dst: &mut [Vec<u8>]| {
+        for (j, d) in dst.iter_mut().enumerate().take(count) {
+            guard.read(((first + j) % 2048) * 4096, d).unwrap();
+        }
+    };
+    for threads in [1usize, 2] {
+        g.throughput(Throughput::Elements(256));
+        let go = AtomicU64::new(0);
+        let done = AtomicU64::new(0);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            if threads == 2 {
+                let (go, done, stop, copy) = (&go, &done, &stop, &copy);
+                s.spawn(move || {
+                    let mut mine = vec![vec![0u8; 4096]; 128];
+                    let mut seen = 0;
+                    while !stop.load(Ordering::Acquire) {
+                        let g = go.load(Ordering::Acquire);
+                        if g == seen {
+                            std::hint::spin_loop();
+                            continue;
+                        }
+                        seen = g;
+                        copy((g as usize * 256 + 128) % 2048, 128, &mut mine);
+                        done.store(g, Ordering::Release);
+                    }
+                });
+            }
+            let mut bufs = vec![vec![0u8; 4096]; 256];
+            let mut gen = 0u64;
+            g.bench_with_input(
+                BenchmarkId::new("raw_copy_out", threads),
+                &threads,
+                |b, _| {
+                    b.iter(|| {
+                        gen += 1;
+                        let first = (gen as usize * 256) % 2048;
+                        if threads == 1 {
+                            copy(first, 256, &mut bufs);
+                        } else {
+                            go.store(gen, Ordering::Release);
+                            copy(first, 128, &mut bufs);
+                            while done.load(Ordering::Acquire) != gen {
+                                std::hint::spin_loop();
+                            }
+                        }
+                    });
+                },
+            );
+            stop.store(true, Ordering::Release);
         });
     }
     g.finish();

@@ -44,6 +44,8 @@ pub struct BenchConfig {
     /// Spin before parking (workers and the waiting caller); zero parks at
     /// once (eventfd wakes only).
     pub spin: Duration,
+    /// How long the waiting caller spins before parking (`None`: `spin`).
+    pub wait_spin: Option<Duration>,
     /// Tasks in flight per phase.
     pub inflight_tasks: usize,
     /// Pre-fault the mapping (first-touch faults of fresh tmpfs pages would
@@ -65,6 +67,7 @@ impl Default for BenchConfig {
             lookup_workers: 1,
             load_workers: 1,
             spin: Duration::from_micros(250),
+            wait_spin: None,
             inflight_tasks: 8,
             prefault: true,
             verify_every: 64,
@@ -341,6 +344,7 @@ pub fn run(
             num_lookup_workers: cfg.lookup_workers,
             num_load_workers: cfg.load_workers,
             spin: cfg.spin,
+            wait_spin: cfg.wait_spin.unwrap_or(cfg.spin),
             // The bench waits with the `wait_*` helpers, so the workers
             // need to signal only while it is parked.
             signal: crate::engine::Signal::WhenWaiting,

@@ -63,8 +63,9 @@ impl RawBuf {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    /// The bytes, for a load destination. Only the task's worker calls this,
-    /// once per buffer.
+    /// The bytes, for a load destination. Only the worker running the part
+    /// that owns this buffer calls this, and it keeps one borrow at a time
+    /// (it may try one device, drop the borrow, then try the next).
     #[allow(clippy::mut_from_ref)] // the contract makes the memory the task's alone
     pub fn as_mut_slice(&self) -> &mut [u8] {
         if self.len == 0 {

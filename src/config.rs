@@ -14,7 +14,7 @@
 //! `persist_enabled`, `serde`, the fork's `watch_directory` and
 //! `watch_interval_seconds`) are accepted and ignored here. daxkv's own
 //! keys: `numa` (`"auto"`, `"off"` or a node number), `cpus` (a list),
-//! `spin_us`, `prefault`, `task_slots`, `task_keys`, `sysfs_root`, `signal` (`"always"`,
+//! `spin_us`, `wait_spin_us`, `prefault`, `task_slots`, `task_keys`, `sysfs_root`, `signal` (`"always"`,
 //! the default, or `"when_waiting"`: see `engine::Signal`). A `device_path` of
 //! `"memfd"` maps an anonymous memfd (embedded use and tests).
 //!
@@ -57,6 +57,7 @@ const OURS: &[&str] = &[
     "numa",
     "cpus",
     "spin_us",
+    "wait_spin_us",
     "prefault",
     "task_slots",
     "task_keys",
@@ -97,6 +98,7 @@ pub struct EngineConfig {
     pub num_load_workers: usize,
     pub placement: Placement,
     pub spin: Duration,
+    pub wait_spin: Duration,
     pub prefault: bool,
     pub task_slots: usize,
     pub task_keys: usize,
@@ -261,16 +263,17 @@ impl EngineConfig {
                 ))
             }
         };
-        let spin_us = match obj.get("spin_us") {
-            None => 250,
-            Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64().unwrap_or_default(),
-            Some(v) => {
-                return Err(err(
-                    "spin_us",
-                    format!("must be a whole number of microseconds (got {v})"),
-                ))
-            }
+        let micros = |field: &str, default: u64| match obj.get(field) {
+            None => Ok(default),
+            Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64().unwrap_or_default()),
+            Some(v) => Err(err(
+                field,
+                format!("must be a whole number of microseconds (got {v})"),
+            )),
         };
+        let spin_us = micros("spin_us", 250)?;
+        // A waiting caller spins as long as a worker unless told otherwise.
+        let wait_spin_us = micros("wait_spin_us", spin_us)?;
         let prefault = match obj.get("prefault") {
             None => true,
             Some(Value::Bool(b)) => *b,
@@ -302,6 +305,7 @@ impl EngineConfig {
             num_load_workers: positive_int(obj, "num_load_workers", Some(cpus.min(4)))?,
             placement,
             spin: Duration::from_micros(spin_us),
+            wait_spin: Duration::from_micros(wait_spin_us),
             prefault,
             task_slots: positive_int(obj, "task_slots", Some(4096))?,
             task_keys: positive_int(obj, "task_keys", Some(64))?,
@@ -339,6 +343,7 @@ impl EngineConfig {
             num_lookup_workers: self.num_lookup_workers,
             num_load_workers: self.num_load_workers,
             spin: self.spin,
+            wait_spin: self.wait_spin,
             task_slots: self.task_slots,
             task_keys: self.task_keys,
             cpus: self

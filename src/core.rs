@@ -420,8 +420,17 @@ impl DaxCore {
                 slot_bytes: self.slot_bytes,
             });
         }
-        let g = self.arena.enter().map_err(|_| PutError::Closed)?;
-        self.put_with(key, data.len(), meta, |off| g.write(off, data).is_ok())
+        self.session().ok_or(PutError::Closed)?.put(key, data, meta)
+    }
+
+    /// A batch of single-key operations under one arena guard (see
+    /// [`Session`]). `None` once the core is closing.
+    pub fn session(&self) -> Option<Session<'_>> {
+        Some(Session {
+            core: self,
+            g: self.arena.enter().ok()?,
+            reading: std::cell::Cell::new(false),
+        })
     }
 
     /// `put` for many keys: per-key success (a full arena or a failed copy is
@@ -627,10 +636,7 @@ impl DaxCore {
     /// True if `key` is committed or its store is in flight (a put of it
     /// would be a no-op).
     pub fn contains_live(&self, key: Key) -> bool {
-        let Ok(_g) = self.arena.enter() else {
-            return false;
-        };
-        self.index.contains_live(key, self.is_key(key))
+        self.session().is_some_and(|s| s.contains_live(key))
     }
 
     /// True while a store of `key` is in flight.
@@ -757,21 +763,7 @@ impl DaxCore {
     /// Copy one key's payload into `dst`: `Some(len)` on a hit, `None` on a
     /// miss or when `dst` is too short (then untouched).
     pub fn load_into(&self, key: Key, dst: &mut [u8]) -> Option<usize> {
-        // The single-key path borrows the slot directly: no read set, no
-        // allocation.
-        let g = self.arena.enter().ok()?;
-        let (s, gen) = self.borrow_in(key)?;
-        // ORDERING: Relaxed — a statistic.
-        self.active_reads.fetch_add(1, Ordering::Relaxed);
-        let (len, _) = self.len_meta(s);
-        let ok = dst.len() >= len
-            && g.read(s.0 as usize * self.slot_bytes, &mut dst[..len])
-                .is_ok();
-        if let Ok(t) = self.meta(s).state.release(gen) {
-            self.settle(s, t);
-        }
-        self.active_reads.fetch_sub(1, Ordering::Relaxed);
-        ok.then_some(len)
+        self.session()?.load_into(key, dst)
     }
 
     /// Look up (and lock) each key, writing hits into `out` (no allocation).
@@ -1068,5 +1060,72 @@ impl DaxCore {
 impl Drop for DaxCore {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// Single-key operations under one arena guard, for a worker running a
+/// batch of keys (an engine task part).
+///
+/// Every `DaxCore` call enters the arena's gate, a counter shared by every
+/// thread using the device, and a load also counts itself in the shared
+/// `active_read_count`: two read-modify-writes of shared cache lines per
+/// call, which two workers copying 4 KiB objects bounce between their
+/// cores on every object. A session pays both once per batch. It holds the
+/// guard for its whole life, so a remap waits for the batch (bounded by
+/// its length), and it counts as one active read while it has loaded
+/// anything. Not `Send`: the guard belongs to the thread that took it.
+pub struct Session<'a> {
+    core: &'a DaxCore,
+    g: ArenaGuard<'a>,
+    /// Counted in `active_reads` (set by the first load).
+    reading: std::cell::Cell<bool>,
+}
+
+impl Session<'_> {
+    /// [`DaxCore::put`] under this session's guard.
+    pub fn put(&self, key: Key, data: &[u8], meta: u32) -> Result<PutOutcome, PutError> {
+        let c = self.core;
+        if data.len() > c.slot_bytes {
+            return Err(PutError::TooLarge {
+                len: data.len(),
+                slot_bytes: c.slot_bytes,
+            });
+        }
+        c.put_with(key, data.len(), meta, |off| self.g.write(off, data).is_ok())
+    }
+
+    /// [`DaxCore::load_into`] under this session's guard. The slot is
+    /// borrowed directly: no read set, no allocation.
+    pub fn load_into(&self, key: Key, dst: &mut [u8]) -> Option<usize> {
+        let c = self.core;
+        let (s, gen) = c.borrow_in(key)?;
+        if !self.reading.replace(true) {
+            // ORDERING: Relaxed — a statistic.
+            c.active_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        let (len, _) = c.len_meta(s);
+        let ok = dst.len() >= len
+            && self
+                .g
+                .read(s.0 as usize * c.slot_bytes, &mut dst[..len])
+                .is_ok();
+        if let Ok(t) = c.meta(s).state.release(gen) {
+            c.settle(s, t);
+        }
+        ok.then_some(len)
+    }
+
+    /// [`DaxCore::contains_live`] under this session's guard.
+    pub fn contains_live(&self, key: Key) -> bool {
+        self.core.index.contains_live(key, self.core.is_key(key))
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        if self.reading.get() {
+            // ORDERING: Relaxed — a statistic.
+            self.core.active_reads.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }

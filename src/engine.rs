@@ -73,7 +73,7 @@ use crossbeam_queue::ArrayQueue;
 use crate::cell::Mailbox;
 
 use crate::buf::{Buf, Dsts, Lent, RawBuf};
-use crate::core::{CoreConfig, DaxCore};
+use crate::core::{CoreConfig, DaxCore, Session};
 use crate::error::{OpenError, PutError};
 use crate::key::Key;
 use crate::notify::EventFd;
@@ -206,6 +206,12 @@ pub struct EngineOptions {
     /// before the worker parks again; with 50 µs both sides could fall into
     /// paying a wake per task.
     pub spin: Duration,
+    /// How long a `wait_*` caller spins before parking on the eventfd.
+    /// A caller that spins holds a CPU the workers could use: with more
+    /// runnable workers than CPUs (two load workers and the caller on two
+    /// vCPUs), a short wait spin lets both workers run (see the README's
+    /// Performance section). Default: `spin`.
+    pub wait_spin: Duration,
     /// Size of the task table: tasks in flight plus results not collected.
     pub task_slots: usize,
     /// Keys per task the table is sized for: a task of at most this many
@@ -245,6 +251,7 @@ impl Default for EngineOptions {
             num_lookup_workers: 1,
             num_load_workers: cpus.min(4),
             spin: Duration::from_micros(250),
+            wait_spin: Duration::from_micros(250),
             task_slots: 4096,
             task_keys: 64,
             cpus: Vec::new(),
@@ -420,6 +427,11 @@ impl TaskRec {
             parts_left: AtomicU32::new(0),
             panicked: AtomicBool::new(false),
         }
+    }
+
+    fn is_set(&self, i: usize) -> bool {
+        // ORDERING: Relaxed — only this part's worker writes bit `i`.
+        self.results[i / 64].load(Ordering::Relaxed) & (1 << (i % 64)) != 0
     }
 
     fn set(&self, i: usize) {
@@ -975,7 +987,7 @@ impl Engine {
         let start = Instant::now();
         // Spin first: a cross-vCPU eventfd wake costs 100-200 µs here.
         let mut spins = 0u32;
-        while start.elapsed() < self.inner.opts.spin {
+        while start.elapsed() < self.inner.opts.wait_spin {
             if let Some(r) = poll() {
                 return Some(r);
             }
@@ -1653,8 +1665,12 @@ impl WorkerCtx {
         }
         match task.op {
             Op::Store => {
+                // One arena session per device for the whole part (the
+                // first few devices; others enter per key).
+                let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
+                    std::array::from_fn(|i| devs.get(i).and_then(|d| d.core.session()));
                 for (i, k) in keys.iter().enumerate() {
-                    if store_one(&devs, *k, task.srcs[start + i].as_slice()) {
+                    if store_one(&devs, &sessions, *k, task.srcs[start + i].as_slice()) {
                         task.set(start + i);
                     }
                 }
@@ -1695,13 +1711,25 @@ impl WorkerCtx {
                 // Parts cover disjoint index ranges, so each destination is
                 // written by exactly one worker (RawBuf's contract).
                 let views: &[RawBuf] = &task.dsts.bufs()[start..start + len];
-                for (i, (k, dst)) in keys.iter().zip(views).enumerate() {
-                    let dst = dst.as_mut_slice();
-                    if devs
-                        .iter()
-                        .any(|d| d.state().is_readable() && d.core.load_into(*k, dst).is_some())
-                    {
-                        task.set(start + i);
+                // Device by device, one arena session each, over the keys
+                // not found yet (the result bits say which).
+                for d in devs.iter().filter(|d| d.state().is_readable()) {
+                    let Some(sess) = d.core.session() else {
+                        continue;
+                    };
+                    let mut missing = false;
+                    for (i, (k, dst)) in keys.iter().zip(views).enumerate() {
+                        if task.is_set(start + i) {
+                            continue;
+                        }
+                        if sess.load_into(*k, dst.as_mut_slice()).is_some() {
+                            task.set(start + i);
+                        } else {
+                            missing = true;
+                        }
+                    }
+                    if !missing {
+                        break;
                     }
                 }
             }
@@ -1768,21 +1796,44 @@ impl WorkerCtx {
     }
 }
 
+/// Devices a task part opens an arena session on up front.
+const SESSION_DEVICES: usize = 4;
+
+/// Run `f` under device `i`'s session: the part's own if it has one, else
+/// a session for this call (a device beyond the first few, or one that was
+/// closing when the part began). `None` if the device is closing.
+fn in_session<R>(
+    devs: &[Arc<Device>],
+    sessions: &[Option<Session<'_>>],
+    i: usize,
+    f: impl FnOnce(&Session<'_>) -> R,
+) -> Option<R> {
+    match sessions.get(i).and_then(Option::as_ref) {
+        Some(s) => Some(f(s)),
+        None => devs[i].core.session().map(|s| f(&s)),
+    }
+}
+
 /// Store one key: a key already on a readable device stays there (success,
 /// no copy); a new key goes to the active device with the lowest slot
 /// usage, then the next on a full device.
-fn store_one(devs: &[Arc<Device>], key: Key, data: &[u8]) -> bool {
-    if devs
-        .iter()
-        .any(|d| d.state().is_readable() && d.core.contains_live(key))
-    {
+fn store_one(
+    devs: &[Arc<Device>],
+    sessions: &[Option<Session<'_>>],
+    key: Key,
+    data: &[u8],
+) -> bool {
+    if devs.iter().enumerate().any(|(i, d)| {
+        d.state().is_readable()
+            && in_session(devs, sessions, i, |s| s.contains_live(key)).unwrap_or(false)
+    }) {
         return true;
     }
     // Try writable devices in ascending usage: pick the least used one not
     // yet tried, each round (devices are few; no allocation per key).
     let mut tried: u64 = 0;
     for _ in 0..devs.len().min(64) {
-        let Some((i, d)) = devs
+        let Some((i, _)) = devs
             .iter()
             .enumerate()
             .take(64)
@@ -1792,10 +1843,10 @@ fn store_one(devs: &[Arc<Device>], key: Key, data: &[u8]) -> bool {
             return false;
         };
         tried |= 1 << i;
-        match d.core.put(key, data, 0) {
-            Ok(_) => return true,
-            Err(PutError::Full | PutError::IndexFull | PutError::Closed) => {}
-            Err(_) => return false,
+        match in_session(devs, sessions, i, |s| s.put(key, data, 0)) {
+            Some(Ok(_)) => return true,
+            Some(Err(PutError::Full | PutError::IndexFull | PutError::Closed)) | None => {}
+            Some(Err(_)) => return false,
         }
     }
     false

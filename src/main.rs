@@ -51,6 +51,11 @@ enum Cmd {
         /// Spin this long before parking (workers and the waiting caller).
         #[arg(long, default_value_t = 250)]
         spin_us: u64,
+        /// How long the waiting caller spins before parking (default: the
+        /// same as --spin-us). On a machine with fewer CPUs than workers
+        /// plus the caller, a short caller spin leaves the CPUs to them.
+        #[arg(long)]
+        wait_spin_us: Option<u64>,
         /// Park at once (eventfd wakes only); same as --spin-us 0.
         #[arg(long)]
         park: bool,
@@ -117,6 +122,7 @@ fn main() -> anyhow::Result<()> {
             lookup_workers,
             load_workers,
             spin_us,
+            wait_spin_us,
             park,
             inflight,
             no_prefault,
@@ -156,6 +162,11 @@ fn main() -> anyhow::Result<()> {
                 lookup_workers,
                 load_workers,
                 spin: std::time::Duration::from_micros(if park { 0 } else { spin_us }),
+                wait_spin: if park {
+                    Some(std::time::Duration::ZERO)
+                } else {
+                    wait_spin_us.map(std::time::Duration::from_micros)
+                },
                 inflight_tasks: inflight,
                 prefault: !no_prefault,
                 ..Default::default()
