@@ -8,7 +8,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
 use daxkv::arena::ArenaSpec;
 use daxkv::buf::Buf;
 use daxkv::engine::{DeviceSpec, Engine, EngineOptions, Signal};
@@ -172,7 +175,7 @@ fn fill_with(e: &Engine, ks: &[Key], src: &std::sync::Arc<[u8]>) {
     }
 }
 
-fn bench_lookup_and_workers(c: &mut Criterion) {
+fn bench_lookup(c: &mut Criterion) {
     let mut g = c.benchmark_group("engine/lookup");
     g.measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(300))
@@ -193,7 +196,9 @@ fn bench_lookup_and_workers(c: &mut Criterion) {
         });
     });
     g.finish();
+}
 
+fn bench_load_workers(c: &mut Criterion) {
     let mut g = c.benchmark_group("engine/load_workers");
     g.measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(300))
@@ -227,6 +232,11 @@ fn bench_lookup_and_workers(c: &mut Criterion) {
             });
         }
     }
+    raw_copy_scaling(&mut g);
+    g.finish();
+}
+
+fn raw_copy_scaling(g: &mut BenchmarkGroup<'_, WallTime>) {
     // The hardware's own scaling for the same work: the same 256 objects
     // copied out of the same mapping by one thread, or split between two
     // (the second a spinning helper, released by a generation counter).
@@ -287,13 +297,13 @@ fn bench_lookup_and_workers(c: &mut Criterion) {
             stop.store(true, Ordering::Release);
         });
     }
-    g.finish();
 }
 
 criterion_group!(
     benches,
     bench_round_trip,
     bench_copy_paths,
-    bench_lookup_and_workers
+    bench_lookup,
+    bench_load_workers
 );
 criterion_main!(benches);

@@ -14,11 +14,9 @@ use loom::thread;
 
 use daxkv::cell::Mailbox;
 
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(f);
-}
+#[path = "common/loom.rs"]
+mod common;
+use common::model;
 
 /// A worker reading the value while a collector takes it: the collector
 /// writes only after the worker's guard is gone, and sees the filled value.

@@ -9,11 +9,9 @@ use loom::thread;
 
 use daxkv::ring::Ring;
 
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(f);
-}
+#[path = "common/loom.rs"]
+mod common;
+use common::model;
 
 /// Three entries through a two-slot ring arrive complete and in order
 /// (loom's cells check that no slot is read while it is written).

@@ -12,11 +12,9 @@ use loom::thread;
 
 use daxkv::slot::{Bitmap, Commit, SlotError, SlotState};
 
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(f);
-}
+#[path = "common/loom.rs"]
+mod common;
+use common::model;
 
 /// The payload the slot guards, written by the writer and read by readers.
 struct Slot {
