@@ -235,9 +235,9 @@ pub enum Signal {
     /// use the `wait_*` helpers (LMCache's controllers). The default.
     #[default]
     Always,
-    /// Only while a `wait_*` caller is parked (it sets the completion
-    /// rings' NEED_WAKEUP flag before sleeping): a busy caller that finds
-    /// its results while spinning costs the workers no syscall per task.
+    /// Only while a `wait_*` caller is parked (it counts itself in the
+    /// pool's waiters before sleeping): a busy caller that finds its
+    /// results while spinning costs the workers no syscall per task.
     WhenWaiting,
 }
 
