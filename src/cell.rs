@@ -30,6 +30,9 @@
 //! once it is the last reader. The taker holds a guard while it checks the
 //! value (the task id) and while it sets `EXCL`, so the value it checked is
 //! the value it takes. Loom checks these claims (`tests/loom_cell.rs`).
+//!
+//! A filler or taker whose closure panics leaves the mailbox empty (the
+//! value as the closure left it), never locked for good.
 
 use std::marker::PhantomData;
 
@@ -88,7 +91,10 @@ impl<T> Mailbox<T> {
         self.state
             .compare_exchange(0, EXCL, Ordering::Acquire, Ordering::Relaxed)
             .ok()?;
+        // A panic in `f` leaves the mailbox empty, not locked for good.
+        let empty_on_unwind = Empty(&self.state);
         let r = self.with_mut(f);
+        std::mem::forget(empty_on_unwind);
         // ORDERING: Release — publishes the value to `read`'s Acquire.
         self.state.store(FULL, Ordering::Release);
         Some(r)
@@ -140,6 +146,17 @@ impl<T> Mailbox<T> {
             // SAFETY: as above; loom checks the claim.
             self.value.with_mut(|p| f(unsafe { &mut *p }))
         }
+    }
+}
+
+/// Stores "empty" when dropped (Release: the value as left is seen by the
+/// next `fill`).
+struct Empty<'a>(&'a AtomicU64);
+
+impl Drop for Empty<'_> {
+    fn drop(&mut self) {
+        // ORDERING: Release — see the type's doc.
+        self.0.store(0, Ordering::Release);
     }
 }
 
@@ -218,10 +235,9 @@ impl<T> Ref<'_, T> {
                 std::hint::spin_loop();
             }
         }
-        let r = mb.with_mut(f);
-        // ORDERING: Release — the emptied value is seen by the next `fill`.
-        mb.state.store(0, Ordering::Release);
-        Some(r)
+        // Left empty when `f` returns, and also if it panics.
+        let _empty = Empty(&mb.state);
+        Some(mb.with_mut(f))
     }
 }
 
@@ -275,6 +291,23 @@ mod tests {
             assert_eq!(h.join().unwrap(), Some(6));
         });
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn a_panicking_filler_or_taker_leaves_the_mailbox_usable() {
+        let m = Mailbox::new(0u32);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            m.fill(|_| panic!("filler fails"));
+        }));
+        assert!(r.is_err());
+        assert!(m.is_empty(), "a failed fill leaves it empty");
+        m.fill(|v| *v = 1).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            m.read().unwrap().take(|_| panic!("taker fails"));
+        }));
+        assert!(r.is_err());
+        assert!(m.is_empty(), "a failed take leaves it empty");
+        assert_eq!(m.fill(|v| *v), Some(1));
     }
 
     #[test]
