@@ -389,6 +389,21 @@ mod tests {
             hp.devices.is_empty() && hp.placement == Placement::Off && hp.spin == Duration::ZERO
         );
         assert_eq!(
+            hp.wait_spin,
+            Duration::ZERO,
+            "a waiting caller spins as long as a worker"
+        );
+        assert_eq!(hp.task_keys, 64);
+        let w = parse(
+            r#"{"slot_bytes":4096,"devices":[],"hotplug_enabled":true,"wait_spin_us":2,"task_keys":300}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (w.spin, w.wait_spin),
+            (Duration::from_micros(250), Duration::from_micros(2))
+        );
+        assert_eq!(w.options().task_keys, 300);
+        assert_eq!(
             parse(r#"{"slot_bytes":1,"device_path":"memfd","max_dax_size_gb":1,"cpus":[1,0]}"#)
                 .unwrap()
                 .placement,
@@ -420,6 +435,9 @@ mod tests {
             (r#"{"type":"redis","slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1}"#, "config: type: must be \"dax\" (got \"redis\")"),
             ("[1]", "config: (document): must be a JSON object"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"signal":"never"}"#, "config: signal: must be \"always\" or \"when_waiting\" (got \"never\")"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"spin_us":-1}"#, "config: spin_us: must be a whole number of microseconds (got -1)"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"wait_spin_us":"2"}"#, "config: wait_spin_us: must be a whole number of microseconds (got \"2\")"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"task_keys":0}"#, "config: task_keys: must be a positive integer (got 0)"),
         ];
         for (json, want) in cases {
             assert_eq!(parse(json).unwrap_err().to_string(), want, "{json}");
