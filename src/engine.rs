@@ -82,6 +82,10 @@ use crate::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe};
 /// Keys a worker's lookup scratch holds without growing.
 const SCRATCH_KEYS: usize = 4096;
 
+/// Keys of preallocated room in the whole task table (`task_slots` ×
+/// `task_keys`): 16 M keys, 256 MiB of destination descriptors.
+pub const MAX_TABLE_KEYS: usize = 1 << 24;
+
 /// Smallest load part when a task is split across workers.
 pub const SPLIT_MIN_KEYS: usize = 8;
 
@@ -278,6 +282,12 @@ pub enum EngineError {
     TooManyInFlight { capacity: usize },
     #[error("devices may be empty only when hotplug_enabled is true")]
     NoDevices,
+    #[error("task_slots × task_keys = {task_slots} × {task_keys} keys of preallocated task records exceeds {max} (16 bytes each)")]
+    TableTooLarge {
+        task_slots: usize,
+        task_keys: usize,
+        max: usize,
+    },
     #[error("device {path} is already mapped by this engine")]
     AlreadyMapped { path: String },
     #[error("device {index}: {source}")]
@@ -568,6 +578,14 @@ impl Engine {
             if v == 0 {
                 return Err(EngineError::Invalid { field, value: v });
             }
+        }
+        let keys = opts.task_slots.saturating_mul(opts.task_keys);
+        if keys > MAX_TABLE_KEYS {
+            return Err(EngineError::TableTooLarge {
+                task_slots: opts.task_slots,
+                task_keys: opts.task_keys,
+                max: MAX_TABLE_KEYS,
+            });
         }
         if devices.is_empty() && !hotplug_enabled {
             return Err(EngineError::NoDevices);

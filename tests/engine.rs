@@ -396,6 +396,21 @@ fn bad_submissions_are_refused_cleanly() {
         err.to_string(),
         "num_load_workers must be a positive integer (got 0)"
     );
+    let err = Engine::open(
+        vec![memfd_dev(2)],
+        SLOT,
+        false,
+        EngineOptions {
+            task_slots: 1 << 20,
+            task_keys: 1 << 10,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "task_slots × task_keys = 1048576 × 1024 keys of preallocated task records exceeds 16777216 (16 bytes each)"
+    );
     assert_eq!(
         e.status()["inflight_store_tasks"],
         0,
