@@ -1447,6 +1447,16 @@ impl Submitter<'_> {
         same_len("submit_load", keys.len(), bufs.len())?;
         self.submit(Op::Load, keys, Vec::new(), Some(Dsts::Owned(bufs)))
     }
+
+    /// [`Engine::submit_load_raw`], on this thread's rings.
+    pub fn submit_load_raw(
+        &mut self,
+        keys: Vec<Key>,
+        bufs: Vec<RawBuf>,
+    ) -> Result<TaskId, EngineError> {
+        same_len("submit_load", keys.len(), bufs.len())?;
+        self.submit(Op::Load, keys, Vec::new(), Some(Dsts::Raw(bufs)))
+    }
 }
 
 fn stop_pool(p: &Pool) {

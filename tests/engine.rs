@@ -640,6 +640,17 @@ fn submitters_give_each_thread_its_own_rings() {
     let r = e.wait_load(id, T).unwrap();
     assert_eq!(r.bitmap.count_ones(), 200);
     assert_eq!(r.bufs[150], payload(1050, 64));
+    // Raw destinations through the submitter.
+    let mut raw_bufs = vec![vec![0u8; 64]; 200];
+    let raw: Vec<RawBuf> = raw_bufs
+        .iter_mut()
+        // SAFETY: `raw_bufs` outlives the task (waited for below) and is
+        // not touched until then.
+        .map(|b| unsafe { RawBuf::new(b.as_mut_ptr(), b.len()) })
+        .collect();
+    let id = sub.submit_load_raw(keys.clone(), raw).unwrap();
+    assert_eq!(e.wait_load(id, T).unwrap().bitmap.count_ones(), 200);
+    assert_eq!(raw_bufs[7], payload(7, 64));
     assert!(
         sub.submit_store(vec![k(1)], vec![]).is_err(),
         "unequal lists are refused"
