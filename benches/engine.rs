@@ -238,18 +238,27 @@ fn bench_load_workers(c: &mut Criterion) {
 
 fn raw_copy_scaling(g: &mut BenchmarkGroup<'_, WallTime>) {
     // The hardware's own scaling for the same work: the same 256 objects
-    // copied out of the same mapping by one thread, or split between two
-    // (the second a spinning helper, released by a generation counter).
+    // copied out of the same mapping by one thread, or split between two.
     let e = engine(4096, 2048, 1, Duration::from_micros(50));
     let ks = keys(2048);
     fill(&e, &ks, 4096);
     let devs = e.devices();
     let guard = devs[0].core.raw_guard().unwrap();
-    let copy = |first: usize, count: usize, dst: &mut [Vec<u8>]| {
+    raw_scaling(g, "raw_copy_out", |first, count, dst| {
         for (j, d) in dst.iter_mut().enumerate().take(count) {
             guard.read(((first + j) % 2048) * 4096, d).unwrap();
         }
-    };
+    });
+}
+
+/// Run `op(first object, count, buffers)` over 256 objects per iteration,
+/// by one thread, or split between this thread and a spinning helper
+/// (released by a generation counter): the baseline for worker scaling.
+fn raw_scaling(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    op: impl Fn(usize, usize, &mut [Vec<u8>]) + Sync,
+) {
     for threads in [1usize, 2] {
         g.throughput(Throughput::Elements(256));
         let go = AtomicU64::new(0);
@@ -257,7 +266,7 @@ fn raw_copy_scaling(g: &mut BenchmarkGroup<'_, WallTime>) {
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             if threads == 2 {
-                let (go, done, stop, copy) = (&go, &done, &stop, &copy);
+                let (go, done, stop, op) = (&go, &done, &stop, &op);
                 s.spawn(move || {
                     let mut mine = vec![vec![0u8; 4096]; 128];
                     let mut seen = 0;
@@ -268,35 +277,87 @@ fn raw_copy_scaling(g: &mut BenchmarkGroup<'_, WallTime>) {
                             continue;
                         }
                         seen = g;
-                        copy((g as usize * 256 + 128) % 2048, 128, &mut mine);
+                        op((g as usize * 256 + 128) % 2048, 128, &mut mine);
                         done.store(g, Ordering::Release);
                     }
                 });
             }
             let mut bufs = vec![vec![0u8; 4096]; 256];
             let mut gen = 0u64;
-            g.bench_with_input(
-                BenchmarkId::new("raw_copy_out", threads),
-                &threads,
-                |b, _| {
-                    b.iter(|| {
-                        gen += 1;
-                        let first = (gen as usize * 256) % 2048;
-                        if threads == 1 {
-                            copy(first, 256, &mut bufs);
-                        } else {
-                            go.store(gen, Ordering::Release);
-                            copy(first, 128, &mut bufs);
-                            while done.load(Ordering::Acquire) != gen {
-                                std::hint::spin_loop();
-                            }
+            g.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, _| {
+                b.iter(|| {
+                    gen += 1;
+                    let first = (gen as usize * 256) % 2048;
+                    if threads == 1 {
+                        op(first, 256, &mut bufs);
+                    } else {
+                        go.store(gen, Ordering::Release);
+                        op(first, 128, &mut bufs);
+                        while done.load(Ordering::Acquire) != gen {
+                            std::hint::spin_loop();
                         }
-                    });
-                },
-            );
+                    }
+                });
+            });
             stop.store(true, Ordering::Release);
         });
     }
+}
+
+fn bench_store_workers(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine/store_workers");
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300))
+        .sample_size(10);
+    let src: std::sync::Arc<[u8]> = vec![0x5Au8; 4096].into();
+    for workers in [1usize, 2] {
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(4096 * 2048).populate(true), 4096),
+        };
+        let opts = EngineOptions {
+            num_store_workers: workers,
+            spin: Duration::from_micros(50),
+            wait_spin: Duration::from_micros(50),
+            signal: Signal::WhenWaiting,
+            ..EngineOptions::default()
+        };
+        let e = Engine::open(vec![dev], 4096, false, opts).unwrap();
+        e.devices()[0].core.raw_guard().unwrap().prefault();
+        let ks = keys(2048);
+        g.throughput(Throughput::Elements(256));
+        let mut i = 0;
+        let mut done = Vec::new();
+        let mut gone = Vec::new();
+        g.bench_with_input(BenchmarkId::new("4k_task256", workers), &workers, |b, _| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    i = (i + 256) % ks.len();
+                    let chunk = &ks[i..i + 256];
+                    let bufs = chunk.iter().map(|_| Buf::Owned(src.clone())).collect();
+                    let t = Instant::now();
+                    e.submit_store(chunk.to_vec(), bufs).unwrap();
+                    done.clear();
+                    while e.wait_stores_into(&mut done, T) == 0 {}
+                    total += t.elapsed();
+                    assert!(done[0].1.success);
+                    gone.clear();
+                    e.delete_into(chunk, &mut gone);
+                }
+                total
+            });
+        });
+    }
+    let e = engine(4096, 2048, 1, Duration::from_micros(50));
+    let devs = e.devices();
+    let guard = devs[0].core.raw_guard().unwrap();
+    raw_scaling(&mut g, "raw_nt_in", |first, count, src| {
+        for (j, s) in src.iter().enumerate().take(count) {
+            guard.write(((first + j) % 2048) * 4096, s).unwrap();
+        }
+    });
+    g.finish();
 }
 
 criterion_group!(
@@ -304,6 +365,7 @@ criterion_group!(
     bench_round_trip,
     bench_copy_paths,
     bench_lookup,
-    bench_load_workers
+    bench_load_workers,
+    bench_store_workers
 );
 criterion_main!(benches);
