@@ -52,6 +52,18 @@ fn store(e: &Engine, ids: &[u32], len: usize) -> bool {
     got[0].1.success
 }
 
+/// Raw descriptors of `bufs`, for `submit_load_raw`.
+///
+/// # Safety
+/// `bufs` must outlive the task and stay untouched until its completion is
+/// observed (`RawBuf`'s lifetime rule).
+unsafe fn raw_views(bufs: &mut [Vec<u8>]) -> Vec<RawBuf> {
+    bufs.iter_mut()
+        // SAFETY: the caller's promise, passed on.
+        .map(|b| unsafe { RawBuf::new(b.as_mut_ptr(), b.len()) })
+        .collect()
+}
+
 #[derive(Default)]
 struct Events {
     stored: Mutex<Vec<Key>>,
@@ -327,12 +339,9 @@ fn split_load_completes_exactly_once() {
     assert!(store(&e, &ids, 1000));
     let keys: Vec<Key> = ids.iter().map(|&i| k(i)).collect();
     let mut bufs: Vec<Vec<u8>> = vec![vec![0; 1000]; 100];
-    let raw: Vec<RawBuf> = bufs
-        .iter_mut()
-        // SAFETY: `bufs` outlives the task (we wait for it below) and is not
-        // touched until then.
-        .map(|b| unsafe { RawBuf::new(b.as_mut_ptr(), b.len()) })
-        .collect();
+    // SAFETY: `bufs` outlives the task (we wait for it below) and is not
+    // touched until then.
+    let raw = unsafe { raw_views(&mut bufs) };
     let id = e.submit_load_raw(keys, raw).unwrap();
     let r = e.wait_load(id, T).unwrap();
     assert_eq!(r.bitmap.count_ones(), 100);
@@ -642,12 +651,9 @@ fn submitters_give_each_thread_its_own_rings() {
     assert_eq!(r.bufs[150], payload(1050, 64));
     // Raw destinations through the submitter.
     let mut raw_bufs = vec![vec![0u8; 64]; 200];
-    let raw: Vec<RawBuf> = raw_bufs
-        .iter_mut()
-        // SAFETY: `raw_bufs` outlives the task (waited for below) and is
-        // not touched until then.
-        .map(|b| unsafe { RawBuf::new(b.as_mut_ptr(), b.len()) })
-        .collect();
+    // SAFETY: `raw_bufs` outlives the task (waited for below) and is not
+    // touched until then.
+    let raw = unsafe { raw_views(&mut raw_bufs) };
     let id = sub.submit_load_raw(keys.clone(), raw).unwrap();
     assert_eq!(e.wait_load(id, T).unwrap().bitmap.count_ones(), 200);
     assert_eq!(raw_bufs[7], payload(7, 64));
