@@ -173,7 +173,7 @@ mod x86 {
     ///
     /// # Safety
     /// `dst` is 16-byte aligned and writable for 16 bytes.
-    #[inline(always)]
+    #[inline]
     unsafe fn stream128(dst: *mut __m128i, v: __m128i) {
         #[cfg(not(miri))]
         // SAFETY: the caller's contract is the intrinsic's.
@@ -191,7 +191,7 @@ mod x86 {
     /// publishes them. Miri cannot run `sfence` itself; there the kernels end
     /// with the strongest fence Miri models, so the kernels' pointer
     /// arithmetic still runs under Miri.
-    #[inline(always)]
+    #[inline]
     fn sfence() {
         #[cfg(not(miri))]
         // SAFETY: SSE is part of the x86_64 baseline.
