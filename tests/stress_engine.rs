@@ -138,6 +138,111 @@ impl Outstanding {
     }
 }
 
+/// One client thread: random stores (duplicates inside a task on purpose),
+/// lookups that lock, loads checked byte for byte, unlocks and deletes.
+fn client(engine: &Engine, out: &Outstanding, ops: &AtomicU64, seed: u64, run: Duration) {
+    let mut rng = Rng(seed);
+    let mut locked: Vec<Key> = Vec::new();
+    let deadline = Instant::now() + run;
+    while Instant::now() < deadline {
+        ops.fetch_add(1, Ordering::Relaxed);
+        let n = 1 + rng.below(6) as usize;
+        // Duplicates inside one task on purpose.
+        let ids: Vec<u64> = (0..n).map(|_| rng.below(KEYS)).collect();
+        let keys: Vec<Key> = ids.iter().map(|&i| key(i)).collect();
+        match rng.below(10) {
+            0..=3 => {
+                let bufs: Vec<Buf> = ids
+                    .iter()
+                    .map(|&i| {
+                        let len = 24 + 8 * rng.below((SLOT as u64 - 24) / 8) as usize;
+                        Buf::from(payload(i, rng.next(), len))
+                    })
+                    .collect();
+                if let Ok(id) = engine.submit_store(keys, bufs) {
+                    out.submitted(id);
+                }
+                out.collect(engine, Duration::ZERO);
+            }
+            4 | 5 => {
+                let Ok(id) = engine.submit_lookup_and_lock(keys.clone()) else {
+                    continue;
+                };
+                let bm = engine
+                    .wait_lookup(id, WAIT)
+                    .expect("lookup never completed");
+                for (i, k) in keys.iter().enumerate() {
+                    if bm.test(i) {
+                        locked.push(*k);
+                    }
+                }
+                if locked.len() > 8 || rng.below(2) == 0 {
+                    engine.submit_unlock(&locked);
+                    locked.clear();
+                }
+            }
+            6 | 7 => {
+                let bufs = vec![vec![0u8; SLOT]; n];
+                let Ok(id) = engine.submit_load(keys, bufs) else {
+                    continue;
+                };
+                let r = engine.wait_load(id, WAIT).expect("load never completed");
+                for (i, b) in r.bufs.iter().enumerate() {
+                    if r.bitmap.test(i) {
+                        verify(ids[i], b);
+                    }
+                }
+            }
+            _ => {
+                engine.delete(&keys);
+            }
+        }
+    }
+    engine.submit_unlock(&locked);
+}
+
+/// After the run: one copy per key in the pool; after deleting everything,
+/// every device is empty with its invariants intact, and the task table
+/// takes a full load of submits again (no record left taken).
+fn check_end(engine: &Engine) {
+    // One copy per key in the pool.
+    let devs = engine.devices();
+    for i in 0..KEYS {
+        let on: Vec<_> = devs
+            .iter()
+            .filter(|d| d.core.exists(key(i), false))
+            .map(|d| d.id.0)
+            .collect();
+        assert!(on.len() <= 1, "key {i} stored on devices {on:?}");
+    }
+
+    // Delete everything: every device must come back empty and consistent,
+    // and the task table must take a full load of submits again.
+    let all: Vec<Key> = (0..KEYS).map(key).collect();
+    engine.delete(&all);
+    for d in devs.iter() {
+        d.core
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("device {}: {e}", d.id.0));
+        assert_eq!(
+            d.core.live_slot_count(),
+            0,
+            "device {} leaked slots",
+            d.id.0
+        );
+    }
+    let probe: Vec<TaskId> = (0..32)
+        .map(|i| {
+            engine
+                .submit_lookup_and_lock(vec![key(i)])
+                .unwrap_or_else(|e| panic!("idle engine refused submit {i}: {e}"))
+        })
+        .collect();
+    for id in probe {
+        engine.wait_lookup(id, WAIT).expect("probe lookup");
+    }
+}
+
 #[test]
 fn engine_two_devices_with_remaps_loses_and_corrupts_nothing() {
     let seed = seed();
@@ -183,68 +288,16 @@ fn engine_two_devices_with_remaps_loses_and_corrupts_nothing() {
         .map(|t| {
             let (engine, out, ops) = (engine.clone(), out.clone(), ops.clone());
             std::thread::spawn(move || {
-                let mut rng = Rng(seed ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-                let mut locked: Vec<Key> = Vec::new();
-                let deadline = Instant::now() + run;
-                while Instant::now() < deadline {
-                    ops.fetch_add(1, Ordering::Relaxed);
-                    let n = 1 + rng.below(6) as usize;
-                    // Duplicates inside one task on purpose.
-                    let ids: Vec<u64> = (0..n).map(|_| rng.below(KEYS)).collect();
-                    let keys: Vec<Key> = ids.iter().map(|&i| key(i)).collect();
-                    match rng.below(10) {
-                        0..=3 => {
-                            let bufs: Vec<Buf> = ids
-                                .iter()
-                                .map(|&i| {
-                                    let len = 24 + 8 * rng.below((SLOT as u64 - 24) / 8) as usize;
-                                    Buf::from(payload(i, rng.next(), len))
-                                })
-                                .collect();
-                            if let Ok(id) = engine.submit_store(keys, bufs) {
-                                out.submitted(id);
-                            }
-                            out.collect(&engine, Duration::ZERO);
-                        }
-                        4 | 5 => {
-                            let Ok(id) = engine.submit_lookup_and_lock(keys.clone()) else {
-                                continue;
-                            };
-                            let bm = engine
-                                .wait_lookup(id, WAIT)
-                                .expect("lookup never completed");
-                            for (i, k) in keys.iter().enumerate() {
-                                if bm.test(i) {
-                                    locked.push(*k);
-                                }
-                            }
-                            if locked.len() > 8 || rng.below(2) == 0 {
-                                engine.submit_unlock(&locked);
-                                locked.clear();
-                            }
-                        }
-                        6 | 7 => {
-                            let bufs = vec![vec![0u8; SLOT]; n];
-                            let Ok(id) = engine.submit_load(keys, bufs) else {
-                                continue;
-                            };
-                            let r = engine.wait_load(id, WAIT).expect("load never completed");
-                            for (i, b) in r.bufs.iter().enumerate() {
-                                if r.bitmap.test(i) {
-                                    verify(ids[i], b);
-                                }
-                            }
-                        }
-                        _ => {
-                            engine.delete(&keys);
-                        }
-                    }
-                }
-                engine.submit_unlock(&locked);
+                client(
+                    &engine,
+                    &out,
+                    &ops,
+                    seed ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+                    run,
+                );
             })
         })
         .collect();
-
     for c in clients {
         c.join().unwrap();
     }
@@ -264,42 +317,7 @@ fn engine_two_devices_with_remaps_loses_and_corrupts_nothing() {
         "store ids reported twice"
     );
 
-    // One copy per key in the pool.
-    let devs = engine.devices();
-    for i in 0..KEYS {
-        let on: Vec<_> = devs
-            .iter()
-            .filter(|d| d.core.exists(key(i), false))
-            .map(|d| d.id.0)
-            .collect();
-        assert!(on.len() <= 1, "key {i} stored on devices {on:?}");
-    }
-
-    // Delete everything: every device must come back empty and consistent,
-    // and the task table must take a full load of submits again.
-    let all: Vec<Key> = (0..KEYS).map(key).collect();
-    engine.delete(&all);
-    for d in devs.iter() {
-        d.core
-            .check_invariants()
-            .unwrap_or_else(|e| panic!("device {}: {e}", d.id.0));
-        assert_eq!(
-            d.core.live_slot_count(),
-            0,
-            "device {} leaked slots",
-            d.id.0
-        );
-    }
-    let probe: Vec<TaskId> = (0..32)
-        .map(|i| {
-            engine
-                .submit_lookup_and_lock(vec![key(i)])
-                .unwrap_or_else(|e| panic!("idle engine refused submit {i}: {e}"))
-        })
-        .collect();
-    for id in probe {
-        engine.wait_lookup(id, WAIT).expect("probe lookup");
-    }
+    check_end(&engine);
     eprintln!(
         "stress_engine: {} ops, {} remaps of device 1",
         ops.load(Ordering::Relaxed),
