@@ -10,17 +10,55 @@
 //! put:     claim bitmap bit → state.reserve (WRITING, gen+1) → write key/len
 //!          → index.insert (put-if-absent) → copy (NT stores + sfence)
 //!          → state.commit (Release)
-//! lookup:  index.find → state.load (Acquire) → key check → [state.lock]
-//! read:    index.find → state.borrow → copy out → state.release
-//! delete:  index.find → state.detach → index.remove → state.unlink
+//!          copy failed, or canceled by a forced delete:
+//!          → leave WRITING → index.remove (own bucket) → state.unlink
+//! lookup:  pin_readable → [state.lock] → state.release
+//! read:    pin_readable → copy out → state.release
+//! delete:  pin_published → state.detach → index.remove → state.unlink
+//!          → state.release
 //! ```
 //!
-//! A slot is freed by whichever transition completes its free condition (see
-//! `slot`): the deleter's unlink, the last reader's release, or a canceled
-//! writer's commit. Exactly one caller sees `freed` and clears the bitmap bit.
+//! ## Pin, validate, act
 //!
-//! All operations run under an arena guard (one per call), so `remap` and
-//! `close` wait for them and new ones wait for a pending remap.
+//! `index.find` answers "bucket p names slot s for this key" at one instant;
+//! by the time the caller touches slot s, the key may have been deleted and
+//! s reused, for this key or another, in the same bucket or another one, and
+//! the 24-bit generation may have wrapped (see `slot`, "Generations"). So no
+//! operation acts on a slot it found through the index until it has:
+//!
+//! 1. **pinned** the slot's current incarnation (borrow + 1, one CAS): from
+//!    then on that incarnation cannot be freed, so its generation, key and
+//!    bucket stay put;
+//! 2. **validated** it under the pin: `pin_readable` checks the slot is
+//!    readable and holds the key (a readable incarnation with the key *is*
+//!    the key's one live copy: commit happens after the insert won, and a
+//!    detach makes it unreadable before its bucket goes); `pin_published`
+//!    (delete, unlock, in-flight checks, which also act on WRITING slots)
+//!    checks that the index names this very slot for the key *after* the
+//!    pin: any live bucket naming a pinned slot belongs to the pinned
+//!    incarnation, since earlier incarnations' buckets were tombstoned
+//!    before those incarnations were freed.
+//!
+//! ## Who removes a bucket
+//!
+//! Exactly one party per incarnation, decided by the state word:
+//! - the **deleter** whose `detach` moved a COMMITTED slot to PENDING_FREE;
+//! - the **writer** otherwise: its copy failed, or a forced delete canceled
+//!   it while WRITING (the deleter only sets CANCELED and reports the key
+//!   deleted), or its insert lost (then there is no bucket to remove).
+//!
+//! The remover then sets UNLINKED. This is what issue 8's defects 2 and 3
+//! got wrong: the deleter removed "the bucket it found", which after a
+//! delete / re-put could be another incarnation's, and a failing writer and
+//! a forced deleter could both claim one incarnation's bucket.
+//!
+//! A slot is freed by whichever transition completes its free condition (see
+//! `slot`): the remover's unlink, or the last pin / reader's release.
+//! Exactly one caller sees `freed` and clears the bitmap bit.
+//!
+//! All operations run under an arena guard (one per call, or one per
+//! [`Session`]), so `remap` and `close` wait for them and new ones wait for a
+//! pending remap.
 //!
 //! ## Memory
 //!
@@ -30,7 +68,7 @@
 //! reach ([`DaxCore::dram_bytes_per_slot`]).
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 
@@ -152,12 +190,7 @@ impl Drop for ReadSet<'_> {
             return;
         }
         for r in &self.items {
-            if let Ok(t) = self.core.slots[r.slot.0 as usize]
-                .state
-                .release(r.generation)
-            {
-                self.core.settle(r.slot, t);
-            }
+            self.core.unpin(r.slot, r.generation);
         }
         // ORDERING: Relaxed — a statistic.
         self.core.active_reads.fetch_sub(1, Ordering::Relaxed);
@@ -237,6 +270,32 @@ pub struct DaxCore {
     pending: CachePadded<AtomicUsize>,
     active_reads: AtomicUsize,
     clock_hand: AtomicUsize,
+    /// Test-only fault hook (compiled out of release builds).
+    #[cfg(debug_assertions)]
+    faults: CopyFaults,
+}
+
+/// Test-only fault hooks (debug builds only).
+#[cfg(debug_assertions)]
+#[derive(Default)]
+struct CopyFaults {
+    /// Fail one payload copy in every `every` (0 = never): drives the
+    /// writer's failure path (own bucket removal racing forced deletes).
+    every: crate::sync::AtomicU32,
+    count: crate::sync::AtomicU32,
+    /// Run once between an index lookup and the pin that follows it: a
+    /// stalled thread, with the world moving on meanwhile.
+    #[allow(clippy::type_complexity)]
+    stall: std::sync::Mutex<Option<Box<dyn FnOnce(&DaxCore) + Send>>>,
+}
+
+#[cfg(debug_assertions)]
+impl std::fmt::Debug for CopyFaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyFaults")
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DaxCore {
@@ -283,6 +342,8 @@ impl DaxCore {
             pending: CachePadded::new(AtomicUsize::new(0)),
             active_reads: AtomicUsize::new(0),
             clock_hand: AtomicUsize::new(0),
+            #[cfg(debug_assertions)]
+            faults: CopyFaults::default(),
         })
     }
 
@@ -329,6 +390,55 @@ impl DaxCore {
     /// Writes through it can overwrite stored keys' bytes.
     pub fn raw_guard(&self) -> Option<ArenaGuard<'_>> {
         self.arena.enter().ok()
+    }
+
+    /// Test-only fault hook, compiled into debug builds only: from now on
+    /// one payload copy in every `every` fails as if the copy had failed
+    /// (`0` turns it off). Every put path (`put`, sessions, `put_with_writer`,
+    /// `put_reserved_from`, engine stores) goes through it.
+    #[cfg(debug_assertions)]
+    pub fn inject_copy_faults(&self, every: u32) {
+        // ORDERING: Relaxed — a test knob; no data is published through it.
+        self.faults.every.store(every, Ordering::Relaxed);
+    }
+
+    /// Test-only fault hook, debug builds only: run `f` once, the next time
+    /// an operation has found a key in the index, loaded its slot's state
+    /// word and is about to pin it (as if that thread stalled between the
+    /// load and its CAS while `f` ran).
+    #[cfg(debug_assertions)]
+    pub fn inject_stall_after_find(&self, f: impl FnOnce(&DaxCore) + Send + 'static) {
+        *self
+            .faults
+            .stall
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Box::new(f));
+    }
+
+    #[inline]
+    fn stall_point(&self) {
+        #[cfg(debug_assertions)]
+        {
+            let f = self.faults.stall.try_lock().ok().and_then(|mut g| g.take());
+            if let Some(f) = f {
+                f(self);
+            }
+        }
+    }
+
+    /// Whether the fault hook fails this copy.
+    #[inline]
+    fn fault_copy(&self) -> bool {
+        #[cfg(debug_assertions)]
+        {
+            // ORDERING: Relaxed — a test knob (see `inject_copy_faults`).
+            let every = self.faults.every.load(Ordering::Relaxed);
+            // ORDERING: Relaxed — a counter; any interleaving is a fine
+            // choice of which copies fail.
+            every != 0 && self.faults.count.fetch_add(1, Ordering::Relaxed) % every == every - 1
+        }
+        #[cfg(not(debug_assertions))]
+        false
     }
 
     /// DRAM bytes of slot metadata, index and bitmap.
@@ -390,24 +500,95 @@ impl DaxCore {
         }
     }
 
-    /// The entry and generation of a readable (committed, not detached) key,
-    /// as one consistent snapshot.
+    /// Pin `key`'s readable copy: `(slot, generation)` with the slot
+    /// borrowed (release it with [`DaxCore::unpin`]). `None` on a miss, an
+    /// in-flight store, or a saturated borrow count. See "Pin, validate,
+    /// act" in the module doc.
     #[inline]
-    fn readable(&self, key: Key) -> Option<(Entry, State)> {
+    fn pin_readable(&self, key: Key) -> Option<(SlotId, Generation)> {
         for _ in 0..RETRY_MAX {
             let e = self.index.find(key, self.is_key(key))?;
-            let st = self.meta(e.slot).state.load();
+            let m = self.meta(e.slot);
+            let st = m.state.load();
             if !st.is_readable() {
+                // In flight, or being deleted: a miss at this instant (a
+                // newer copy cannot be in the index while this bucket is).
                 return None;
             }
-            if self.slot_key(e.slot) != key {
-                continue; // the slot moved on after the index lookup
+            self.stall_point();
+            match m.state.borrow(st.generation()) {
+                Ok(_) => {}
+                Err(SlotError::Stale) => continue,
+                Err(_) => return None,
             }
-            if self.meta(e.slot).state.load().generation() == st.generation() {
-                return Some((e, st));
+            // Pinned and readable. The borrow's Acquire CAS read from the
+            // release sequence of this incarnation's commit, which follows
+            // the writer's key stores: the key read here is the pinned
+            // incarnation's.
+            if self.slot_key(e.slot) == key {
+                return Some((e.slot, st.generation()));
             }
+            self.unpin(e.slot, st.generation()); // slot reused since `find`
         }
         None
+    }
+
+    /// Pin `key`'s published entry, readable or in flight: `(slot,
+    /// generation, state after the pin)`, released with
+    /// [`DaxCore::unpin`]. Validated by finding the key in the index again,
+    /// naming the pinned slot (module doc).
+    fn pin_published(&self, key: Key) -> Option<(SlotId, Generation, State)> {
+        let mut e = self.index.find(key, self.is_key(key))?;
+        for _ in 0..RETRY_MAX {
+            let m = self.meta(e.slot);
+            let st = m.state.load();
+            self.stall_point();
+            let pinned = m.state.pin(st.generation());
+            let again = self.index.find(key, self.is_key(key));
+            match pinned {
+                Ok(t) => {
+                    if again.is_some_and(|a| a.slot == e.slot) {
+                        return Some((e.slot, st.generation(), t.next));
+                    }
+                    self.unpin(e.slot, st.generation());
+                }
+                Err(SlotError::Saturated) => return None,
+                Err(_) => {}
+            }
+            e = again?;
+        }
+        None
+    }
+
+    /// Drop a pin or borrow taken by `pin_*` (or a [`ReadSet`]); frees the
+    /// slot if it was the last thing keeping a deleted incarnation alive.
+    #[inline]
+    fn unpin(&self, s: SlotId, gen: Generation) {
+        let t = self
+            .meta(s)
+            .state
+            .release(gen)
+            .expect("a pinned incarnation keeps its generation");
+        self.settle(s, t);
+    }
+
+    /// Remove the bucket of the incarnation of `key` in slot `s`, which the
+    /// caller owns (module doc, "Who removes a bucket"), and set UNLINKED.
+    fn unlink_owned(&self, key: Key, s: SlotId, gen: Generation, e: Option<Entry>) {
+        let e = e
+            .or_else(|| self.index.find(key, self.is_key(key)))
+            .filter(|e| e.slot == s)
+            .expect("an incarnation keeps its bucket until its remover takes it");
+        assert!(
+            self.index.remove(e),
+            "only the remover changes an OWNED bucket"
+        );
+        let t = self
+            .meta(s)
+            .state
+            .unlink(gen)
+            .expect("the remover unlinks once");
+        self.settle(s, t);
     }
 
     // ----- put -----
@@ -497,26 +678,27 @@ impl DaxCore {
                 };
             }
         };
-        let copied = copy(s.0 as usize * self.slot_bytes);
+        let copied = !self.fault_copy() && copy(s.0 as usize * self.slot_bytes);
         if copied {
             match m.state.commit(gen).expect("only the writer clears WRITING") {
-                Commit::Committed => Ok(PutOutcome::Stored),
-                Commit::Canceled(t) => {
-                    self.settle(s, t);
-                    Err(PutError::Canceled)
-                }
+                Commit::Committed => return Ok(PutOutcome::Stored),
+                Commit::Canceled(t) => self.settle(s, t),
             }
         } else {
-            // Whoever removes the bucket sets UNLINKED (a forced deleter may
-            // have beaten us to it).
-            let unlinked = self.index.remove(e);
             let t = m
                 .state
-                .abort(gen, unlinked)
+                .abort(gen, false)
                 .expect("only the writer clears WRITING");
             self.settle(s, t);
-            Err(PutError::CopyFailed)
         }
+        // Canceled by a forced delete, or the copy failed: the writer
+        // removes its own bucket (module doc, "Who removes a bucket").
+        self.unlink_owned(key, s, gen, Some(e));
+        Err(if copied {
+            PutError::Canceled
+        } else {
+            PutError::CopyFailed
+        })
     }
 
     /// Store a payload written by `writer` (reference `put_one(writer=...)`):
@@ -563,12 +745,8 @@ impl DaxCore {
         let Ok(g) = self.arena.enter() else {
             return PutFromPtrResult::Closed;
         };
-        if let Some(e) = self.index.find(key, self.is_key(key)) {
-            return if self.meta(e.slot).state.load().has(WRITING) {
-                PutFromPtrResult::InFlight
-            } else {
-                PutFromPtrResult::AlreadyExists
-            };
+        if let Some(present) = self.present_as(key) {
+            return present;
         }
         let res = self.put_with(key, r.len, r.meta, |off| {
             let mut ok = true;
@@ -585,16 +763,24 @@ impl DaxCore {
         });
         match res {
             Ok(PutOutcome::Stored) => PutFromPtrResult::Inserted,
-            Ok(PutOutcome::AlreadyPresent) => match self.index.find(key, self.is_key(key)) {
-                Some(e) if self.meta(e.slot).state.load().has(WRITING) => {
-                    PutFromPtrResult::InFlight
-                }
-                _ => PutFromPtrResult::AlreadyExists,
-            },
+            Ok(PutOutcome::AlreadyPresent) => self
+                .present_as(key)
+                .unwrap_or(PutFromPtrResult::AlreadyExists),
             Err(PutError::Full | PutError::IndexFull) => PutFromPtrResult::NoSpace,
             Err(PutError::Closed) => PutFromPtrResult::Closed,
             Err(_) => PutFromPtrResult::CopyFailed,
         }
+    }
+
+    /// `InFlight` or `AlreadyExists` if `key` has a published entry.
+    fn present_as(&self, key: Key) -> Option<PutFromPtrResult> {
+        let (s, gen, st) = self.pin_published(key)?;
+        self.unpin(s, gen);
+        Some(if st.has(WRITING) {
+            PutFromPtrResult::InFlight
+        } else {
+            PutFromPtrResult::AlreadyExists
+        })
     }
 
     // ----- lookup -----
@@ -617,20 +803,13 @@ impl DaxCore {
     }
 
     fn exists_in(&self, key: Key, lock: bool) -> bool {
-        for _ in 0..RETRY_MAX {
-            let Some((e, st)) = self.readable(key) else {
-                return false;
-            };
-            if !lock {
-                return true;
-            }
-            match self.meta(e.slot).state.lock(st.generation()) {
-                Ok(_) => return true,
-                Err(SlotError::Stale) => {}
-                Err(_) => return false,
-            }
-        }
-        false
+        let Some((s, gen)) = self.pin_readable(key) else {
+            return false;
+        };
+        // The pin keeps the generation: the lock lands on this incarnation.
+        let hit = !lock || self.meta(s).state.lock(gen).is_ok();
+        self.unpin(s, gen);
+        hit
     }
 
     /// True if `key` is committed or its store is in flight (a put of it
@@ -644,9 +823,7 @@ impl DaxCore {
         let Ok(_g) = self.arena.enter() else {
             return false;
         };
-        self.index
-            .find(key, self.is_key(key))
-            .is_some_and(|e| self.meta(e.slot).state.load().has(WRITING))
+        self.present_as(key) == Some(PutFromPtrResult::InFlight)
     }
 
     /// Release one lookup lock per key. Unknown or unlocked keys do nothing.
@@ -660,21 +837,12 @@ impl DaxCore {
     }
 
     fn unlock_in(&self, key: Key) -> bool {
-        for _ in 0..RETRY_MAX {
-            let Some(e) = self.index.find(key, self.is_key(key)) else {
-                return false;
-            };
-            let st = self.meta(e.slot).state.load();
-            if self.slot_key(e.slot) != key {
-                continue;
-            }
-            match self.meta(e.slot).state.unlock(st.generation()) {
-                Ok(_) => return true,
-                Err(SlotError::Stale) => {}
-                Err(_) => return false,
-            }
-        }
-        false
+        let Some((s, gen, _)) = self.pin_published(key) else {
+            return false;
+        };
+        let done = self.meta(s).state.unlock(gen).is_ok();
+        self.unpin(s, gen);
+        done
     }
 
     /// Lock count of a key (0 if absent).
@@ -682,7 +850,11 @@ impl DaxCore {
         let Ok(_g) = self.arena.enter() else {
             return 0;
         };
-        self.readable(key).map_or(0, |(_, st)| st.lock_count())
+        self.pin_readable(key).map_or(0, |(s, gen)| {
+            let n = self.meta(s).state.load().lock_count();
+            self.unpin(s, gen);
+            n
+        })
     }
 
     // ----- read -----
@@ -726,15 +898,7 @@ impl DaxCore {
     }
 
     fn borrow_in(&self, key: Key) -> Option<(SlotId, Generation)> {
-        for _ in 0..RETRY_MAX {
-            let (e, st) = self.readable(key)?;
-            match self.meta(e.slot).state.borrow(st.generation()) {
-                Ok(_) => return Some((e.slot, st.generation())),
-                Err(SlotError::Stale) => {}
-                Err(_) => return None,
-            }
-        }
-        None
+        self.pin_readable(key)
     }
 
     /// Copy each key's payload into its buffer: per key, true when copied.
@@ -802,7 +966,10 @@ impl DaxCore {
     /// Payload length and tag of a readable key.
     pub fn payload_len(&self, key: Key) -> Option<(usize, u32)> {
         let _g = self.arena.enter().ok()?;
-        self.readable(key).map(|(e, _)| self.len_meta(e.slot))
+        let (s, gen) = self.pin_readable(key)?;
+        let lm = self.len_meta(s);
+        self.unpin(s, gen);
+        Some(lm)
     }
 
     // ----- delete -----
@@ -820,32 +987,23 @@ impl DaxCore {
     }
 
     fn delete_in(&self, key: Key, force: bool) -> bool {
-        for _ in 0..RETRY_MAX {
-            let Some(e) = self.index.find(key, self.is_key(key)) else {
-                return false;
-            };
-            let m = self.meta(e.slot);
-            let st = m.state.load();
-            if self.slot_key(e.slot) != key {
-                continue;
-            }
-            match m.state.detach(st.generation(), force) {
-                Ok(t) => {
-                    self.settle(e.slot, t);
-                    if self.index.remove(e) {
-                        let t = m
-                            .state
-                            .unlink(st.generation())
-                            .expect("the deleter unlinks once");
-                        self.settle(e.slot, t);
-                    }
-                    return true;
+        let Some((s, gen, _)) = self.pin_published(key) else {
+            return false;
+        };
+        let deleted = match self.meta(s).state.detach(gen, force) {
+            Ok(t) => {
+                self.settle(s, t);
+                if !t.prev.has(WRITING) {
+                    // We detached a committed copy: its bucket is ours to
+                    // remove. (A canceled store's writer removes its own.)
+                    self.unlink_owned(key, s, gen, None);
                 }
-                Err(SlotError::Stale) => {}
-                Err(_) => return false,
+                true
             }
-        }
-        false
+            Err(_) => false,
+        };
+        self.unpin(s, gen);
+        deleted
     }
 
     // ----- capacity -----
@@ -877,10 +1035,22 @@ impl DaxCore {
             return Vec::new();
         };
         (0..self.max_slots())
-            .map(|i| SlotId(i as u32))
-            .filter(|&s| self.meta(s).state.load().is_readable())
-            .map(|s| self.slot_key(s))
+            .filter_map(|i| self.key_of_readable(SlotId(i as u32)))
             .collect()
+    }
+
+    /// The key of slot `s` if it holds a readable copy, read under a pin so
+    /// the two halves come from one incarnation.
+    fn key_of_readable(&self, s: SlotId) -> Option<Key> {
+        let st = self.meta(s).state.load();
+        if !st.is_readable() {
+            return None;
+        }
+        // `pin`, not `borrow`: a scan must not set the CLOCK bit.
+        let t = self.meta(s).state.pin(st.generation()).ok()?;
+        let k = t.next.is_readable().then(|| self.slot_key(s));
+        self.unpin(s, st.generation());
+        k
     }
 
     /// Up to `n` unlocked committed keys to evict, by CLOCK (second chance):
@@ -906,9 +1076,10 @@ impl DaxCore {
             if st.has(REFERENCED) && self.meta(s).state.clear_referenced(st.generation()) {
                 continue;
             }
-            let k = self.slot_key(s);
-            if self.meta(s).state.load().generation() == st.generation() && !out.contains(&k) {
-                out.push(k);
+            if let Some(k) = self.key_of_readable(s) {
+                if !out.contains(&k) {
+                    out.push(k);
+                }
             }
         }
         out
@@ -1109,9 +1280,7 @@ impl Session<'_> {
                 .g
                 .read(s.0 as usize * c.slot_bytes, &mut dst[..len])
                 .is_ok();
-        if let Ok(t) = c.meta(s).state.release(gen) {
-            c.settle(s, t);
-        }
+        c.unpin(s, gen);
         ok.then_some(len)
     }
 
@@ -1127,5 +1296,129 @@ impl Drop for Session<'_> {
             // ORDERING: Relaxed — a statistic.
             self.core.active_reads.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(all(test, not(daxkv_loom)))]
+mod tests {
+    use super::*;
+
+    fn core(slots: usize) -> DaxCore {
+        DaxCore::open(&CoreConfig::new(ArenaSpec::memfd(slots * 4096), 4096)).unwrap()
+    }
+
+    /// Two keys with the same home bucket (the index's home is the high
+    /// bits of `lo * buckets`), different fingerprints.
+    fn same_home(fp: u64) -> Key {
+        Key::from_parts(fp << 32, fp)
+    }
+
+    /// Issue 8, defect 9: a reader that loaded K1's state word, stalled, and
+    /// came back after K1 was deleted and slot 0 went through a wrapped
+    /// generation holding K2 (an identical state word), must not read K2's
+    /// bytes as K1's. Fails without `pin_readable`'s key check under the
+    /// pin (checked once: the load returned `Some(4096)` with K2's bytes).
+    #[test]
+    fn a_stalled_reader_never_reads_a_wrapped_incarnation() {
+        let c = core(2);
+        let (k1, k2) = (Key::digest(b"k1"), Key::digest(b"k2"));
+        c.put(k1, &[1; 4096], 0).unwrap();
+        let seen = c.meta(SlotId(0)).state.load();
+        c.inject_stall_after_find(move |c| {
+            assert!(c.delete(k1, false));
+            c.meta(SlotId(0))
+                .state
+                .set_next_generation(seen.generation());
+            assert_eq!(c.put(k2, &[2; 4096], 0), Ok(PutOutcome::Stored));
+            assert_eq!(c.meta(SlotId(0)).state.load(), seen, "the word came back");
+        });
+        let mut out = vec![0u8; 4096];
+        assert_eq!(c.load_into(k1, &mut out), None, "K1 is gone");
+        assert_eq!(c.load_into(k2, &mut out), Some(4096));
+        assert!(out.iter().all(|&b| b == 2));
+        c.check_invariants().unwrap();
+        assert_eq!(c.status().borrowed_slot_count, 0, "no pin left behind");
+    }
+
+    /// The same stall on the delete path: a deleter of K1 that comes back to
+    /// a wrapped word holding K2 must not detach K2 (before the fix: K2 was
+    /// detached, its bucket never removed, the slot leaked and `put(K2)`
+    /// answered `AlreadyPresent` forever).
+    #[test]
+    fn a_stalled_deleter_never_detaches_a_wrapped_incarnation() {
+        let c = core(2);
+        let (k1, k2) = (Key::digest(b"k1"), Key::digest(b"k2"));
+        c.put(k1, &[1; 100], 0).unwrap();
+        let seen = c.meta(SlotId(0)).state.load();
+        c.inject_stall_after_find(move |c| {
+            assert!(c.delete(k1, false));
+            c.meta(SlotId(0))
+                .state
+                .set_next_generation(seen.generation());
+            assert_eq!(c.put(k2, &[2; 100], 0), Ok(PutOutcome::Stored));
+        });
+        assert!(!c.delete(k1, true), "K1 was already deleted");
+        assert!(c.exists(k2, false), "K2 untouched");
+        assert_eq!(c.payload_len(k2), Some((100, 0)));
+        assert_eq!(c.live_slot_count(), 1);
+        c.check_invariants().unwrap();
+        assert!(c.delete(k2, false));
+        assert_eq!(c.live_slot_count(), 0);
+        c.check_invariants().unwrap();
+    }
+
+    /// Issue 8, defect 2, made deterministic: deleter A finds K in slot s at
+    /// bucket p1 and stalls; meanwhile K is deleted and re-put into the same
+    /// slot s but another bucket p2 (a tombstone earlier in the run). A
+    /// then deletes the *new* copy completely, or nothing: never a detached
+    /// slot whose bucket stays (before the fix: 1 live slot, 0 keys,
+    /// `put(K)` = `AlreadyPresent` forever, every load a miss).
+    #[test]
+    fn a_delete_racing_delete_and_reput_in_another_bucket_leaks_nothing() {
+        let c = core(2);
+        let (y, k) = (same_home(1), same_home(2));
+        c.put(y, b"y", 0).unwrap(); // slot 0, bucket h
+        c.put(k, b"k", 0).unwrap(); // slot 1, bucket h+1
+        assert!(c.delete(y, false)); // bucket h: tombstone, slot 0 free
+        c.put(Key::digest(b"x"), b"x", 0).unwrap(); // slot 0 taken again
+        c.inject_stall_after_find(move |c| {
+            assert!(c.delete(k, false));
+            // Slot 1 again (the only free one), bucket h this time.
+            assert_eq!(c.put(k, b"k2", 0), Ok(PutOutcome::Stored));
+        });
+        assert!(c.delete(k, false), "the deleter deletes the current copy");
+        assert!(!c.exists(k, false));
+        assert_eq!(c.live_slot_count(), 1, "only x is left");
+        c.check_invariants().unwrap();
+        assert_eq!(c.put(k, b"k3", 0), Ok(PutOutcome::Stored));
+        c.check_invariants().unwrap();
+    }
+
+    /// Issue 8, defect 3: a forced delete that cancels a store whose copy
+    /// then fails. The writer removes its own bucket, the deleter reports
+    /// the key deleted, nothing panics or leaks, and the key can be stored
+    /// again at once. Before the fix the writer removed the bucket and
+    /// freed the slot while the deleter still meant to remove "its" bucket.
+    #[test]
+    fn a_forced_delete_of_a_failing_store_leaks_nothing() {
+        let c = std::sync::Arc::new(core(2));
+        let k = Key::digest(b"k");
+        let r = c.put_with_writer(k, 64, 0, |_w| {
+            assert!(c.delete(k, true), "a forced delete cancels the store");
+            assert!(!c.exists(k, false));
+            false // and the copy fails
+        });
+        assert_eq!(r, Err(PutError::CopyFailed));
+        assert_eq!(c.live_slot_count(), 0);
+        c.check_invariants().unwrap();
+        assert_eq!(c.put(k, &[7; 64], 0), Ok(PutOutcome::Stored));
+        c.inject_copy_faults(1);
+        assert_eq!(
+            c.put(Key::digest(b"other"), &[1; 8], 0),
+            Err(PutError::CopyFailed)
+        );
+        c.inject_copy_faults(0);
+        assert_eq!(c.live_slot_count(), 1);
+        c.check_invariants().unwrap();
     }
 }

@@ -43,7 +43,7 @@
 //! the insert path uses `SeqCst`; lookups and removals do not need it.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::sync::{fence, AtomicU64, AtomicU8, Ordering};
 
 use crate::key::Key;
 use crate::slot::SlotId;
@@ -152,9 +152,15 @@ impl Index {
     }
 
     /// Is bucket `pos` (read as `b`) a live entry for the key? Reads the
-    /// slot's key through `is_key`, then re-reads the bucket so the answer
-    /// holds at one instant (the slot cannot be reused while the bucket is
-    /// live: a slot is freed only after its bucket became a tombstone).
+    /// slot's key through `is_key`, then re-reads the bucket, seqlock style,
+    /// so the answer held at one instant: a slot is freed only after its
+    /// bucket became a tombstone, so if the bucket still reads `b` after the
+    /// key was read, the key read belongs to the incarnation `b` names
+    /// (or to a later incarnation of the same slot whose bucket has the same
+    /// word, which names the same key: the fingerprint and `is_key` agree).
+    ///
+    /// The core does not rely on this answer alone: it pins the slot and
+    /// re-validates under the pin (`core`, "pin, validate, act").
     #[inline]
     fn is_entry(
         &self,
@@ -164,7 +170,17 @@ impl Index {
         is_key: &impl Fn(SlotId) -> bool,
         order: Ordering,
     ) -> bool {
-        is_live(b) && fp_of(b) == fp && is_key(slot_of(b)) && self.buckets[pos].load(order) == b
+        if !(is_live(b) && fp_of(b) == fp && is_key(slot_of(b))) {
+            return false;
+        }
+        // ORDERING: Acquire fence — the key loads inside `is_key` are
+        // Relaxed; the fence keeps them before the bucket re-read (the
+        // seqlock reader's fence), so a key written by a later incarnation
+        // implies the re-read sees the bucket change that preceded it.
+        fence(Ordering::Acquire);
+        // ORDERING: `order` (Acquire, or SeqCst in the insert handshake) —
+        // the re-read half of the seqlock above.
+        self.buckets[pos].load(order) == b
     }
 
     /// The OWNED entry of `key`, if any.

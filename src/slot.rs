@@ -26,6 +26,7 @@
 //! | `abort` | WRITING | PENDING_FREE (the writer failed) |
 //! | `lock` / `unlock` | COMMITTED | COMMITTED, lock ± 1 |
 //! | `borrow` / `release` | COMMITTED or PENDING_FREE (release only) | borrow ± 1 |
+//! | `pin` | any but FREE | borrow + 1 (released by `release`) |
 //! | `detach` | COMMITTED, lock 0 (or forced) | PENDING_FREE, lock 0 |
 //! | `detach` (forced) | WRITING | WRITING + CANCELED |
 //! | `unlink` | any but FREE | + UNLINKED |
@@ -39,9 +40,36 @@
 //! borrowed.
 //!
 //! Every op names the generation it saw and fails with [`SlotError::Stale`]
-//! if the slot moved on. Counts saturate with an error, never wrap. The
-//! generation is 24 bits; a wrap would need 2^24 reservations of one slot
-//! between an op's load and its CAS.
+//! if the slot moved on. Counts saturate with an error, never wrap.
+//!
+//! ## Generations, wrap-around and pins
+//!
+//! The generation is 24 bits and is only a fast-fail tag: lowest-first
+//! allocation reuses one slot on every put / delete of one key (~190 ns a
+//! round), so 2^24 reservations take about 3 s and a thread preempted
+//! between loading a state word and its CAS could see the same word again
+//! after a wrap. Nothing relies on the tag being unique. Instead, every
+//! operation that reaches a slot through the index acts in two steps
+//! (`core`, "pin, validate, act"):
+//!
+//! 1. **pin**: one CAS adds one to the borrow count of whatever incarnation
+//!    the slot holds *now* ([`SlotState::borrow`] for a readable slot,
+//!    [`SlotState::pin`] for any non-free one). A borrowed slot is never
+//!    freed, so from here on its generation cannot move: every later CAS
+//!    with that generation names exactly the pinned incarnation, however
+//!    long the thread stalls.
+//! 2. **validate**: with the pin held, re-read the slot's key (and, for
+//!    delete / unlock, that the index still names this slot for the key).
+//!    A stale tag that wrapped onto another key's incarnation fails here;
+//!    the pin is dropped and the operation retries.
+//! 3. **act** (lock, unlock, detach, copy out), then drop the pin.
+//!
+//! So a stale generation can only ever pin the current incarnation, which
+//! is then checked; it can never lock, detach or read another key's copy.
+//! The writer (which owns WRITING) and a reader holding a borrow name a
+//! generation that cannot move under them, so they need no validation.
+//! `tests/stress_core.rs` and the loom models in `tests/loom_core.rs` hunt
+//! the interleavings.
 #![forbid(unsafe_code)]
 
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
@@ -197,6 +225,18 @@ impl SlotState {
         self.0.store(0, Ordering::Relaxed);
     }
 
+    /// Test hook: make the next reservation of this FREE slot produce
+    /// generation `next` (as if the 24-bit tag had wrapped around).
+    #[cfg(test)]
+    pub(crate) fn set_next_generation(&self, next: Generation) {
+        let cur = self.load();
+        assert!(cur.is_free(), "only a free slot: {cur:?}");
+        let prev = (next.0.wrapping_sub(1)) & 0xFF_FFFF;
+        // ORDERING: Relaxed — test only, with the slot free and unclaimed.
+        self.0
+            .store(u64::from(prev) << GEN_SHIFT, Ordering::Relaxed);
+    }
+
     /// Apply `f` to the state in a CAS loop. `f` returns the next state or
     /// an error; the loop retries only when the word changed under it.
     #[inline]
@@ -328,6 +368,22 @@ impl SlotState {
         })
     }
 
+    /// Pin the current incarnation, whatever its state (not FREE): borrow
+    /// + 1, so it cannot be freed (and its generation cannot move) until
+    /// [`SlotState::release`]. Delete and unlock pin before they validate
+    /// (module doc, "pins").
+    pub fn pin(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if s.is_free() {
+                return Err(SlotError::WrongState);
+            }
+            if u64::from(s.borrow_count()) == COUNT_MAX {
+                return Err(SlotError::Saturated);
+            }
+            Ok(State(s.0 + BORROW_ONE))
+        })
+    }
+
     /// A read ends: borrow − 1; frees a detached, unlinked slot at zero.
     pub fn release(&self, gen: Generation) -> Result<Transition, SlotError> {
         self.update(gen, |s| {
@@ -448,9 +504,29 @@ impl Bitmap {
     }
 
     /// Claim the lowest free slot.
+    ///
+    /// ## The hint handshake
+    ///
+    /// `hint` promises "no free bit below word `hint`". A claimer that found
+    /// words `start..w` full raises it to `w`; a release in word `r` lowers
+    /// it to `r` when `r < hint`. The two race: the claimer may read word `r`
+    /// full, the releaser then frees a bit in it and reads the *old* hint
+    /// (no store needed), and only then does the claimer raise the hint past
+    /// `r`: the freed bit would hide until some release lowered the hint
+    /// again, and `put` would report `Full` with free slots (issue 8,
+    /// defect 8). So each side writes its own word, then reads the other's,
+    /// in one total order (Dekker): the claimer, after raising the hint,
+    /// re-reads the words it skipped and lowers the hint back if one has a
+    /// free bit; the releaser, after clearing its bit, reads the hint. At
+    /// least one of them sees the other, and the hint is lowered. Both are
+    /// `SeqCst` for that reason (on x86 the RMWs are locked instructions and
+    /// the loads plain moves, so the order costs nothing extra).
+    /// `tests/loom_slot.rs::bitmap_hint_does_not_hide_a_release` fails
+    /// without the claimer's re-read.
     pub fn claim(&self) -> Option<SlotId> {
-        // ORDERING: Relaxed — a hint; correctness comes from the CAS below.
-        let start = self.hint.load(Ordering::Relaxed);
+        // ORDERING: SeqCst — the hint handshake (doc above); pairs with the
+        // hint load in `release`.
+        let start = self.hint.load(Ordering::SeqCst);
         let n = self.words.len();
         for w in start..n {
             // ORDERING: Relaxed — re-validated by the CAS.
@@ -468,13 +544,7 @@ impl Bitmap {
                 ) {
                     Ok(_) => {
                         if w > start {
-                            // ORDERING: Relaxed — hint only.
-                            let _ = self.hint.compare_exchange(
-                                start,
-                                w,
-                                Ordering::Relaxed,
-                                Ordering::Relaxed,
-                            );
+                            self.raise_hint(start, w);
                         }
                         return Some(SlotId((w * 64) as u32 + bit));
                     }
@@ -485,17 +555,43 @@ impl Bitmap {
         None
     }
 
+    /// Raise the hint from `start` to `w` (words `start..w` were seen full),
+    /// then re-check them: the claimer's half of the hint handshake.
+    fn raise_hint(&self, start: usize, w: usize) {
+        // ORDERING: SeqCst — the hint handshake: this store is ordered
+        // before the re-reads below; pairs with `release`'s hint load.
+        if self
+            .hint
+            .compare_exchange(start, w, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            return; // someone else moved it; they re-check their own range
+        }
+        for r in start..w {
+            // ORDERING: SeqCst — the hint handshake; pairs with the SeqCst
+            // `fetch_and` in `release`.
+            if self.words[r].load(Ordering::SeqCst) != u64::MAX {
+                // ORDERING: SeqCst — as above.
+                self.hint.fetch_min(r, Ordering::SeqCst);
+                return;
+            }
+        }
+    }
+
     /// Free a slot the caller owns.
     pub fn release(&self, slot: SlotId) {
         let i = slot.0 as usize;
         let (w, b) = (i / 64, i % 64);
-        // ORDERING: Release — everything the freeing thread did to the slot
-        // happens-before the next `claim` of it.
-        let prev = self.words[w].fetch_and(!(1 << b), Ordering::Release);
+        // ORDERING: SeqCst — Release: everything the freeing thread did to
+        // the slot happens-before the next `claim` of it; SeqCst: the
+        // releaser's half of the hint handshake (`claim` doc).
+        let prev = self.words[w].fetch_and(!(1 << b), Ordering::SeqCst);
         assert!(prev & (1 << b) != 0, "double free of slot {i}");
-        // ORDERING: Relaxed — hint only (a load first: usually no store).
-        if w < self.hint.load(Ordering::Relaxed) {
-            self.hint.fetch_min(w, Ordering::Relaxed);
+        // ORDERING: SeqCst — the hint handshake; pairs with `raise_hint`.
+        // A load first: usually no store.
+        if w < self.hint.load(Ordering::SeqCst) {
+            // ORDERING: SeqCst — as above.
+            self.hint.fetch_min(w, Ordering::SeqCst);
         }
     }
 

@@ -2,13 +2,13 @@
 //!
 //! A crate-specific cfg (not `loom`) so dependencies don't switch with it
 //! (the crossbeam habit). Only the modules whose state machines loom checks
-//! (`slot`, `ring`, `cell`) import from here.
+//! (`slot`, `index`, `core`, `ring`, `cell`) import from here.
 #![forbid(unsafe_code)]
 
 #[cfg(daxkv_loom)]
-pub use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 #[cfg(not(daxkv_loom))]
-pub use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 #[cfg(daxkv_loom)]
 pub use loom::thread::yield_now;

@@ -169,3 +169,32 @@ fn bitmap_claims_are_exclusive() {
         assert_eq!(b.claim(), Some(mine));
     });
 }
+
+/// Defect 8 of issue 8: a claimer that skipped a full word raises the hint
+/// past it while a release frees a bit in that word and reads the old hint;
+/// the freed bit must still be found. Fails with `raise_hint`'s re-read of
+/// the skipped words removed (checked once: loom finds the interleaving
+/// "claimer reads word 0 full → release of slot 5 reads hint 0 → claimer
+/// raises the hint to 1", after which `claim` returns 65).
+#[test]
+fn bitmap_hint_does_not_hide_a_release() {
+    model(|| {
+        let b = Arc::new(Bitmap::new(128, 128));
+        for i in 0..64 {
+            assert_eq!(b.claim().map(|s| s.0), Some(i));
+        }
+        let c = {
+            let b = b.clone();
+            thread::spawn(move || b.claim().map(|s| s.0))
+        };
+        b.release(daxkv::slot::SlotId(5));
+        let got = c.join().unwrap();
+        assert!(matches!(got, Some(5 | 64)), "claimed {got:?}");
+        let want = if got == Some(5) { 64 } else { 5 };
+        assert_eq!(
+            b.claim().map(|s| s.0),
+            Some(want),
+            "the lowest free slot was hidden by the hint"
+        );
+    });
+}
