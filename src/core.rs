@@ -81,6 +81,10 @@ use crate::slot::{
     REFERENCED, WRITING,
 };
 
+/// Stall points of the test-only fault hook (`DaxCore::inject_stall`).
+const STALL_AFTER_FIND: u8 = 0;
+const STALL_AFTER_LOAD: u8 = 1;
+
 /// Retries of an operation whose slot changed generation under it. Each
 /// retry needs another thread to complete a transition on the same key.
 const RETRY_MAX: usize = 64;
@@ -286,7 +290,18 @@ struct CopyFaults {
     /// Run once between an index lookup and the pin that follows it: a
     /// stalled thread, with the world moving on meanwhile.
     #[allow(clippy::type_complexity)]
-    stall: std::sync::Mutex<Option<Box<dyn FnOnce(&DaxCore) + Send>>>,
+    stall: std::sync::Mutex<Option<(StallPoint, Box<dyn FnOnce(&DaxCore) + Send>)>>,
+}
+
+/// Where [`DaxCore::inject_stall`] stalls an operation that reached a slot
+/// through the index (test-only, debug builds).
+#[cfg(debug_assertions)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallPoint {
+    /// After `index.find`, before the slot's state word is loaded.
+    AfterFind,
+    /// After the state word is loaded, before the CAS that pins the slot.
+    AfterLoad,
 }
 
 #[cfg(debug_assertions)]
@@ -403,27 +418,40 @@ impl DaxCore {
     }
 
     /// Test-only fault hook, debug builds only: run `f` once, the next time
-    /// an operation has found a key in the index, loaded its slot's state
-    /// word and is about to pin it (as if that thread stalled between the
-    /// load and its CAS while `f` ran).
+    /// an operation that found a key in the index passes `at` (as if that
+    /// thread stalled there while `f` ran).
     #[cfg(debug_assertions)]
-    pub fn inject_stall_after_find(&self, f: impl FnOnce(&DaxCore) + Send + 'static) {
+    pub fn inject_stall(&self, at: StallPoint, f: impl FnOnce(&DaxCore) + Send + 'static) {
         *self
             .faults
             .stall
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Box::new(f));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((at, Box::new(f)));
     }
 
     #[inline]
-    fn stall_point(&self) {
+    #[cfg_attr(not(debug_assertions), allow(clippy::unused_self))]
+    fn stall_point(&self, here: u8) {
         #[cfg(debug_assertions)]
         {
-            let f = self.faults.stall.try_lock().ok().and_then(|mut g| g.take());
+            let here = if here == STALL_AFTER_FIND {
+                StallPoint::AfterFind
+            } else {
+                StallPoint::AfterLoad
+            };
+            let f = self.faults.stall.try_lock().ok().and_then(|mut g| {
+                if g.as_ref().is_some_and(|(at, _)| *at == here) {
+                    g.take().map(|(_, f)| f)
+                } else {
+                    None
+                }
+            });
             if let Some(f) = f {
                 f(self);
             }
         }
+        #[cfg(not(debug_assertions))]
+        let _ = here;
     }
 
     /// Whether the fault hook fails this copy.
@@ -508,6 +536,7 @@ impl DaxCore {
     fn pin_readable(&self, key: Key) -> Option<(SlotId, Generation)> {
         for _ in 0..RETRY_MAX {
             let e = self.index.find(key, self.is_key(key))?;
+            self.stall_point(STALL_AFTER_FIND);
             let m = self.meta(e.slot);
             let st = m.state.load();
             if !st.is_readable() {
@@ -515,7 +544,7 @@ impl DaxCore {
                 // newer copy cannot be in the index while this bucket is).
                 return None;
             }
-            self.stall_point();
+            self.stall_point(STALL_AFTER_LOAD);
             match m.state.borrow(st.generation()) {
                 Ok(_) => {}
                 Err(SlotError::Stale) => continue,
@@ -540,9 +569,10 @@ impl DaxCore {
     fn pin_published(&self, key: Key) -> Option<(SlotId, Generation, State)> {
         let mut e = self.index.find(key, self.is_key(key))?;
         for _ in 0..RETRY_MAX {
+            self.stall_point(STALL_AFTER_FIND);
             let m = self.meta(e.slot);
             let st = m.state.load();
-            self.stall_point();
+            self.stall_point(STALL_AFTER_LOAD);
             let pinned = m.state.pin(st.generation());
             let again = self.index.find(key, self.is_key(key));
             match pinned {
@@ -1324,7 +1354,7 @@ mod tests {
         let (k1, k2) = (Key::digest(b"k1"), Key::digest(b"k2"));
         c.put(k1, &[1; 4096], 0).unwrap();
         let seen = c.meta(SlotId(0)).state.load();
-        c.inject_stall_after_find(move |c| {
+        c.inject_stall(StallPoint::AfterLoad, move |c| {
             assert!(c.delete(k1, false));
             c.meta(SlotId(0))
                 .state
@@ -1350,7 +1380,7 @@ mod tests {
         let (k1, k2) = (Key::digest(b"k1"), Key::digest(b"k2"));
         c.put(k1, &[1; 100], 0).unwrap();
         let seen = c.meta(SlotId(0)).state.load();
-        c.inject_stall_after_find(move |c| {
+        c.inject_stall(StallPoint::AfterLoad, move |c| {
             assert!(c.delete(k1, false));
             c.meta(SlotId(0))
                 .state
@@ -1381,7 +1411,7 @@ mod tests {
         c.put(k, b"k", 0).unwrap(); // slot 1, bucket h+1
         assert!(c.delete(y, false)); // bucket h: tombstone, slot 0 free
         c.put(Key::digest(b"x"), b"x", 0).unwrap(); // slot 0 taken again
-        c.inject_stall_after_find(move |c| {
+        c.inject_stall(StallPoint::AfterFind, move |c| {
             assert!(c.delete(k, false));
             // Slot 1 again (the only free one), bucket h this time.
             assert_eq!(c.put(k, b"k2", 0), Ok(PutOutcome::Stored));

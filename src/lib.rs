@@ -47,6 +47,8 @@ pub mod sync;
 mod sys;
 
 pub use crate::arena::{ArenaSource, ArenaSpec};
+#[cfg(debug_assertions)]
+pub use crate::core::StallPoint;
 pub use crate::core::{
     CoreConfig, CoreStatus, DaxCore, PutFromPtrResult, PutOutcome, ReadSet, Reservation, SlotWriter,
 };
