@@ -26,18 +26,41 @@
 //! ```
 //!
 //! New guards wait while a remap is pending, so a stream of readers cannot
-//! starve it (upstream's remap could starve, reference §9.4 item 8). A thread
-//! that already holds a guard may take another one while the bit is set, so
-//! a reader that deletes a key while holding its read reservation does not
-//! deadlock against a pending remap.
+//! starve it (upstream's remap could starve, see `docs/` "hotplug").
+//!
+//! ### No exception for "nested" guards
+//!
+//! A guard is admitted only when the word it incremented had neither
+//! EXCLUSIVE nor CLOSED set. An earlier version let a thread in regardless
+//! when it already held a guard on *any* arena (a thread-local count), so a
+//! worker holding device A's session walked into device B while B was being
+//! remapped, read B's base pointer mid-update and copied into unmapped
+//! memory (issue 8, defect 1: SIGSEGV in the NT copy kernel). The thread-
+//! local count was also wrong after `mem::forget` of a guard. Now:
+//! - a second guard on the **same** arena is taken from the first one,
+//!   [`ArenaGuard::reenter`], which needs no check: the first guard keeps
+//!   the count above zero, so no exclusive section can be running or start
+//!   its mutation until both are gone;
+//! - a guard on **another** arena waits like anyone else. A thread that
+//!   holds guards on several arenas takes them in one global order (the
+//!   engine: ascending device index), and an exclusive section gives up
+//!   after [`Arena::drain_timeout`] (clearing EXCLUSIVE and failing with
+//!   [`GateError::Busy`]) instead of waiting forever, so even a caller
+//!   that breaks the order, or a guard leaked with `mem::forget`, delays a
+//!   remap by a bounded time and never deadlocks or hangs it.
+//!
+//! `mem::forget` of a guard (or of a `Session` / `ReadSet` holding one) is
+//! safe: the count stays raised, so every later remap fails with `Busy` and
+//! `close` leaves the mapping in place (unmapped when the arena drops, when
+//! no borrow of it can exist any more); nothing dangles.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use memmap2::{MmapOptions, MmapRaw};
@@ -53,10 +76,10 @@ const CLOSED: u64 = 1 << 63;
 /// Device-dax alignment assumed when sysfs has no `align` attribute.
 pub const DEFAULT_DEVDAX_ALIGN_BYTES: usize = 2 << 20;
 
-thread_local! {
-    /// Guards this thread holds on any arena (see the module doc).
-    static GUARDS_HELD: Cell<u32> = const { Cell::new(0) };
-}
+/// How long an exclusive section (remap) or `close` waits for live guards
+/// before giving up (module doc). A guard lives for one call or one engine
+/// task part, so seconds are far beyond any healthy wait.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What to map.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,14 +217,19 @@ pub struct Arena {
     populate: bool,
     mapped: UnsafeCell<Mapped>,
     gate: CachePadded<AtomicU64>,
+    /// Bound on `exclusive` / `close` waiting for guards, in milliseconds.
+    drain_timeout_ms: AtomicU64,
     admin: Mutex<()>,
     waiters: Mutex<()>,
     wake: Condvar,
 }
 
 // SAFETY: `mapped` is mutated only by `exclusive` and `close`, which hold
-// `admin` and run only while the gate count is zero with EXCLUSIVE or CLOSED
-// set, so no `ArenaGuard` (the only reader) exists concurrently. The raw
+// `admin` and mutate only after observing the gate count at zero with
+// EXCLUSIVE or CLOSED set; while that bit is set no guard is admitted
+// (`enter` backs out when its increment saw either bit, and `reenter` needs
+// a live guard, i.e. a non-zero count). So no `ArenaGuard` (the only
+// reader) exists while `mapped` changes. The raw
 // pointer it holds points into a shared mapping that any thread may access by
 // copy; the other fields are immutable or themselves `Sync`.
 unsafe impl Sync for Arena {}
@@ -476,6 +504,7 @@ impl Arena {
                 len,
             }),
             gate: CachePadded::new(AtomicU64::new(0)),
+            drain_timeout_ms: AtomicU64::new(DEFAULT_DRAIN_TIMEOUT.as_millis() as u64),
             admin: Mutex::new(()),
             waiters: Mutex::new(()),
             wake: Condvar::new(),
@@ -519,19 +548,44 @@ impl Arena {
         (self.gate.load(Ordering::Relaxed) & COUNT_MASK) as usize
     }
 
+    /// How long [`Arena::exclusive`] and [`Arena::close`] wait for live
+    /// guards before giving up ([`DEFAULT_DRAIN_TIMEOUT`] unless set).
+    pub fn drain_timeout(&self) -> Duration {
+        // ORDERING: Relaxed — a setting; nothing is published through it.
+        Duration::from_millis(self.drain_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Change [`Arena::drain_timeout`].
+    pub fn set_drain_timeout(&self, t: Duration) {
+        // ORDERING: Relaxed — a setting.
+        self.drain_timeout_ms
+            .store(t.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// True while an exclusive section (remap) is pending or running.
+    pub fn is_exclusive_pending(&self) -> bool {
+        // ORDERING: Relaxed — advisory (status and tests).
+        self.gate.load(Ordering::Relaxed) & EXCLUSIVE != 0
+    }
+
     /// Take a guard: the mapping stays valid until it drops. Waits while a
-    /// remap is pending (unless this thread already holds a guard); fails
-    /// once the arena is closing or closed.
+    /// remap is pending (at most the pending section's drain timeout plus
+    /// its mutation); fails once the arena is closing or closed. A thread
+    /// that already holds a guard on this arena takes a second one with
+    /// [`ArenaGuard::reenter`] instead (module doc).
     pub fn enter(&self) -> Result<ArenaGuard<'_>, Closed> {
         loop {
             // ORDERING: Acquire — pairs with the Release `fetch_and` in
-            // `exclusive` so a guard taken after a remap sees the new mapping.
+            // `exclusive` (through the RMW release sequence on the gate), so
+            // a guard admitted after a remap sees the new `mapped`; and the
+            // increment is in the gate's modification order before or after
+            // `exclusive`'s `fetch_or`: before → that section waits for us;
+            // after → we see EXCLUSIVE and back out.
             let prev = self.gate.fetch_add(1, Ordering::Acquire);
-            let nested = GUARDS_HELD.with(Cell::get) > 0;
-            if prev & CLOSED == 0 && (prev & EXCLUSIVE == 0 || nested) {
-                GUARDS_HELD.with(|g| g.set(g.get() + 1));
-                // SAFETY: the count we hold keeps `exclusive` and `close`
-                // from mutating `mapped` until this guard drops.
+            if prev & (CLOSED | EXCLUSIVE) == 0 {
+                // SAFETY: our increment was admitted (no EXCLUSIVE / CLOSED
+                // before it), so no exclusive section or close mutates
+                // `mapped` until this guard drops (see `unsafe impl Sync`).
                 let m = unsafe { &*self.mapped.get() };
                 return Ok(ArenaGuard {
                     arena: self,
@@ -571,56 +625,82 @@ impl Arena {
         }
     }
 
-    fn wait_idle(&self) {
+    /// Wait until no guard is alive, at most the drain timeout; the number
+    /// of guards still alive if it ran out.
+    fn wait_idle(&self) -> Result<(), usize> {
+        let deadline = Instant::now() + self.drain_timeout();
         let mut g = self
             .waiters
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // ORDERING: Acquire — pairs with the Release in `leave`.
-        while self.gate.load(Ordering::Acquire) & COUNT_MASK != 0 {
+        loop {
+            // ORDERING: Acquire — pairs with the Release in `leave`: every
+            // departed guard's copies happen-before what we do next.
+            let live = self.gate.load(Ordering::Acquire) & COUNT_MASK;
+            if live == 0 {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(live as usize);
+            }
             g = self
                 .wake
-                .wait_timeout(g, Duration::from_millis(10))
+                .wait_timeout(g, (deadline - now).min(Duration::from_millis(10)))
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
     }
 
+    fn end_exclusive(&self) {
+        // ORDERING: Release — publishes the new mapping to the Acquire
+        // `fetch_add` in `enter`.
+        self.gate.fetch_and(!EXCLUSIVE, Ordering::Release);
+        let _g = self
+            .waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.wake.notify_all();
+    }
+
     /// Run `f` with no guard alive and new guards held off: the place to
     /// remap and to change anything the data path reads without locks.
-    pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, Closed> {
+    /// Fails with [`GateError::Busy`] (and runs nothing) when guards are
+    /// still alive after the drain timeout.
+    pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, GateError> {
         let _admin = self
             .admin
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // ORDERING: AcqRel — the bit must be visible to new `enter`s before
-        // we wait for the count to drain.
+        // ORDERING: AcqRel — the bit must be in the gate's modification
+        // order before we read the count, so every later `enter` sees it.
         let prev = self.gate.fetch_or(EXCLUSIVE, Ordering::AcqRel);
         if prev & CLOSED != 0 {
-            // ORDERING: Release — undo; nothing was published.
-            self.gate.fetch_and(!EXCLUSIVE, Ordering::Release);
-            return Err(Closed);
+            self.end_exclusive();
+            return Err(GateError::Closed);
         }
-        self.wait_idle();
+        if let Err(guards) = self.wait_idle() {
+            self.end_exclusive();
+            return Err(GateError::Busy {
+                guards,
+                waited: self.drain_timeout(),
+            });
+        }
         let r = f(&mut Exclusive {
             arena: self,
             old: Vec::new(),
         });
-        // ORDERING: Release — publishes the new mapping to the Acquire
-        // `fetch_add` in `enter`.
-        self.gate.fetch_and(!EXCLUSIVE, Ordering::Release);
-        {
-            let _g = self
-                .waiters
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.wake.notify_all();
-        }
+        self.end_exclusive();
         Ok(r)
     }
 
-    /// Refuse new guards, wait for the live ones, run `f`, then unmap.
-    /// Idempotent: a second call returns `false` without running `f`.
+    /// Refuse new guards, wait for the live ones (at most the drain
+    /// timeout), run `f`, then unmap. Idempotent: a later call returns
+    /// `false` without running `f`. If guards are still alive at the
+    /// deadline (a stuck caller, or a guard leaked with `mem::forget`),
+    /// `f` does not run and the mapping stays until the arena drops (when
+    /// no guard can be in use any more); the arena refuses guards either
+    /// way.
     pub fn close(&self, f: impl FnOnce()) -> bool {
         let _admin = self
             .admin
@@ -631,16 +711,30 @@ impl Arena {
         if prev & CLOSED != 0 {
             return false;
         }
-        self.wait_idle();
+        if self.wait_idle().is_err() {
+            return true;
+        }
         f();
-        // SAFETY: CLOSED is set and the count is zero, so no guard exists and
-        // none can be created; `admin` excludes `exclusive`.
+        // SAFETY: CLOSED is set and the count was seen at zero, so no guard
+        // exists and none can be admitted (`enter` backs out on CLOSED;
+        // `reenter` needs a live guard); `admin` excludes `exclusive`.
         let m = unsafe { &mut *self.mapped.get() };
         m.map = None;
         m.base = std::ptr::null_mut();
         m.len = 0;
         true
     }
+}
+
+/// Why [`Arena::exclusive`] ran nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GateError {
+    /// The arena is closing or closed.
+    #[error("the arena is closed")]
+    Closed,
+    /// Guards were still alive when the drain timeout ran out.
+    #[error("{guards} users still held the mapping after {waited:?}; nothing was changed")]
+    Busy { guards: usize, waited: Duration },
 }
 
 /// The arena refused a guard because it is closing or closed.
@@ -735,13 +829,11 @@ pub struct ArenaGuard<'a> {
 
 // SAFETY: a shared guard only copies through its raw pointer, which the
 // module's Safety section allows from any thread while the guard keeps the
-// mapping alive. It is deliberately not `Send`: dropping it on another thread
-// would unbalance that thread's `GUARDS_HELD` count.
+// mapping alive (its count is in the gate, not in the thread).
 unsafe impl Sync for ArenaGuard<'_> {}
 
 impl Drop for ArenaGuard<'_> {
     fn drop(&mut self) {
-        GUARDS_HELD.with(|g| g.set(g.get() - 1));
         self.arena.leave();
     }
 }
@@ -755,7 +847,25 @@ pub struct OutOfBounds {
     pub mapped: usize,
 }
 
-impl ArenaGuard<'_> {
+impl<'a> ArenaGuard<'a> {
+    /// A second guard on the same arena, admitted without waiting even if a
+    /// remap is pending: this guard keeps the count above zero, so that
+    /// remap cannot have started changing the mapping and cannot until both
+    /// guards are gone. The way for a thread that holds a guard to take
+    /// another on the same arena (waiting in [`Arena::enter`] there would
+    /// stall until the pending remap gave up).
+    pub fn reenter(&self) -> ArenaGuard<'a> {
+        // ORDERING: Relaxed — the count is already non-zero (ours), so this
+        // increment changes no admission decision; `leave`'s Release
+        // publishes what the new guard does.
+        self.arena.gate.fetch_add(1, Ordering::Relaxed);
+        ArenaGuard {
+            arena: self.arena,
+            base: self.base,
+            len: self.len,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -944,6 +1054,95 @@ mod tests {
         assert!(a.close(|| ()));
         assert!(!a.close(|| panic!("second close must not run f")));
         assert_eq!(a.enter().err(), Some(Closed));
-        assert_eq!(a.exclusive(|_| ()).err(), Some(Closed));
+        assert_eq!(a.exclusive(|_| ()).err(), Some(GateError::Closed));
+    }
+
+    /// Issue 8, defect 1: a thread holding a guard on arena A must not
+    /// enter arena B while B's exclusive section is pending. Before the fix
+    /// the "nested guard" exception (a thread-local count of guards on *any*
+    /// arena) admitted it at once, and it copied through B's old base while
+    /// B was remapped (SIGSEGV under load). Checked once: with the old
+    /// `enter`, `entered_during_exclusive` was true.
+    #[test]
+    fn a_guard_on_another_arena_does_not_admit_a_remap_in_progress() {
+        let a = Arena::open(&ArenaSpec::memfd(1 << 16)).unwrap();
+        let b = Arc::new(Arena::open(&ArenaSpec::memfd(1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let holder = b.enter().unwrap(); // keeps B's remap waiting
+        let done = Arc::new(AtomicBool::new(false));
+        let remap = {
+            let (b, done) = (b.clone(), done.clone());
+            std::thread::spawn(move || {
+                b.exclusive(|ex| {
+                    ex.remap(1 << 17).unwrap();
+                    done.store(true, Ordering::SeqCst);
+                })
+                .unwrap();
+            })
+        };
+        while !b.is_exclusive_pending() {
+            std::thread::yield_now();
+        }
+        let entered_during_exclusive = std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                let _on_a = a.enter().unwrap();
+                let g = b.enter().unwrap();
+                let early = !done.load(Ordering::SeqCst);
+                g.write(0, b"x").unwrap();
+                (early, g.len())
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            drop(holder);
+            t.join().unwrap()
+        });
+        remap.join().unwrap();
+        assert_eq!(
+            entered_during_exclusive,
+            (false, 1 << 17),
+            "entered B before its remap finished"
+        );
+    }
+
+    /// A guard on the same arena comes from `reenter`, which is admitted
+    /// while a remap is pending, and the remap waits for both.
+    #[test]
+    fn reenter_is_admitted_while_a_remap_waits() {
+        let a = Arc::new(Arena::open(&ArenaSpec::memfd(1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let g = a.enter().unwrap();
+        let remap = {
+            let a = a.clone();
+            std::thread::spawn(move || a.exclusive(|ex| ex.remap(1 << 17).unwrap()).unwrap())
+        };
+        while !a.is_exclusive_pending() {
+            std::thread::yield_now();
+        }
+        let g2 = g.reenter();
+        drop(g);
+        g2.write(0, b"still mapped").unwrap();
+        assert_eq!(a.active_guards(), 1);
+        drop(g2);
+        remap.join().unwrap();
+        assert_eq!(a.enter().unwrap().len(), 1 << 17);
+    }
+
+    /// `mem::forget` of a guard (safe code) leaves the count raised: a
+    /// remap gives up after the drain timeout with `Busy` instead of
+    /// hanging, and close refuses new guards without unmapping.
+    #[test]
+    fn a_forgotten_guard_bounds_remap_and_close() {
+        let a = Arena::open(&ArenaSpec::memfd(1 << 16).max_size_bytes(1 << 17)).unwrap();
+        a.set_drain_timeout(Duration::from_millis(50));
+        std::mem::forget(a.enter().unwrap());
+        match a.exclusive(|ex| ex.remap(1 << 17)) {
+            Err(GateError::Busy { guards: 1, .. }) => {}
+            other => panic!("expected Busy, got {other:?}"),
+        }
+        assert!(!a.is_exclusive_pending(), "a failed remap clears its bit");
+        let g = a.enter().unwrap();
+        assert_eq!(g.len(), 1 << 16, "nothing changed");
+        drop(g);
+        let mut ran = false;
+        assert!(a.close(|| ran = true));
+        assert!(!ran, "close does not tear down under a live count");
+        assert_eq!(a.enter().err(), Some(Closed));
     }
 }

@@ -72,7 +72,7 @@ use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::arena::{Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity};
+use crate::arena::{Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity, GateError};
 use crate::error::{CoreError, OpenError, PutError};
 use crate::index::{Entry, Index, Insert, SLOT_MAX};
 use crate::key::Key;
@@ -772,8 +772,16 @@ impl DaxCore {
         let Some(sg) = src.guard() else {
             return PutFromPtrResult::Invalid;
         };
-        let Ok(g) = self.arena.enter() else {
-            return PutFromPtrResult::Closed;
+        // A second guard on the source's own arena comes from the source
+        // guard (`reenter`); another arena is entered normally (see
+        // `arena`, "No exception for nested guards").
+        let g = if std::ptr::eq(src.core, self) {
+            sg.reenter()
+        } else {
+            let Ok(g) = self.arena.enter() else {
+                return PutFromPtrResult::Closed;
+            };
+            g
         };
         if let Some(present) = self.present_as(key) {
             return present;
@@ -1159,7 +1167,10 @@ impl DaxCore {
                 self.max_slots.store(new_slots, Ordering::Relaxed);
                 Ok(())
             })
-            .map_err(|_| CoreError::Closed)?
+            .map_err(|e| match e {
+                GateError::Closed => CoreError::Closed,
+                busy @ GateError::Busy { .. } => CoreError::Busy(busy),
+            })?
     }
 
     /// Refuse new work, wait for in-flight reads and writes, forget every

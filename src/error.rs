@@ -110,4 +110,6 @@ pub enum CoreError {
     Open(#[from] OpenError),
     #[error("the core is closed")]
     Closed,
+    #[error("remap not done: {0}")]
+    Busy(crate::arena::GateError),
 }
