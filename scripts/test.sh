@@ -23,8 +23,8 @@ step "criterion benches, one pass each"
 cargo test --benches
 
 if [ "${DAXKV_SKIP_LOOM:-0}" != 1 ]; then
-  step "loom (slot state word, ring index protocol and wakeup, task-table mailbox)"
-  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_slot --test loom_ring --test loom_cell
+  step "loom (slot state word + bitmap, core index/slot protocols, ring index protocol and wakeup, task-table mailbox)"
+  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_slot --test loom_core --test loom_ring --test loom_cell
 fi
 
 step "daxkv bench (small)"

@@ -72,7 +72,7 @@
 //! the interleavings.
 #![forbid(unsafe_code)]
 
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
 
 /// A slot number within one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -517,16 +517,18 @@ impl Bitmap {
     /// defect 8). So each side writes its own word, then reads the other's,
     /// in one total order (Dekker): the claimer, after raising the hint,
     /// re-reads the words it skipped and lowers the hint back if one has a
-    /// free bit; the releaser, after clearing its bit, reads the hint. At
-    /// least one of them sees the other, and the hint is lowered. Both are
-    /// `SeqCst` for that reason (on x86 the RMWs are locked instructions and
-    /// the loads plain moves, so the order costs nothing extra).
+    /// free bit; the releaser, after clearing its bit, reads the hint. A
+    /// `fence(SeqCst)` sits between each side's write and read, so the two
+    /// fences are ordered and the later side's read sees the earlier side's
+    /// write: at least one of them sees the other, and the hint is lowered.
+    /// (Fences rather than `SeqCst` accesses because loom models the fence
+    /// rule; the cost is one `mfence` per freed slot.)
     /// `tests/loom_slot.rs::bitmap_hint_does_not_hide_a_release` fails
     /// without the claimer's re-read.
     pub fn claim(&self) -> Option<SlotId> {
-        // ORDERING: SeqCst — the hint handshake (doc above); pairs with the
-        // hint load in `release`.
-        let start = self.hint.load(Ordering::SeqCst);
+        // ORDERING: Relaxed — a lower bound to start from; the handshake
+        // (doc above) keeps it honest.
+        let start = self.hint.load(Ordering::Relaxed);
         let n = self.words.len();
         for w in start..n {
             // ORDERING: Relaxed — re-validated by the CAS.
@@ -558,21 +560,22 @@ impl Bitmap {
     /// Raise the hint from `start` to `w` (words `start..w` were seen full),
     /// then re-check them: the claimer's half of the hint handshake.
     fn raise_hint(&self, start: usize, w: usize) {
-        // ORDERING: SeqCst — the hint handshake: this store is ordered
-        // before the re-reads below; pairs with `release`'s hint load.
+        // ORDERING: Relaxed — ordered before the re-reads by the fence.
         if self
             .hint
-            .compare_exchange(start, w, Ordering::SeqCst, Ordering::Relaxed)
+            .compare_exchange(start, w, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
             return; // someone else moved it; they re-check their own range
         }
+        // ORDERING: SeqCst fence — the claimer's half of the hint handshake;
+        // pairs with the fence in `release`.
+        fence(Ordering::SeqCst);
         for r in start..w {
-            // ORDERING: SeqCst — the hint handshake; pairs with the SeqCst
-            // `fetch_and` in `release`.
-            if self.words[r].load(Ordering::SeqCst) != u64::MAX {
-                // ORDERING: SeqCst — as above.
-                self.hint.fetch_min(r, Ordering::SeqCst);
+            // ORDERING: Relaxed — ordered after the hint store by the fence.
+            if self.words[r].load(Ordering::Relaxed) != u64::MAX {
+                // ORDERING: Relaxed — hint only.
+                self.hint.fetch_min(r, Ordering::Relaxed);
                 return;
             }
         }
@@ -582,16 +585,18 @@ impl Bitmap {
     pub fn release(&self, slot: SlotId) {
         let i = slot.0 as usize;
         let (w, b) = (i / 64, i % 64);
-        // ORDERING: SeqCst — Release: everything the freeing thread did to
-        // the slot happens-before the next `claim` of it; SeqCst: the
-        // releaser's half of the hint handshake (`claim` doc).
-        let prev = self.words[w].fetch_and(!(1 << b), Ordering::SeqCst);
+        // ORDERING: Release — everything the freeing thread did to the slot
+        // happens-before the next `claim` of it (its Acquire CAS).
+        let prev = self.words[w].fetch_and(!(1 << b), Ordering::Release);
         assert!(prev & (1 << b) != 0, "double free of slot {i}");
-        // ORDERING: SeqCst — the hint handshake; pairs with `raise_hint`.
+        // ORDERING: SeqCst fence — the releaser's half of the hint
+        // handshake (`claim` doc); pairs with the fence in `raise_hint`.
+        fence(Ordering::SeqCst);
+        // ORDERING: Relaxed — ordered after the bit clear by the fence.
         // A load first: usually no store.
-        if w < self.hint.load(Ordering::SeqCst) {
-            // ORDERING: SeqCst — as above.
-            self.hint.fetch_min(w, Ordering::SeqCst);
+        if w < self.hint.load(Ordering::Relaxed) {
+            // ORDERING: Relaxed — hint only.
+            self.hint.fetch_min(w, Ordering::Relaxed);
         }
     }
 
