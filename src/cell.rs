@@ -63,6 +63,8 @@ unsafe impl<T: Send + Sync> Sync for Mailbox<T> {}
 
 impl<T> std::fmt::Debug for Mailbox<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // ORDERING: Relaxed — a diagnostic snapshot; nothing is read
+        // through it.
         let s = self.state.load(Ordering::Relaxed);
         f.debug_struct("Mailbox")
             .field("full", &(s & FULL != 0))
@@ -130,6 +132,8 @@ impl<T> Mailbox<T> {
 
     /// Whether the mailbox holds nothing (a racy snapshot, for status).
     pub fn is_empty(&self) -> bool {
+        // ORDERING: Relaxed — a racy snapshot for status; the contents are
+        // never read on its word.
         self.state.load(Ordering::Relaxed) == 0
     }
 

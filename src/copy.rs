@@ -198,6 +198,8 @@ mod x86 {
         unsafe {
             std::arch::x86_64::_mm_sfence();
         }
+        // ORDERING: SeqCst fence — Miri's stand-in for `sfence` (Miri cannot
+        // run the intrinsic); the Release commit after it is what publishes.
         #[cfg(miri)]
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }

@@ -350,6 +350,8 @@ impl Index {
                     Ordering::SeqCst,
                 ) {
                     Err(actual) if actual == enc(fp, OWNED, slot_of(b)) => return false,
+                    // ORDERING: SeqCst re-read inside `is_entry` — Dekker
+                    // handshake, as in the scan above.
                     Err(actual)
                         if state_of(actual) == PROVISIONAL
                             && self.is_entry(pos, actual, fp, is_key, Ordering::SeqCst) =>
