@@ -1004,8 +1004,9 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
+    #[cfg_attr(miri, ignore = "memfd_create is not supported by Miri")]
     fn memfd_round_trip_and_bounds() {
-        let a = Arena::open(&ArenaSpec::memfd(1 << 16)).unwrap();
+        let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16)).unwrap();
         let g = a.enter().unwrap();
         g.write(100, b"hello").unwrap();
         let mut out = [0u8; 5];
@@ -1021,7 +1022,7 @@ mod tests {
 
     #[test]
     fn exclusive_waits_for_guards_and_blocks_new_ones() {
-        let a = Arc::new(Arena::open(&ArenaSpec::memfd(1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let a = Arc::new(Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17)).unwrap());
         let g = a.enter().unwrap();
         g.write(0, b"keep").unwrap();
         let done = Arc::new(AtomicBool::new(false));
@@ -1045,7 +1046,7 @@ mod tests {
         assert_eq!(g.len(), 1 << 17);
         let mut out = [0u8; 4];
         g.read(0, &mut out).unwrap();
-        assert_eq!(&out, b"keep", "memfd bytes survive a remap");
+        assert_eq!(&out, b"keep", "bytes survive a remap");
     }
 
     #[test]
@@ -1065,8 +1066,8 @@ mod tests {
     /// `enter`, `entered_during_exclusive` was true.
     #[test]
     fn a_guard_on_another_arena_does_not_admit_a_remap_in_progress() {
-        let a = Arena::open(&ArenaSpec::memfd(1 << 16)).unwrap();
-        let b = Arc::new(Arena::open(&ArenaSpec::memfd(1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16)).unwrap();
+        let b = Arc::new(Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17)).unwrap());
         let holder = b.enter().unwrap(); // keeps B's remap waiting
         let done = Arc::new(AtomicBool::new(false));
         let remap = {
@@ -1106,7 +1107,7 @@ mod tests {
     /// while a remap is pending, and the remap waits for both.
     #[test]
     fn reenter_is_admitted_while_a_remap_waits() {
-        let a = Arc::new(Arena::open(&ArenaSpec::memfd(1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let a = Arc::new(Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17)).unwrap());
         let g = a.enter().unwrap();
         let remap = {
             let a = a.clone();
@@ -1129,7 +1130,7 @@ mod tests {
     /// hanging, and close refuses new guards without unmapping.
     #[test]
     fn a_forgotten_guard_bounds_remap_and_close() {
-        let a = Arena::open(&ArenaSpec::memfd(1 << 16).max_size_bytes(1 << 17)).unwrap();
+        let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17)).unwrap();
         a.set_drain_timeout(Duration::from_millis(50));
         std::mem::forget(a.enter().unwrap());
         match a.exclusive(|ex| ex.remap(1 << 17)) {

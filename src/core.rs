@@ -1344,8 +1344,10 @@ impl Drop for Session<'_> {
 mod tests {
     use super::*;
 
+    /// Anonymous memory, so these tests also run under Miri.
     fn core(slots: usize) -> DaxCore {
-        DaxCore::open(&CoreConfig::new(ArenaSpec::memfd(slots * 4096), 4096)).unwrap()
+        let arena = ArenaSpec::new(crate::arena::ArenaSource::Anonymous, slots * 4096);
+        DaxCore::open(&CoreConfig::new(arena, 4096)).unwrap()
     }
 
     /// Two keys with the same home bucket (the index's home is the high
