@@ -10,37 +10,66 @@
 //!
 //! A `RawBuf` must stay valid, and must not be read or written by anyone but
 //! the engine (for load destinations) or written by anyone (for store
-//! sources), from the `submit_*` call until that task's completion has been
+//! sources), from its construction until that task's completion has been
 //! observed (`pop_completed_stores` returned its id, or `query_*` returned
-//! its result). The unsafe constructor is where the caller promises this;
-//! everything after it is safe.
+//! its result), or until the `RawBuf` is dropped if it is never submitted.
+//! The unsafe constructor is where the caller promises this; everything
+//! after it is safe.
+//!
+//! ## No aliasing `&mut` from safe code
+//!
+//! A `RawBuf` hands out `&[u8]` from `&self` and `&mut [u8]` only from
+//! `&mut self`, so the borrow checker tracks its views. The engine's load
+//! destinations are shared by several workers through `&Lent`; a worker
+//! writes its part only through a [`LentPart`] from [`Lent::claim`], whose
+//! claim bits make every destination part of at most one claim per lend (a
+//! duplicated or overlapping submission gets `None`, not a second `&mut`),
+//! and which hands out one `&mut [u8]` at a time.
 //!
 //! This is the one module outside `arena`, `copy`, `ring` and the syscall
 //! wrappers with `unsafe`: it is the boundary with caller memory, as the
 //! ring is the boundary with another process's.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Caller memory described by pointer and length. Not `Clone`: one
 /// descriptor per buffer, so the engine can hand each to exactly one worker.
+///
+/// Safe code cannot get two live `&mut` to its bytes:
+///
+/// ```compile_fail,E0499
+/// # use daxkv::buf::RawBuf;
+/// let mut v = vec![0u8; 4];
+/// // SAFETY: `v` outlives `r` and is touched only through it.
+/// let mut r = unsafe { RawBuf::new(v.as_mut_ptr(), v.len()) };
+/// let a = r.as_mut_slice();
+/// let b = r.as_mut_slice();
+/// a[0] = 1;
+/// b[0] = 2;
+/// ```
 #[derive(Debug)]
 pub struct RawBuf {
     ptr: *mut u8,
     len: usize,
 }
 
-// SAFETY: the constructor's contract makes the memory exclusively the
-// engine's until completion, so moving the descriptor to a worker thread is
-// sound.
+// SAFETY: the constructor's contract makes the memory reachable only
+// through this descriptor, so moving it to a worker thread is sound.
 unsafe impl Send for RawBuf {}
-// SAFETY: as above; shared access only reads the descriptor.
+// SAFETY: through `&RawBuf` only `&[u8]` can be had (`as_slice`); `&mut
+// [u8]` needs `&mut RawBuf` or an exclusive `LentPart` claim.
 unsafe impl Sync for RawBuf {}
 
 impl RawBuf {
     /// # Safety
-    /// - `ptr` is valid for reads and writes of `len` bytes;
-    /// - the memory follows the module's lifetime rule: valid and untouched
-    ///   by anyone else from submit until the task's completion is observed.
+    /// - `ptr` is valid for reads and writes of `len` bytes (any pointer
+    ///   when `len` is 0), from now until this `RawBuf` is dropped or, once
+    ///   it is handed to the engine, until that task's completion has been
+    ///   observed (the module's lifetime rule);
+    /// - for that whole time the memory is accessed only through this
+    ///   descriptor: no one else writes it, and no one else reads it while
+    ///   it may be written through the descriptor (a load destination).
     pub unsafe fn new(ptr: *mut u8, len: usize) -> RawBuf {
         RawBuf { ptr, len }
     }
@@ -58,22 +87,33 @@ impl RawBuf {
         if self.len == 0 {
             return &[];
         }
-        // SAFETY: the constructor's contract: valid for `len` bytes and not
-        // written by anyone while the task runs.
+        // SAFETY: the constructor's contract: valid for `len` bytes and
+        // written by no one else while this descriptor lives; writes through
+        // the descriptor need `&mut self` (or an exclusive `LentPart`, which
+        // owns no `&RawBuf` anyone else can reach), so none happens while
+        // this shared borrow lives.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    /// The bytes, for a load destination. Only the worker running the part
-    /// that owns this buffer calls this, and it keeps one borrow at a time
-    /// (it may try one device, drop the borrow, then try the next).
-    #[allow(clippy::mut_from_ref)] // the contract makes the memory the task's alone
-    pub fn as_mut_slice(&self) -> &mut [u8] {
+    /// The bytes, for a load destination. `&mut self`: the borrow checker
+    /// keeps this the only view while it lives.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `&mut self` excludes every other view made through this
+        // descriptor, and the constructor's contract excludes every view
+        // made without it.
+        unsafe { self.view_mut() }
+    }
+
+    /// # Safety
+    /// No other view of these bytes (through this descriptor or not) is live
+    /// while the returned one is, and none is made until it ends.
+    #[allow(clippy::mut_from_ref)] // the caller proves exclusivity
+    unsafe fn view_mut(&self) -> &mut [u8] {
         if self.len == 0 {
             return &mut [];
         }
-        // SAFETY: the constructor's contract: valid for `len` bytes and
-        // accessed by no one else until completion; the engine gives each
-        // destination to exactly one worker part.
+        // SAFETY: valid for reads and writes of `len` bytes (constructor's
+        // contract); exclusive (this function's contract).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
@@ -107,10 +147,53 @@ impl Dsts {
 ///
 /// The owned vectors stay here, untouched, while workers write through the
 /// descriptors; `take_back` drops every descriptor before handing them out.
+///
+/// Safe code cannot get two live `&mut` to one destination: a part must be
+/// claimed, a claimed index cannot be claimed again, and a claim hands out
+/// one `&mut` at a time:
+///
+/// ```compile_fail,E0499
+/// # use daxkv::buf::{Dsts, Lent};
+/// let mut lent = Lent::default();
+/// lent.lend(Dsts::Owned(vec![vec![0u8; 4]]));
+/// let mut part = lent.claim(0, 1).unwrap();
+/// let a = part.get_mut(0);
+/// let b = part.get_mut(0);
+/// a[0] = 1;
+/// b[0] = 2;
+/// ```
+///
+/// ```
+/// # use daxkv::buf::{Dsts, Lent};
+/// let mut lent = Lent::default();
+/// lent.lend(Dsts::Owned(vec![vec![0u8; 4]; 3]));
+/// let mut first = lent.claim(0, 2).unwrap();
+/// assert!(lent.claim(1, 2).is_none(), "index 1 is claimed already");
+/// let mut last = lent.claim(2, 1).unwrap();
+/// first.get_mut(1)[0] = 7;
+/// last.get_mut(0)[0] = 9;
+/// assert_eq!(lent.take_back(), vec![vec![0, 0, 0, 0], vec![7, 0, 0, 0], vec![9, 0, 0, 0]]);
+/// ```
+///
+/// The descriptors themselves are not handed out (the aliasing route of
+/// issue 8, defect 11, no longer compiles):
+///
+/// ```compile_fail
+/// # use daxkv::buf::{Dsts, Lent};
+/// let mut lent = Lent::default();
+/// lent.lend(Dsts::Owned(vec![vec![0u8; 4]]));
+/// let a = lent.bufs()[0].as_mut_slice();
+/// let b = lent.bufs()[0].as_mut_slice();
+/// a[0] = 1;
+/// b[0] = 2;
+/// ```
 #[derive(Debug, Default)]
 pub struct Lent {
     owned: Vec<Vec<u8>>,
     views: Vec<RawBuf>,
+    /// One bit per descriptor: set while (and after) a [`LentPart`] holds
+    /// it; cleared only through `&mut self` (`lend`, `take_back`).
+    claims: Vec<AtomicU64>,
 }
 
 impl Lent {
@@ -119,6 +202,7 @@ impl Lent {
         Lent {
             owned: Vec::new(),
             views: Vec::with_capacity(n),
+            claims: Vec::with_capacity(n.div_ceil(64).max(1)),
         }
     }
 
@@ -136,26 +220,107 @@ impl Lent {
                     owned
                         .iter_mut()
                         // SAFETY: each vector's heap buffer is valid for
-                        // `len` bytes and stays put: `owned` is reachable
-                        // only through `take_back` / `lend` / drop, which
-                        // clear (or drop) every descriptor first or with it.
+                        // `len` bytes and stays put and untouched: `owned`
+                        // is reachable only through `take_back` / `lend` /
+                        // drop, which clear (or drop) every descriptor
+                        // first or with it.
                         .map(|v| unsafe { RawBuf::new(v.as_mut_ptr(), v.len()) }),
                 );
                 self.owned = owned;
             }
         }
+        self.claims.clear();
+        self.claims
+            .resize_with(self.views.len().div_ceil(64), || AtomicU64::new(0));
     }
 
-    /// The descriptors, borrowed from this value.
-    pub fn bufs(&self) -> &[RawBuf] {
-        &self.views
+    /// Destinations lent.
+    pub fn len(&self) -> usize {
+        self.views.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.views.is_empty()
+    }
+
+    /// Claim destinations `start..start + len` for one writer. `None` if
+    /// the range is out of bounds or any of it was claimed before (since the
+    /// last `lend`): each destination is written through at most one part.
+    pub fn claim(&self, start: usize, len: usize) -> Option<LentPart<'_>> {
+        let end = start.checked_add(len)?;
+        let views = self.views.get(start..end)?;
+        let mut i = start;
+        while i < end {
+            let (w, b) = (i / 64, i % 64);
+            let n = (end - i).min(64 - b);
+            let mask = (u64::MAX >> (64 - n)) << b;
+            // ORDERING: Relaxed — exclusivity comes from the RMW order on
+            // this one word (of two claims of a bit, exactly one sees it
+            // clear); no bytes are handed over through the bits (the
+            // written bytes reach the collector through the task's
+            // completion). Pairs with the other claims' fetch_or here.
+            let prev = self.claims[w].fetch_or(mask, Ordering::Relaxed);
+            if prev & mask != 0 {
+                self.unclaim(start, i, mask & !prev, w);
+                return None;
+            }
+            i += n;
+        }
+        Some(LentPart { views })
+    }
+
+    /// Roll back a failed claim: whole words' bits in `start..done`, and
+    /// `mine` in word `w`.
+    fn unclaim(&self, start: usize, done: usize, mine: u64, w: usize) {
+        // ORDERING: Relaxed — these bits were ours (set by this claim, seen
+        // clear before), and nothing was written under them; pairs with the
+        // fetch_or in `claim`.
+        self.claims[w].fetch_and(!mine, Ordering::Relaxed);
+        let mut i = start;
+        while i < done {
+            let (w, b) = (i / 64, i % 64);
+            let n = (done - i).min(64 - b);
+            let mask = (u64::MAX >> (64 - n)) << b;
+            // ORDERING: Relaxed — as above.
+            self.claims[w].fetch_and(!mask, Ordering::Relaxed);
+            i += n;
+        }
     }
 
     /// The owned vectors back (empty for raw destinations); the descriptors
     /// are dropped, the capacity kept.
     pub fn take_back(&mut self) -> Vec<Vec<u8>> {
         self.views.clear();
+        self.claims.clear();
         std::mem::take(&mut self.owned)
+    }
+}
+
+/// Destinations `start..start + len` of a [`Lent`], claimed by one writer
+/// ([`Lent::claim`]). Index `i` here is destination `start + i`.
+#[derive(Debug)]
+pub struct LentPart<'a> {
+    views: &'a [RawBuf],
+}
+
+impl LentPart<'_> {
+    pub fn len(&self) -> usize {
+        self.views.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.views.is_empty()
+    }
+
+    /// Destination `i` of this part, writable. `&mut self`: one at a time.
+    pub fn get_mut(&mut self, i: usize) -> &mut [u8] {
+        // SAFETY: destination `i` belongs to this part alone: its claim bit
+        // was clear when this part set it, and it is cleared again only
+        // through `&mut Lent`, which cannot coexist with this part's borrow
+        // of the `Lent`; no `&RawBuf` of a lent descriptor is reachable
+        // outside this module; and `&mut self` makes the returned view the
+        // part's only one while it lives.
+        unsafe { self.views[i].view_mut() }
     }
 }
 
@@ -184,5 +349,89 @@ impl From<Vec<u8>> for Buf {
 impl From<Arc<[u8]>> for Buf {
     fn from(v: Arc<[u8]>) -> Buf {
         Buf::Owned(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lent(n: usize) -> Lent {
+        let mut l = Lent::with_capacity(n);
+        l.lend(Dsts::Owned(vec![vec![0u8; 8]; n]));
+        l
+    }
+
+    #[test]
+    fn claims_are_disjoint_and_roll_back() {
+        let l = lent(130);
+        assert!(l.claim(129, 2).is_none(), "out of bounds");
+        assert!(l.claim(usize::MAX, 2).is_none(), "overflow");
+        let _a = l.claim(64, 2).unwrap();
+        // 10..70 spans words 0 and 1 and hits 64: refused, and its word-0
+        // bits are rolled back.
+        assert!(l.claim(10, 60).is_none());
+        let _b = l.claim(10, 54).unwrap();
+        assert!(l.claim(63, 1).is_none());
+        assert!(l.claim(65, 1).is_none());
+        let _c = l.claim(66, 64).unwrap();
+        assert!(l.claim(0, 10).unwrap().len() == 10);
+        assert!(l.claim(0, 0).is_some(), "an empty part claims nothing");
+    }
+
+    /// Threads race for overlapping parts: exactly one wins each byte, and
+    /// every byte ends up written by its winner. Under Miri this also
+    /// checks the writes for data races and aliasing.
+    #[test]
+    fn racing_claims_never_share_a_destination() {
+        const N: usize = 8;
+        let mut l = lent(N);
+        let won: Vec<Vec<usize>> = std::thread::scope(|s| {
+            let l = &l;
+            let hs: Vec<_> = (0..4u8)
+                .map(|t| {
+                    s.spawn(move || {
+                        let mut mine = Vec::new();
+                        for start in 0..N {
+                            if let Some(mut p) = l.claim(start, 2.min(N - start)) {
+                                for i in 0..p.len() {
+                                    p.get_mut(i).fill(t + 1);
+                                    mine.push(start + i);
+                                }
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut all: Vec<usize> = won.iter().flatten().copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..N).collect::<Vec<_>>(), "each destination once");
+        let back = l.take_back();
+        for (t, mine) in won.iter().enumerate() {
+            for &i in mine {
+                assert_eq!(back[i], vec![t as u8 + 1; 8]);
+            }
+        }
+        // Lending again resets the claims (and allocates no descriptor room).
+        l.lend(Dsts::Owned(back));
+        assert!(l.claim(0, N).is_some());
+    }
+
+    #[test]
+    fn raw_buf_views() {
+        let mut v = vec![1u8, 2, 3];
+        // SAFETY: `v` outlives `r` and is touched only through it until
+        // `r` is dropped.
+        let mut r = unsafe { RawBuf::new(v.as_mut_ptr(), v.len()) };
+        r.as_mut_slice()[0] = 9;
+        assert_eq!(r.as_slice(), &[9, 2, 3]);
+        // `r` is done (last use above).
+        assert_eq!(v, [9, 2, 3]);
+        // SAFETY: zero length: any pointer.
+        let mut e = unsafe { RawBuf::new(std::ptr::null_mut(), 0) };
+        assert!(e.as_mut_slice().is_empty() && e.as_slice().is_empty());
     }
 }

@@ -1736,9 +1736,11 @@ impl WorkerCtx {
                 }
             }
             Op::Load => {
-                // Parts cover disjoint index ranges, so each destination is
-                // written by exactly one worker (RawBuf's contract).
-                let views: &[RawBuf] = &task.dsts.bufs()[start..start + len];
+                // Parts cover disjoint index ranges; the claim checks it (a
+                // duplicated part gets `None` and loads nothing).
+                let Some(mut dsts) = task.dsts.claim(start, len) else {
+                    return;
+                };
                 // Device by device, one arena session each, over the keys
                 // not found yet (the result bits say which).
                 for d in devs.iter().filter(|d| d.state().is_readable()) {
@@ -1746,11 +1748,11 @@ impl WorkerCtx {
                         continue;
                     };
                     let mut missing = false;
-                    for (i, (k, dst)) in keys.iter().zip(views).enumerate() {
+                    for (i, k) in keys.iter().enumerate() {
                         if task.is_set(start + i) {
                             continue;
                         }
-                        if sess.load_into(*k, dst.as_mut_slice()).is_some() {
+                        if sess.load_into(*k, dsts.get_mut(i)).is_some() {
                             task.set(start + i);
                         } else {
                             missing = true;

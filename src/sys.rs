@@ -3,13 +3,23 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 
 /// `memfd_create(name, MFD_CLOEXEC)`.
 pub(crate) fn memfd_create(name: &str) -> io::Result<File> {
+    memfd_create_with(name, libc::MFD_CLOEXEC)
+}
+
+/// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)`: a memfd that
+/// [`add_seals`] can seal (memory shared with another process).
+pub(crate) fn memfd_create_sealable(name: &str) -> io::Result<File> {
+    memfd_create_with(name, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+}
+
+fn memfd_create_with(name: &str, flags: libc::c_uint) -> io::Result<File> {
     let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: `cname` is a valid NUL-terminated string that outlives the call.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -17,7 +27,66 @@ pub(crate) fn memfd_create(name: &str) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// `fcntl(F_ADD_SEALS, seals)` (`libc::F_SEAL_*` bits).
+pub(crate) fn add_seals(file: &File, seals: libc::c_int) -> io::Result<()> {
+    // SAFETY: fcntl on a live fd we borrow; F_ADD_SEALS takes an int, no
+    // pointers.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fcntl(F_GET_SEALS)`: the file's seals (a memfd created without
+/// `MFD_ALLOW_SEALING` reports `F_SEAL_SEAL` only); 0 for a kind of file
+/// that has no seals.
+pub(crate) fn seals(file: &File) -> io::Result<libc::c_int> {
+    // SAFETY: fcntl on a live fd we borrow; F_GET_SEALS takes no argument.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if r >= 0 {
+        return Ok(r);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EINVAL) {
+        // Not a sealable kind of file: no seals.
+        return Ok(0);
+    }
+    Err(e)
+}
+
 /// Major and minor numbers of a device number.
 pub(crate) fn major_minor(rdev: u64) -> (u32, u32) {
     (libc::major(rdev), libc::minor(rdev))
+}
+
+#[cfg(all(test, not(miri)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_memfd_refuses_shrink_and_grow() {
+        let f = memfd_create_sealable("seal-test").unwrap();
+        f.set_len(8192).unwrap();
+        assert_eq!(seals(&f).unwrap(), 0);
+        add_seals(
+            &f,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+        .unwrap();
+        let s = seals(&f).unwrap();
+        assert_eq!(
+            s,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL
+        );
+        assert!(f.set_len(4096).is_err());
+        assert!(f.set_len(1 << 20).is_err());
+        assert!(
+            add_seals(&f, libc::F_SEAL_WRITE).is_err(),
+            "seals are sealed"
+        );
+        let plain = memfd_create("plain").unwrap();
+        assert_eq!(seals(&plain).unwrap(), libc::F_SEAL_SEAL);
+        assert!(add_seals(&plain, libc::F_SEAL_SHRINK).is_err());
+    }
 }

@@ -1,4 +1,5 @@
-//! Loom: the SPSC ring's index protocol and its sleep / wake handshake.
+//! Loom: the SPSC ring's index protocol, its sleep / wake handshake, and
+//! the close / orphan handshake.
 //!
 //! `RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_ring`
 #![cfg(daxkv_loom)]
@@ -71,5 +72,36 @@ fn no_lost_wakeup() {
             c.end_wait();
         }
         assert_eq!(c.pop().unwrap(), Some(7));
+    });
+}
+
+/// `is_orphaned` never gives up on a ring with an entry in it (issue 8,
+/// part of defect 14): the producer's drop publishes, then sets CLOSED
+/// (Release); the consumer reads CLOSED (Acquire), then `tail`. With both
+/// made Relaxed, loom finds the run where the consumer sees CLOSED but a
+/// stale tail, calls the ring orphaned and loses the entry (checked once
+/// when the fix landed). The old `Arc::strong_count` test had the same
+/// hole, out of loom's sight (std's `Arc`).
+#[test]
+fn orphan_check_sees_the_last_publish() {
+    model(|| {
+        let r = Ring::<u64>::heap(2).unwrap();
+        let (mut p, mut c) = r.split();
+        let t = thread::spawn(move || {
+            p.push(7).unwrap();
+            drop(p);
+        });
+        let mut got = Vec::new();
+        loop {
+            if let Some(v) = c.pop().unwrap() {
+                got.push(v);
+            } else if c.is_orphaned() {
+                break;
+            } else {
+                thread::yield_now();
+            }
+        }
+        t.join().unwrap();
+        assert_eq!(got, vec![7], "the ring was dropped with an entry in it");
     });
 }
