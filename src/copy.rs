@@ -162,9 +162,11 @@ pub unsafe fn plain_copy(dst: *mut u8, src: *const u8, len: usize) {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::cast_ptr_alignment)]
 mod x86 {
+    #[cfg(not(miri))]
+    use std::arch::x86_64::_mm_stream_si128;
     use std::arch::x86_64::{
         __m128i, __m256i, __m512i, _mm256_loadu_si256, _mm256_stream_si256, _mm512_loadu_si512,
-        _mm512_stream_si512, _mm_loadu_si128, _mm_stream_si128,
+        _mm512_stream_si512, _mm_loadu_si128,
     };
 
     /// `_mm_stream_si128`, or under Miri (which cannot run the inline
