@@ -27,6 +27,10 @@ use daxkv::buf::Buf;
 use daxkv::engine::{DeviceSpec, Engine, EngineOptions, TaskId};
 use daxkv::{CoreConfig, Key};
 
+#[path = "common/stress.rs"]
+mod common;
+use common::{payload, secs, seed, verify, Rng};
+
 const SLOT: usize = 4096;
 const SLOTS_PER_DEVICE: usize = 24;
 const KEYS: u64 = 40;
@@ -34,71 +38,6 @@ const WAIT: Duration = Duration::from_secs(20);
 
 fn key(i: u64) -> Key {
     Key::digest(&i.to_le_bytes())
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
-/// `[key id u64][nonce u64][filler][fnv64 of everything before]`.
-fn payload(id: u64, nonce: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&id.to_le_bytes());
-    v.extend_from_slice(&nonce.to_le_bytes());
-    let mut r = Rng(nonce | 1);
-    while v.len() < len - 8 {
-        v.push(r.next() as u8);
-    }
-    let h = fnv(&v);
-    v.extend_from_slice(&h.to_le_bytes());
-    v
-}
-
-/// Check a loaded chunk: the stored length is unknown to the caller, so the
-/// checksum is searched at every 8-byte boundary the payload could end on.
-fn verify(id: u64, got: &[u8]) {
-    let stamped = u64::from_le_bytes(got[..8].try_into().unwrap());
-    assert_eq!(stamped, id, "key {id} loaded the bytes of key {stamped}");
-    let ok = (24..=got.len()).step_by(8).any(|end| {
-        let (body, tail) = got[..end].split_at(end - 8);
-        fnv(body) == u64::from_le_bytes(tail.try_into().unwrap())
-    });
-    assert!(ok, "key {id}: torn or corrupted payload");
-}
-
-fn secs() -> u64 {
-    std::env::var("DAXKV_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-}
-
-fn seed() -> u64 {
-    std::env::var("DAXKV_STRESS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
 }
 
 fn device(i: usize, grow: bool) -> DeviceSpec {
@@ -288,13 +227,7 @@ fn engine_two_devices_with_remaps_loses_and_corrupts_nothing() {
         .map(|t| {
             let (engine, out, ops) = (engine.clone(), out.clone(), ops.clone());
             std::thread::spawn(move || {
-                client(
-                    &engine,
-                    &out,
-                    &ops,
-                    seed ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
-                    run,
-                );
+                client(&engine, &out, &ops, Rng::for_thread(seed, t).0, run);
             })
         })
         .collect();
