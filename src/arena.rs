@@ -28,33 +28,44 @@
 //! New guards wait while a remap is pending, so a stream of readers cannot
 //! starve it (upstream's remap could starve, see `docs/` "hotplug").
 //!
-//! ### No exception for "nested" guards
+//! ### Nested guards: only on the same arena
 //!
-//! A guard is admitted only when the word it incremented had neither
-//! EXCLUSIVE nor CLOSED set. An earlier version let a thread in regardless
-//! when it already held a guard on *any* arena (a thread-local count), so a
-//! worker holding device A's session walked into device B while B was being
-//! remapped, read B's base pointer mid-update and copied into unmapped
-//! memory (issue 8, defect 1: SIGSEGV in the NT copy kernel). The thread-
-//! local count was also wrong after `mem::forget` of a guard. Now:
-//! - a second guard on the **same** arena is taken from the first one,
-//!   [`ArenaGuard::reenter`], which needs no check: the first guard keeps
-//!   the count above zero, so no exclusive section can be running or start
-//!   its mutation until both are gone;
-//! - a guard on **another** arena waits like anyone else. A thread that
-//!   holds guards on several arenas takes them in one global order (the
-//!   engine: ascending device index), and an exclusive section gives up
-//!   after [`Arena::drain_timeout`] (clearing EXCLUSIVE and failing with
-//!   [`GateError::Busy`]) instead of waiting forever, so even a caller
-//!   that breaks the order, or a guard leaked with `mem::forget`, delays a
-//!   remap by a bounded time and never deadlocks or hangs it.
+//! A guard is admitted when the word it incremented had neither EXCLUSIVE
+//! nor CLOSED set, or when the calling thread already holds a guard on
+//! **this same arena** (a reader that deletes a key while holding its read
+//! set, a writer callback that looks a key up): waiting there would
+//! deadlock against the pending remap, which waits for the outer guard.
+//! That exception is sound because the outer guard keeps the count above
+//! zero, so the exclusive section has not started changing the mapping
+//! and cannot until both guards are gone.
+//!
+//! An earlier version granted the exception when the thread held a guard
+//! on *any* arena (one thread-local count): a worker holding device A's
+//! session walked into device B while B was being remapped, read B's base
+//! pointer mid-update and copied into unmapped memory (issue 8, defect 1:
+//! SIGSEGV in the NT copy kernel). Now each arena has a process-unique id
+//! (never reused, so a dropped arena's address coming back is not "held"),
+//! and each thread records the ids it holds guards on
+//! ([`HELD_ARENAS_MAX`] of them; beyond that a guard is simply not
+//! recorded, which only makes a later nested entry wait). The record is
+//! a claim "this thread's undropped guards hold the count of arena `id`
+//! above zero", which stays true even if a guard is leaked with
+//! `mem::forget` (its increment is never undone either).
+//!
+//! A guard on **another** arena waits like anyone else. A thread that
+//! holds guards on several arenas takes them in one global order (the
+//! engine: ascending device index), and an exclusive section gives up
+//! after [`Arena::drain_timeout`] (clearing EXCLUSIVE and failing with
+//! [`GateError::Busy`]) instead of waiting forever, so even a caller that
+//! breaks the order, or a guard leaked with `mem::forget`, delays a remap
+//! by a bounded time and never deadlocks or hangs it.
 //!
 //! `mem::forget` of a guard (or of a `Session` / `ReadSet` holding one) is
 //! safe: the count stays raised, so every later remap fails with `Busy` and
 //! `close` leaves the mapping in place (unmapped when the arena drops, when
 //! no borrow of it can exist any more); nothing dangles.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -75,6 +86,58 @@ const CLOSED: u64 = 1 << 63;
 
 /// Device-dax alignment assumed when sysfs has no `align` attribute.
 pub const DEFAULT_DEVDAX_ALIGN_BYTES: usize = 2 << 20;
+
+/// Distinct arenas one thread can hold guards on and still re-enter while
+/// a remap is pending (module doc, "Nested guards").
+pub const HELD_ARENAS_MAX: usize = 8;
+
+/// Source of process-unique arena ids (never reused; 2^64 opens).
+static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// `(arena id, guards)` this thread holds and has not dropped.
+    static HELD: Cell<[(u64, u32); HELD_ARENAS_MAX]> =
+        const { Cell::new([(0, 0); HELD_ARENAS_MAX]) };
+}
+
+/// Guards this thread holds on arena `id`.
+fn held_on(id: u64) -> u32 {
+    HELD.with(|h| {
+        h.get()
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map_or(0, |&(_, n)| n)
+    })
+}
+
+/// Record one more guard on `id`; false if the table is full (the guard
+/// is then not recorded, see the module doc).
+fn note_enter(id: u64) -> bool {
+    HELD.with(|h| {
+        let mut t = h.get();
+        let at = t
+            .iter()
+            .position(|(i, _)| *i == id)
+            .or_else(|| t.iter().position(|&(_, n)| n == 0));
+        let Some(at) = at else { return false };
+        t[at] = (id, t[at].1 + 1);
+        h.set(t);
+        true
+    })
+}
+
+fn note_leave(id: u64) {
+    HELD.with(|h| {
+        let mut t = h.get();
+        if let Some(e) = t.iter_mut().find(|(i, n)| *i == id && *n > 0) {
+            e.1 -= 1;
+            if e.1 == 0 {
+                *e = (0, 0);
+            }
+        }
+        h.set(t);
+    });
+}
 
 /// How long an exclusive section (remap) or `close` waits for live guards
 /// before giving up (module doc). A guard lives for one call or one engine
@@ -216,6 +279,8 @@ pub struct Arena {
     max_len: usize,
     populate: bool,
     mapped: UnsafeCell<Mapped>,
+    /// Process-unique id for the nested-guard record (module doc).
+    id: u64,
     gate: CachePadded<AtomicU64>,
     /// Bound on `exclusive` / `close` waiting for guards, in milliseconds.
     drain_timeout_ms: AtomicU64,
@@ -227,9 +292,9 @@ pub struct Arena {
 // SAFETY: `mapped` is mutated only by `exclusive` and `close`, which hold
 // `admin` and mutate only after observing the gate count at zero with
 // EXCLUSIVE or CLOSED set; while that bit is set no guard is admitted
-// (`enter` backs out when its increment saw either bit, and `reenter` needs
-// a live guard, i.e. a non-zero count). So no `ArenaGuard` (the only
-// reader) exists while `mapped` changes. The raw
+// except next to a live guard on the same arena (a nested `enter` or
+// `reenter`), i.e. while the count is non-zero, which the mutation waits
+// out. So no `ArenaGuard` (the only reader) exists while `mapped` changes. The raw
 // pointer it holds points into a shared mapping that any thread may access by
 // copy; the other fields are immutable or themselves `Sync`.
 unsafe impl Sync for Arena {}
@@ -503,6 +568,8 @@ impl Arena {
                 base,
                 len,
             }),
+            // ORDERING: Relaxed — only uniqueness matters.
+            id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
             gate: CachePadded::new(AtomicU64::new(0)),
             drain_timeout_ms: AtomicU64::new(DEFAULT_DRAIN_TIMEOUT.as_millis() as u64),
             admin: Mutex::new(()),
@@ -570,11 +637,12 @@ impl Arena {
 
     /// Take a guard: the mapping stays valid until it drops. Waits while a
     /// remap is pending (at most the pending section's drain timeout plus
-    /// its mutation); fails once the arena is closing or closed. A thread
-    /// that already holds a guard on this arena takes a second one with
-    /// [`ArenaGuard::reenter`] instead (module doc).
+    /// its mutation), unless this thread already holds a guard on this
+    /// arena (module doc, "Nested guards"); fails once the arena is closing
+    /// or closed.
     pub fn enter(&self) -> Result<ArenaGuard<'_>, Closed> {
         loop {
+            let nested = held_on(self.id) > 0;
             // ORDERING: Acquire — pairs with the Release `fetch_and` in
             // `exclusive` (through the RMW release sequence on the gate), so
             // a guard admitted after a remap sees the new `mapped`; and the
@@ -582,15 +650,20 @@ impl Arena {
             // `exclusive`'s `fetch_or`: before → that section waits for us;
             // after → we see EXCLUSIVE and back out.
             let prev = self.gate.fetch_add(1, Ordering::Acquire);
-            if prev & (CLOSED | EXCLUSIVE) == 0 {
-                // SAFETY: our increment was admitted (no EXCLUSIVE / CLOSED
-                // before it), so no exclusive section or close mutates
-                // `mapped` until this guard drops (see `unsafe impl Sync`).
+            if prev & CLOSED == 0 && (prev & EXCLUSIVE == 0 || nested) {
+                // SAFETY: our increment was admitted: either no EXCLUSIVE /
+                // CLOSED was set before it, or this thread holds an
+                // undropped guard on this very arena (the id is unique), whose
+                // increment keeps the count above zero so the pending
+                // section is still waiting. Either way no exclusive section
+                // or close mutates `mapped` until this guard drops (see
+                // `unsafe impl Sync`).
                 let m = unsafe { &*self.mapped.get() };
                 return Ok(ArenaGuard {
                     arena: self,
                     base: m.base,
                     len: m.len,
+                    recorded: note_enter(self.id),
                 });
             }
             self.leave();
@@ -825,15 +898,21 @@ pub struct ArenaGuard<'a> {
     arena: &'a Arena,
     base: *mut u8,
     len: usize,
+    /// Counted in this thread's nested-guard record (module doc).
+    recorded: bool,
 }
 
 // SAFETY: a shared guard only copies through its raw pointer, which the
 // module's Safety section allows from any thread while the guard keeps the
-// mapping alive (its count is in the gate, not in the thread).
+// mapping alive. It is not `Send` (the raw pointer field), so it drops on
+// the thread whose nested-guard record counted it.
 unsafe impl Sync for ArenaGuard<'_> {}
 
 impl Drop for ArenaGuard<'_> {
     fn drop(&mut self) {
+        if self.recorded {
+            note_leave(self.arena.id);
+        }
         self.arena.leave();
     }
 }
@@ -851,9 +930,9 @@ impl<'a> ArenaGuard<'a> {
     /// A second guard on the same arena, admitted without waiting even if a
     /// remap is pending: this guard keeps the count above zero, so that
     /// remap cannot have started changing the mapping and cannot until both
-    /// guards are gone. The way for a thread that holds a guard to take
-    /// another on the same arena (waiting in [`Arena::enter`] there would
-    /// stall until the pending remap gave up).
+    /// guards are gone. Works from any thread that can see this guard
+    /// (scoped helper threads included) and needs no room in the thread's
+    /// nested-guard record.
     pub fn reenter(&self) -> ArenaGuard<'a> {
         // ORDERING: Relaxed — the count is already non-zero (ours), so this
         // increment changes no admission decision; `leave`'s Release
@@ -863,6 +942,7 @@ impl<'a> ArenaGuard<'a> {
             arena: self.arena,
             base: self.base,
             len: self.len,
+            recorded: note_enter(self.arena.id),
         }
     }
 
@@ -1022,7 +1102,10 @@ mod tests {
 
     #[test]
     fn exclusive_waits_for_guards_and_blocks_new_ones() {
-        let a = Arc::new(Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let a = Arc::new(
+            Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17))
+                .unwrap(),
+        );
         let g = a.enter().unwrap();
         g.write(0, b"keep").unwrap();
         let done = Arc::new(AtomicBool::new(false));
@@ -1067,7 +1150,10 @@ mod tests {
     #[test]
     fn a_guard_on_another_arena_does_not_admit_a_remap_in_progress() {
         let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16)).unwrap();
-        let b = Arc::new(Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let b = Arc::new(
+            Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17))
+                .unwrap(),
+        );
         let holder = b.enter().unwrap(); // keeps B's remap waiting
         let done = Arc::new(AtomicBool::new(false));
         let remap = {
@@ -1107,7 +1193,10 @@ mod tests {
     /// while a remap is pending, and the remap waits for both.
     #[test]
     fn reenter_is_admitted_while_a_remap_waits() {
-        let a = Arc::new(Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17)).unwrap());
+        let a = Arc::new(
+            Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17))
+                .unwrap(),
+        );
         let g = a.enter().unwrap();
         let remap = {
             let a = a.clone();
@@ -1130,7 +1219,9 @@ mod tests {
     /// hanging, and close refuses new guards without unmapping.
     #[test]
     fn a_forgotten_guard_bounds_remap_and_close() {
-        let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17)).unwrap();
+        let a =
+            Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17))
+                .unwrap();
         a.set_drain_timeout(Duration::from_millis(50));
         std::mem::forget(a.enter().unwrap());
         match a.exclusive(|ex| ex.remap(1 << 17)) {
@@ -1145,5 +1236,75 @@ mod tests {
         assert!(a.close(|| ran = true));
         assert!(!ran, "close does not tear down under a live count");
         assert_eq!(a.enter().err(), Some(Closed));
+    }
+
+    /// A nested `enter` on the same arena is admitted while that arena's
+    /// remap waits for the outer guard (otherwise the two would wait for
+    /// each other until the remap gave up).
+    #[test]
+    fn nested_enter_on_the_same_arena_is_admitted_while_a_remap_waits() {
+        let a = Arc::new(
+            Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17))
+                .unwrap(),
+        );
+        let outer = a.enter().unwrap();
+        let remap = {
+            let a = a.clone();
+            std::thread::spawn(move || a.exclusive(|ex| ex.remap(1 << 17).unwrap()).unwrap())
+        };
+        while !a.is_exclusive_pending() {
+            std::thread::yield_now();
+        }
+        let inner = a.enter().unwrap();
+        inner.write(10, b"nested").unwrap();
+        assert_eq!(inner.len(), 1 << 16, "still the old mapping, untouched");
+        drop(inner);
+        drop(outer);
+        remap.join().unwrap();
+        assert_eq!(a.enter().unwrap().len(), 1 << 17);
+    }
+
+    /// A guard leaked with `mem::forget` on an arena that is then dropped
+    /// does not count as "held" on a new arena, even one at the same
+    /// address: ids are never reused.
+    #[test]
+    fn a_forgotten_guard_on_a_dropped_arena_grants_nothing_elsewhere() {
+        let old = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 4096)).unwrap();
+        let old_id = old.id;
+        std::mem::forget(old.enter().unwrap());
+        assert_eq!(held_on(old_id), 1);
+        drop(old);
+        let b = Arc::new(
+            Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17))
+                .unwrap(),
+        );
+        assert_ne!(b.id, old_id);
+        assert_eq!(held_on(b.id), 0);
+        let holder = b.enter().unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let remap = {
+            let (b, done) = (b.clone(), done.clone());
+            std::thread::spawn(move || {
+                b.exclusive(|ex| {
+                    ex.remap(1 << 17).unwrap();
+                    done.store(true, Ordering::SeqCst);
+                })
+                .unwrap();
+            })
+        };
+        while !b.is_exclusive_pending() {
+            std::thread::yield_now();
+        }
+        let early = std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                let g = b.enter().unwrap();
+                (!done.load(Ordering::SeqCst), g.len())
+            });
+            std::thread::sleep(Duration::from_millis(30));
+            drop(holder);
+            t.join().unwrap()
+        });
+        remap.join().unwrap();
+        assert_eq!(early, (false, 1 << 17));
     }
 }
