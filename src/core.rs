@@ -562,30 +562,34 @@ impl DaxCore {
         None
     }
 
-    /// Pin `key`'s published entry, readable or in flight: `(slot,
-    /// generation, state after the pin)`, released with
-    /// [`DaxCore::unpin`]. Validated by finding the key in the index again,
-    /// naming the pinned slot (module doc).
-    fn pin_published(&self, key: Key) -> Option<(SlotId, Generation, State)> {
+    /// Pin `key`'s published entry, readable or in flight: its bucket,
+    /// the generation and the state after the pin; released with
+    /// [`DaxCore::unpin`]. Validated under the pin (module doc): the bucket
+    /// `find` returned still holds the same OWNED word naming the slot, and
+    /// the slot holds the key. Any live bucket naming a pinned slot is the
+    /// pinned incarnation's (earlier incarnations' buckets were tombstoned
+    /// before they were freed, which happens-before this incarnation's
+    /// reservation, which our pin CAS read from), and re-reading it with
+    /// Acquire also makes that incarnation's key visible (its writer stored
+    /// the key before publishing the bucket).
+    fn pin_published(&self, key: Key) -> Option<(Entry, Generation, State)> {
         let mut e = self.index.find(key, self.is_key(key))?;
         for _ in 0..RETRY_MAX {
             self.stall_point(STALL_AFTER_FIND);
             let m = self.meta(e.slot);
             let st = m.state.load();
             self.stall_point(STALL_AFTER_LOAD);
-            let pinned = m.state.pin(st.generation());
-            let again = self.index.find(key, self.is_key(key));
-            match pinned {
+            match m.state.pin(st.generation()) {
                 Ok(t) => {
-                    if again.is_some_and(|a| a.slot == e.slot) {
-                        return Some((e.slot, st.generation(), t.next));
+                    if self.index.still_holds(e) && self.slot_key(e.slot) == key {
+                        return Some((e, st.generation(), t.next));
                     }
                     self.unpin(e.slot, st.generation());
                 }
                 Err(SlotError::Saturated) => return None,
                 Err(_) => {}
             }
-            e = again?;
+            e = self.index.find(key, self.is_key(key))?;
         }
         None
     }
@@ -602,13 +606,10 @@ impl DaxCore {
         self.settle(s, t);
     }
 
-    /// Remove the bucket of the incarnation of `key` in slot `s`, which the
+    /// Remove bucket `e` of the incarnation `gen` of slot `s`, which the
     /// caller owns (module doc, "Who removes a bucket"), and set UNLINKED.
-    fn unlink_owned(&self, key: Key, s: SlotId, gen: Generation, e: Option<Entry>) {
-        let e = e
-            .or_else(|| self.index.find(key, self.is_key(key)))
-            .filter(|e| e.slot == s)
-            .expect("an incarnation keeps its bucket until its remover takes it");
+    fn unlink_owned(&self, s: SlotId, gen: Generation, e: Entry) {
+        debug_assert_eq!(e.slot, s);
         assert!(
             self.index.remove(e),
             "only the remover changes an OWNED bucket"
@@ -723,7 +724,7 @@ impl DaxCore {
         }
         // Canceled by a forced delete, or the copy failed: the writer
         // removes its own bucket (module doc, "Who removes a bucket").
-        self.unlink_owned(key, s, gen, Some(e));
+        self.unlink_owned(s, gen, e);
         Err(if copied {
             PutError::Canceled
         } else {
@@ -812,8 +813,8 @@ impl DaxCore {
 
     /// `InFlight` or `AlreadyExists` if `key` has a published entry.
     fn present_as(&self, key: Key) -> Option<PutFromPtrResult> {
-        let (s, gen, st) = self.pin_published(key)?;
-        self.unpin(s, gen);
+        let (e, gen, st) = self.pin_published(key)?;
+        self.unpin(e.slot, gen);
         Some(if st.has(WRITING) {
             PutFromPtrResult::InFlight
         } else {
@@ -875,11 +876,11 @@ impl DaxCore {
     }
 
     fn unlock_in(&self, key: Key) -> bool {
-        let Some((s, gen, _)) = self.pin_published(key) else {
+        let Some((e, gen, _)) = self.pin_published(key) else {
             return false;
         };
-        let done = self.meta(s).state.unlock(gen).is_ok();
-        self.unpin(s, gen);
+        let done = self.meta(e.slot).state.unlock(gen).is_ok();
+        self.unpin(e.slot, gen);
         done
     }
 
@@ -1025,16 +1026,18 @@ impl DaxCore {
     }
 
     fn delete_in(&self, key: Key, force: bool) -> bool {
-        let Some((s, gen, _)) = self.pin_published(key) else {
+        let Some((e, gen, _)) = self.pin_published(key) else {
             return false;
         };
+        let s = e.slot;
         let deleted = match self.meta(s).state.detach(gen, force) {
             Ok(t) => {
                 self.settle(s, t);
                 if !t.prev.has(WRITING) {
-                    // We detached a committed copy: its bucket is ours to
-                    // remove. (A canceled store's writer removes its own.)
-                    self.unlink_owned(key, s, gen, None);
+                    // We detached a committed copy: its bucket (validated
+                    // under the pin) is ours to remove. A canceled store's
+                    // writer removes its own.
+                    self.unlink_owned(s, gen, e);
                 }
                 true
             }

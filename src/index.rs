@@ -366,6 +366,14 @@ impl Index {
         true
     }
 
+    /// Whether bucket `e.pos` still holds the word `find` returned.
+    #[inline]
+    pub fn still_holds(&self, e: Entry) -> bool {
+        // ORDERING: Acquire — pairs with the insert's confirm CAS, so the
+        // slot's key written before it is visible to the caller's check.
+        self.buckets[e.pos].load(Ordering::Acquire) == e.word
+    }
+
     /// Remove the entry found by `find` (OWNED → TOMB). False if it changed
     /// meanwhile.
     pub fn remove(&self, e: Entry) -> bool {
