@@ -22,10 +22,17 @@
 //!
 //! ## Tasks and parts
 //!
-//! A task lives in a fixed table of `task_slots` records (slot = id mod
-//! size), allocated at start-up with room for `task_keys` keys and reused
+//! A task lives in a fixed table of `task_slots` records, allocated at
+//! start-up with room for `task_keys` keys and reused
 //! ([`crate::cell::Mailbox`]: filled by the submitter, read by workers and
-//! pollers with a reader count, taken by one collector). A store or load
+//! pollers with a reader count, taken by one collector). A submit takes any
+//! free record from a lock-free free set ([`records::RecordSet`]) and the
+//! task id names it: `id = (sequence << bits) | record`, so one result left
+//! uncollected holds one record, and a submit is refused (`TooManyInFlight`)
+//! only when every record is taken. The collector frees a record after it
+//! has emptied it, and (for stores) after it has handed the popped
+//! completions' ring space back, so a store completion always finds room
+//! in its ring ([`records`] module doc). A store or load
 //! task of many keys is split into parts of at least [`SPLIT_MIN_KEYS`]
 //! keys spread over its pool's workers; the parts write disjoint result bits
 //! (and destination buffers), and the task completes once (an atomic
@@ -58,6 +65,47 @@
 //!
 //! A panic inside a task part fails that task (all keys false), is logged
 //! and counted in `status().worker_panics`, and the worker keeps serving.
+//! A panic inside a listener is logged and counted in
+//! `status().listener_panics`; the task is published as it finished.
+//! `close` called from a listener (on a worker) only requests the close.
+//!
+//! ## Key ownership (one copy of a key in the pool)
+//!
+//! Written down in full in `docs/key-ownership.md`; hotplug builds on it.
+//!
+//! - **Who decides.** The device that holds a key is the one device whose
+//!   index holds it; the pool never has two. What keeps it so is the
+//!   pool-wide claim table ([`claims::ClaimTable`], 4096 cache-padded
+//!   stripes indexed by key bits): every decision to *place* a key is made
+//!   under that key's stripe.
+//! - **Store.** `store_one`: (1) claim the key's stripe (CAS `0 → tag`,
+//!   Acquire; a held stripe is waited for: bounded spin, then yield — the
+//!   holder is doing one put); (2) load the device list *now* (a device
+//!   added after the part began may hold the key); (3) if any readable
+//!   device has the key live (committed or in flight), done: success, no
+//!   copy; (4) else put it on the least-used writable device, the next one
+//!   on `Full`; the put inserts the key into that device's index; (5)
+//!   release the stripe (Release store of 0) when the put returns. A second
+//!   store of the key claims after the first released, and its Acquire
+//!   sees the first's insert, so step 3 finds it.
+//! - **Lookup / load.** No claim: they look on every readable device and
+//!   stop at the first hit. With one copy there is one hit.
+//! - **Unlock.** Applied on every device (a lock lives where the key was
+//!   found; unlocking a device without it does nothing).
+//! - **Delete.** On every device, no claim needed: a delete never creates
+//!   a copy. A store racing a delete leaves zero or one copy.
+//! - **Migration (hotplug, later).** Under the key's claim: copy to the
+//!   target and commit there (two copies now, both the same bytes; a
+//!   reader may hit either: same bytes, so invisible), flip ownership (mark
+//!   the source device not-readable for this key by deleting it there, the
+//!   last step), release the claim. A store of the key during the move
+//!   waits on the claim, so it cannot add a third copy; a store of the key
+//!   that ran before the move finds the source copy and is a no-op.
+//! - **Limits.** Stores through the engine follow the protocol; code that
+//!   calls `DaxCore::put` on a device directly bypasses it. A device that
+//!   is no longer readable (removing, closed) is not consulted by step 3:
+//!   the removal protocol must migrate or delete its keys under their
+//!   claims before new stores can reach other devices with them.
 #![forbid(unsafe_code)]
 
 use std::panic::AssertUnwindSafe;

@@ -413,5 +413,8 @@ fn close_from_on_complete_returns() {
     })
     .unwrap();
     within_watchdog("close from on_complete", move || rx.recv().unwrap());
-    assert!(matches!(s.put(k(2), &payload(2, 10)), Err(StoreError::Closed)));
+    assert!(matches!(
+        s.put(k(2), &payload(2, 10)),
+        Err(StoreError::Closed)
+    ));
 }

@@ -62,7 +62,7 @@ pub struct RecordSet {
 impl RecordSet {
     /// `len` records, all free.
     pub fn new(len: usize) -> RecordSet {
-        assert!(len > 0 && len <= u32::MAX as usize, "record count {len}");
+        assert!(len > 0 && u32::try_from(len).is_ok(), "record count {len}");
         let words = (0..len.div_ceil(64))
             .map(|w| {
                 let first_past = len.saturating_sub(w * 64).min(64);
