@@ -540,6 +540,8 @@ impl TaskRec {
     }
 
     fn bitmap(&self) -> Bitmap {
+        // ORDERING: Acquire — pairs with the Release in `run` (also
+        // ordered by the countdown and `done`).
         let panicked = self.panicked.load(Ordering::Acquire);
         Bitmap::from_words(
             self.keys.len(),
@@ -826,6 +828,9 @@ impl Engine {
     pub fn add_device(&self, spec: &DeviceSpec) -> Result<DeviceId, EngineError> {
         let inner = &self.inner;
         let _admin = inner.admin.lock().unwrap_or_else(PoisonError::into_inner);
+        // ORDERING: Acquire — observes `request_close`; `close` takes
+        // `admin` before it closes the devices, so an add that passed this
+        // check has appended before that; pairs with `close`.
         if inner.closing.load(Ordering::Acquire) {
             return Err(EngineError::Closing);
         }
@@ -1538,6 +1543,9 @@ impl Engine {
             }
             drop(pools);
         }
+        // Under `admin`: a racing `add_device` either appended before this
+        // (and its device is closed here) or sees `closing` and refuses.
+        let _admin = inner.admin.lock().unwrap_or_else(PoisonError::into_inner);
         for d in inner.devices.load().iter() {
             d.core.close();
             d.set_state(DeviceState::Closed);
