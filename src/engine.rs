@@ -22,10 +22,17 @@
 //!
 //! ## Tasks and parts
 //!
-//! A task lives in a fixed table of `task_slots` records (slot = id mod
-//! size), allocated at start-up with room for `task_keys` keys and reused
+//! A task lives in a fixed table of `task_slots` records, allocated at
+//! start-up with room for `task_keys` keys and reused
 //! ([`crate::cell::Mailbox`]: filled by the submitter, read by workers and
-//! pollers with a reader count, taken by one collector). A store or load
+//! pollers with a reader count, taken by one collector). A submit takes any
+//! free record from a lock-free free set ([`records::RecordSet`]) and the
+//! task id names it: `id = (sequence << bits) | record`, so one result left
+//! uncollected holds one record, and a submit is refused (`TooManyInFlight`)
+//! only when every record is taken. The collector frees a record after it
+//! has emptied it, and (for stores) after it has handed the popped
+//! completions' ring space back, so a store completion always finds room
+//! in its ring ([`records`] module doc). A store or load
 //! task of many keys is split into parts of at least [`SPLIT_MIN_KEYS`]
 //! keys spread over its pool's workers; the parts write disjoint result bits
 //! (and destination buffers), and the task completes once (an atomic
@@ -58,6 +65,47 @@
 //!
 //! A panic inside a task part fails that task (all keys false), is logged
 //! and counted in `status().worker_panics`, and the worker keeps serving.
+//! A panic inside a listener is logged and counted in
+//! `status().listener_panics`; the task is published as it finished.
+//! `close` called from a listener (on a worker) only requests the close.
+//!
+//! ## Key ownership (one copy of a key in the pool)
+//!
+//! Written down in full in `docs/key-ownership.md`; hotplug builds on it.
+//!
+//! - **Who decides.** The device that holds a key is the one device whose
+//!   index holds it; the pool never has two. What keeps it so is the
+//!   pool-wide claim table ([`claims::ClaimTable`], 4096 cache-padded
+//!   stripes indexed by key bits): every decision to *place* a key is made
+//!   under that key's stripe.
+//! - **Store.** `store_one`: (1) claim the key's stripe (CAS `0 → tag`,
+//!   Acquire; a held stripe is waited for: bounded spin, then yield — the
+//!   holder is doing one put); (2) load the device list *now* (a device
+//!   added after the part began may hold the key); (3) if any readable
+//!   device has the key live (committed or in flight), done: success, no
+//!   copy; (4) else put it on the least-used writable device, the next one
+//!   on `Full`; the put inserts the key into that device's index; (5)
+//!   release the stripe (Release store of 0) when the put returns. A second
+//!   store of the key claims after the first released, and its Acquire
+//!   sees the first's insert, so step 3 finds it.
+//! - **Lookup / load.** No claim: they look on every readable device and
+//!   stop at the first hit. With one copy there is one hit.
+//! - **Unlock.** Applied on every device (a lock lives where the key was
+//!   found; unlocking a device without it does nothing).
+//! - **Delete.** On every device, no claim needed: a delete never creates
+//!   a copy. A store racing a delete leaves zero or one copy.
+//! - **Migration (hotplug, later).** Under the key's claim: copy to the
+//!   target and commit there (two copies now, both the same bytes; a
+//!   reader may hit either: same bytes, so invisible), flip ownership (mark
+//!   the source device not-readable for this key by deleting it there, the
+//!   last step), release the claim. A store of the key during the move
+//!   waits on the claim, so it cannot add a third copy; a store of the key
+//!   that ran before the move finds the source copy and is a no-op.
+//! - **Limits.** Stores through the engine follow the protocol; code that
+//!   calls `DaxCore::put` on a device directly bypasses it. A device that
+//!   is no longer readable (removing, closed) is not consulted by step 3:
+//!   the removal protocol must migrate or delete its keys under their
+//!   claims before new stores can reach other devices with them.
 #![forbid(unsafe_code)]
 
 use std::panic::AssertUnwindSafe;
@@ -72,12 +120,18 @@ use crossbeam_queue::ArrayQueue;
 
 use crate::cell::Mailbox;
 
+pub mod claims;
+pub mod records;
+
+use claims::ClaimTable;
+use records::{pop_released, RecordSet};
+
 use crate::buf::{Buf, Dsts, Lent, RawBuf};
 use crate::core::{CoreConfig, DaxCore, Session};
 use crate::error::{OpenError, PutError};
 use crate::key::Key;
 use crate::notify::EventFd;
-use crate::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe};
+use crate::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe, CAPACITY_MAX};
 
 /// Keys a worker's lookup scratch holds without growing.
 const SCRATCH_KEYS: usize = 4096;
@@ -88,6 +142,22 @@ pub const MAX_TABLE_KEYS: usize = 1 << 24;
 
 /// Smallest load part when a task is split across workers.
 pub const SPLIT_MIN_KEYS: usize = 8;
+
+// Every completion ring holds at least `task_slots` entries (the store
+// CQ's no-overflow argument, `records` module doc): `task_slots` is at most
+// `MAX_TABLE_KEYS` (each record holds at least one key).
+const _: () = assert!(MAX_TABLE_KEYS <= CAPACITY_MAX as usize);
+
+/// Completions a collector pops (and hands the ring space back for) before
+/// it frees their records; on the stack, so collecting allocates nothing.
+const POP_BATCH: usize = 32;
+
+std::thread_local! {
+    /// On an engine worker thread: the address of its engine's `Inner`
+    /// (0 elsewhere). `close` and `drop` on a worker of their own engine
+    /// (a listener calling them) must not wait for that worker.
+    static WORKER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
 /// A task id: one counter from 0, shared by stores, lookups and loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -290,6 +360,13 @@ pub enum EngineError {
     },
     #[error("device {path} is already mapped by this engine")]
     AlreadyMapped { path: String },
+    #[error("device {path} is already mapped by this engine (device {id}) with {existing_bytes} bytes; cannot add it with {requested_bytes} bytes")]
+    SizeConflict {
+        path: String,
+        id: u32,
+        existing_bytes: usize,
+        requested_bytes: usize,
+    },
     #[error("device {index}: {source}")]
     Device { index: usize, source: OpenError },
     #[error("cannot start a worker thread: {0}")]
@@ -463,6 +540,8 @@ impl TaskRec {
     }
 
     fn bitmap(&self) -> Bitmap {
+        // ORDERING: Acquire — pairs with the Release in `run` (also
+        // ordered by the countdown and `done`).
         let panicked = self.panicked.load(Ordering::Acquire);
         Bitmap::from_words(
             self.keys.len(),
@@ -511,25 +590,73 @@ struct Pool {
 }
 
 impl Inner {
-    /// The task-table record of task `id`.
-    fn task(&self, id: u64) -> &TaskSlot {
-        &self.tasks[(id % self.tasks.len() as u64) as usize]
+    /// The record index task `id` names (its low `id_bits` bits).
+    fn record_of(&self, id: u64) -> usize {
+        (id & ((1u64 << self.id_bits) - 1)) as usize
     }
+
+    /// The task-table record of task `id`; `None` for an id that names no
+    /// record (never handed out by this engine).
+    fn task(&self, id: u64) -> Option<&TaskSlot> {
+        self.tasks.get(self.record_of(id))
+    }
+
+    /// Call every listener with `f`, each isolated like a task part: a
+    /// panic is logged and counted (`status().listener_panics`), and the
+    /// next listener still runs.
+    fn tell_listeners(&self, what: &str, f: impl Fn(&dyn Listener)) {
+        for l in self.listeners.load().iter() {
+            if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| f(&**l))) {
+                eprintln!(
+                    "daxkv: a listener panicked in {what}: {}; ignored",
+                    panic_message(&*p)
+                );
+                // ORDERING: Relaxed — a statistic.
+                self.listener_panics.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The text of a panic payload (empty if it is not a string).
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
 }
 
 struct Inner {
     opts: EngineOptions,
     slot_bytes: usize,
     hotplug_enabled: bool,
+    /// The device list: read lock-free by the data path; replaced only
+    /// under `admin`.
     devices: ArcSwap<Vec<Arc<Device>>>,
+    /// Serializes the control plane's device-list changes (`add_device`):
+    /// the identity check and the append are one step.
+    admin: Mutex<()>,
+    /// Next device id; advanced only under `admin`.
     next_device: AtomicU32,
+    /// Key ownership: a store holds its key's stripe while it decides
+    /// which device gets the key (module doc, "Key ownership").
+    claims: ClaimTable,
     tasks: Box<[TaskSlot]>,
+    /// Free records of `tasks` (module doc, "Tasks and parts").
+    records: RecordSet,
+    /// Bits of a task id that name its record.
+    id_bits: u32,
+    /// Task sequence numbers (the high bits of task ids).
     next_task: AtomicU64,
     /// Tasks submitted and not yet finished (close waits for zero).
     inflight: [AtomicUsize; 3],
+    /// Set by `close` (or requested by a listener): submits are refused.
     closing: AtomicBool,
+    /// Set by `close` once nothing is in flight: workers exit, waiters
+    /// return.
     stop: AtomicBool,
     panics: AtomicU64,
+    listener_panics: AtomicU64,
     listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
 }
 
@@ -613,18 +740,23 @@ impl Engine {
             slot_bytes,
             hotplug_enabled,
             devices: ArcSwap::from_pointee(devs),
+            admin: Mutex::new(()),
             next_device: AtomicU32::new(n_dev),
+            claims: ClaimTable::default(),
             tasks: (0..opts.task_slots)
                 .map(|_| TaskSlot {
                     done: AtomicU64::new(u64::MAX),
                     rec: Mailbox::new(TaskRec::with_capacity(opts.task_keys)),
                 })
                 .collect(),
+            records: RecordSet::new(opts.task_slots),
+            id_bits: opts.task_slots.next_power_of_two().trailing_zeros().max(1),
             next_task: AtomicU64::new(0),
             inflight: Default::default(),
             closing: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             panics: AtomicU64::new(0),
+            listener_panics: AtomicU64::new(0),
             listeners: ArcSwap::from_pointee(Vec::new()),
             opts,
         });
@@ -647,6 +779,8 @@ impl Engine {
             }
         }
         if let Some(e) = err {
+            // ORDERING: Release — the started workers' Acquire in
+            // `worker_loop` sees it and exits; pairs with `worker_loop`.
             inner.stop.store(true, Ordering::Release);
             for p in &ok {
                 stop_pool(p);
@@ -683,26 +817,85 @@ impl Engine {
     }
 
     /// Append a device (the control plane's add). Returns its id.
+    ///
+    /// Never two cores over one device: a device (or file) the pool already
+    /// maps — same `st_rdev`, or same `(st_dev, st_ino)` — is answered with
+    /// its existing id when the size matches (idempotent) and with
+    /// [`EngineError::SizeConflict`] otherwise. The check and the append are
+    /// one step under the admin mutex (the data path never takes it: it
+    /// reads the list through the `ArcSwap`), so two racing adds of one
+    /// device map it once.
     pub fn add_device(&self, spec: &DeviceSpec) -> Result<DeviceId, EngineError> {
+        let inner = &self.inner;
+        let _admin = inner.admin.lock().unwrap_or_else(PoisonError::into_inner);
+        // ORDERING: Acquire — observes `request_close`; `close` takes
+        // `admin` before it closes the devices, so an add that passed this
+        // check has appended before that; pairs with `close`.
+        if inner.closing.load(Ordering::Acquire) {
+            return Err(EngineError::Closing);
+        }
+        let requested = spec.core.arena.size_bytes;
+        // A path we can stat is checked before it is mapped a second time.
+        let by_path = match &spec.core.arena.source {
+            crate::arena::ArenaSource::Path(p) | crate::arena::ArenaSource::CreateFile(p) => {
+                crate::arena::DeviceIdentity::of_path(p)
+            }
+            _ => None,
+        };
+        if let Some(found) = self.mapped_as(by_path, &spec.path, requested) {
+            return found;
+        }
         let mut cfg = spec.core.clone();
-        cfg.slot_bytes = self.inner.slot_bytes;
+        cfg.slot_bytes = inner.slot_bytes;
         let core = DaxCore::open(&cfg).map_err(|source| EngineError::Device {
             index: self.devices().len(),
             source,
         })?;
-        let id = DeviceId(self.inner.next_device.fetch_add(1, Ordering::Relaxed));
-        let dev = Arc::new(Device {
+        // The identity of what was opened (a path that appeared meanwhile,
+        // or one reached through another name).
+        if let Some(found) = self.mapped_as(core.identity(), &spec.path, core.arena_bytes()) {
+            return found;
+        }
+        // ORDERING: Relaxed — advanced only under `admin`, which orders it.
+        let id = DeviceId(inner.next_device.fetch_add(1, Ordering::Relaxed));
+        let mut v = Vec::clone(&inner.devices.load());
+        v.push(Arc::new(Device {
             id,
             path: spec.path.clone(),
             state: AtomicU8::new(DeviceState::Active as u8),
             core,
-        });
-        self.inner.devices.rcu(|cur| {
-            let mut v = Vec::clone(cur);
-            v.push(dev.clone());
-            v
-        });
+        }));
+        // Under `admin`: nobody else replaces the list meanwhile.
+        inner.devices.store(Arc::new(v));
         Ok(id)
+    }
+
+    /// The answer for a device of identity `id` the pool already maps (and
+    /// serves: tombstones don't count): its id at the same size, a conflict
+    /// at another. `None` if not mapped. Called under `admin`.
+    fn mapped_as(
+        &self,
+        id: Option<crate::arena::DeviceIdentity>,
+        path: &str,
+        requested_bytes: usize,
+    ) -> Option<Result<DeviceId, EngineError>> {
+        let id = id?;
+        let devs = self.inner.devices.load();
+        let d = devs.iter().find(|d| {
+            !matches!(d.state(), DeviceState::Closed | DeviceState::Removed)
+                && d.core.identity() == Some(id)
+        })?;
+        let existing_bytes = d.core.arena_bytes();
+        Some(if existing_bytes == requested_bytes {
+            Ok(d.id)
+        } else {
+            Err(EngineError::SizeConflict {
+                path: path.to_string(),
+                id: d.id.0,
+                existing_bytes,
+                requested_bytes,
+            })
+        })
     }
 
     pub fn register_listener(&self, l: &Arc<dyn Listener>) {
@@ -797,16 +990,27 @@ impl Engine {
         let inner = &self.inner;
         // Count the task before checking `closing` (the arena-gate habit):
         // close sets `closing`, then waits for the count, so a task that
-        // got past the check always runs on live workers.
-        // ORDERING: SeqCst — pairs with the SeqCst store + load in `close`.
+        // got past the check always runs on live workers. This is a Dekker
+        // handshake (each side writes its flag, then reads the other's), so
+        // it needs SeqCst: with Release / Acquire both sides could miss the
+        // other's write (store-load reordering) and a task would be pushed
+        // to workers that `close` is already stopping.
+        // ORDERING: SeqCst — publishes "a submit is under way" before we
+        // read `closing`; pairs with the SeqCst store of `closing` and the
+        // SeqCst loads of `inflight` in `close`.
         inner.inflight[idx(op)].fetch_add(1, Ordering::SeqCst);
+        // ORDERING: SeqCst — the read half of the handshake above; pairs
+        // with the SeqCst store in `close` / `request_close`.
         let r = if inner.closing.load(Ordering::SeqCst) {
             Err(EngineError::Closing)
         } else {
             self.record_and_push(op, keys, srcs, dsts, push)
         };
         if r.is_err() {
-            inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
+            // ORDERING: Release — a refused submit touched nothing `close`
+            // must wait for; Release keeps the count a release sequence
+            // for `close`'s loads; pairs with `close`.
+            inner.inflight[idx(op)].fetch_sub(1, Ordering::Release);
         }
         r
     }
@@ -822,8 +1026,22 @@ impl Engine {
         let inner = &self.inner;
         let pools = self.pools.load_full().ok_or(EngineError::Closing)?;
         let pool = &pools[idx(op)];
-        // ORDERING: Relaxed — ids need only be unique.
-        let id = inner.next_task.fetch_add(1, Ordering::Relaxed);
+        // Any free record; refused only when every record holds a task in
+        // flight or a result not yet collected.
+        let Some(record) = inner.records.claim() else {
+            return Err(EngineError::TooManyInFlight {
+                capacity: inner.tasks.len(),
+            });
+        };
+        // The id names its record in its low bits: `(sequence << id_bits) |
+        // record`, unique and increasing. The sequence has `64 - id_bits`
+        // bits (52 with the default 4096 records; 40 with the largest
+        // table): at 10 M tasks/s that is 14 years (30 hours for the
+        // largest table) before an id repeats, and a repeat only matters to
+        // a caller still holding the old id.
+        // ORDERING: Relaxed — ids need only be unique (the RMW gives that).
+        let seq = inner.next_task.fetch_add(1, Ordering::Relaxed);
+        let id = (seq << inner.id_bits) | u64::from(record);
         let n = keys.len();
         let workers = pool.shared.len();
         // Parts: a store or load of many keys is spread over the pool's
@@ -835,7 +1053,8 @@ impl Engine {
         };
         let nparts = n.div_ceil(per).max(1);
         let words = n.div_ceil(64).max(1);
-        let filled = inner.task(id).rec.fill(move |rec| {
+        let slot = &inner.tasks[record as usize];
+        let filled = slot.rec.fill(move |rec| {
             rec.id = id;
             rec.op = op;
             rec.keys = keys;
@@ -849,9 +1068,10 @@ impl Engine {
             *rec.panicked.get_mut() = false;
         });
         if filled.is_none() {
-            return Err(EngineError::TooManyInFlight {
-                capacity: inner.tasks.len(),
-            });
+            // A record is freed only after its mailbox is emptied (`take`
+            // stores 0 before `release`), so a claimed record is empty.
+            inner.records.release(record);
+            unreachable!("claimed task record {record} was not empty");
         }
         for p in 0..nparts {
             let start = p * per;
@@ -926,22 +1146,41 @@ impl Engine {
         };
         let before = out.len();
         let slot_bytes = self.inner.slot_bytes as u64;
+        let mut batch = [Cqe {
+            task: 0,
+            ok: 0,
+            keys_ok: 0,
+        }; POP_BATCH];
         for cq in cqs.iter_mut() {
-            while let Ok(Some(c)) = cq.pop() {
-                let r = self.take_done(c.task, Op::Store, |rec| {
-                    let ok = rec.ok_count();
-                    let n = rec.keys.len();
-                    rec.clear();
-                    StoreResult {
-                        success: ok == n,
-                        bytes_transferred: ok as u64 * slot_bytes,
+            // Pop a batch and hand its ring space back *before* freeing the
+            // batch's records: a refilled record's completion then always
+            // finds room (`records` module doc; issue 8, defect 4).
+            loop {
+                let n = match pop_released(cq, &mut batch) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        eprintln!("daxkv: store completion ring: {e}");
+                        0
                     }
-                });
-                if let Some(r) = r {
-                    out.push((TaskId(c.task), r));
+                };
+                for c in &batch[..n] {
+                    let r = self.take_done(c.task, Op::Store, |rec| {
+                        let ok = rec.ok_count();
+                        let n = rec.keys.len();
+                        rec.clear();
+                        StoreResult {
+                            success: ok == n,
+                            bytes_transferred: ok as u64 * slot_bytes,
+                        }
+                    });
+                    if let Some(r) = r {
+                        out.push((TaskId(c.task), r));
+                    }
+                }
+                if n < POP_BATCH {
+                    break;
                 }
             }
-            cq.sync();
         }
         out.len() - before
     }
@@ -1011,17 +1250,32 @@ impl Engine {
             }
             spin_pause(&mut spins);
         }
+        // Holding the pools keeps their eventfds open while we sleep on
+        // one: `close` waits for every such holder to let go (waking us
+        // until we do) before it drops them, so it closes the fds before it
+        // returns (issue 8, defect 13) and never under a sleeper.
         let pools = self.pools.load_full()?;
         let pool = &pools[idx(op)];
         let on_demand = self.inner.opts.signal == Signal::WhenWaiting;
         loop {
+            // ORDERING: Acquire — observes `close`'s Release store of
+            // `stop` (everything is finished; return what is there). A
+            // waiter that misses it is woken by `close`, which writes our
+            // eventfd until we have let go of the pools; pairs with `close`.
+            if self.inner.stop.load(Ordering::Acquire) {
+                drop(pools);
+                return poll();
+            }
             // Announce the wait, then re-check before sleeping: a worker
             // publishes, then checks `waiters` (each side writes, fences,
             // reads the other: no lost wakeup, as in the ring's handshake).
             if on_demand {
-                // ORDERING: SeqCst fence — the Dekker pair of the one in
-                // `WorkerCtx::finish`.
+                // ORDERING: Relaxed — ordered by the SeqCst fence below,
+                // the Dekker pair of the fence in `WorkerCtx::publish`:
+                // either that worker sees our count, or we see its done id.
                 pool.waiters.fetch_add(1, Ordering::Relaxed);
+                // ORDERING: SeqCst fence — sleep / wake handshake (see
+                // above); pairs with the fence in `WorkerCtx::publish`.
                 fence(Ordering::SeqCst);
             }
             let r = poll();
@@ -1031,6 +1285,8 @@ impl Engine {
                 }
             }
             if on_demand {
+                // ORDERING: Relaxed — leaving only ends wake-ups; a worker
+                // that still counts us makes one spurious (coalesced) write.
                 pool.waiters.fetch_sub(1, Ordering::Relaxed);
             }
             if r.is_some() {
@@ -1060,7 +1316,8 @@ impl Engine {
     /// Take task `id`'s result out of its record if it is done and of kind
     /// `op`; one caller wins, every later call gets `None`.
     fn take_done<R>(&self, id: u64, op: Op, f: impl FnOnce(&mut TaskRec) -> R) -> Option<R> {
-        let slot = self.inner.task(id);
+        let inner = &self.inner;
+        let slot = inner.task(id)?;
         // ORDERING: Acquire — pairs with the Release in `publish`, which
         // comes after the result bits, the destination bytes and every
         // worker's guard release.
@@ -1072,7 +1329,11 @@ impl Engine {
         if rec.id != id || rec.op != op {
             return None;
         }
-        rec.take(f)
+        let r = rec.take(f)?;
+        // Emptied (the mailbox is 0 again): the record is free for the
+        // next submit.
+        inner.records.release(inner.record_of(id) as u32);
+        Some(r)
     }
 
     // ----- synchronous operations -----
@@ -1096,6 +1357,9 @@ impl Engine {
     /// [`Engine::delete`] appending the deleted keys to `out` (a reused
     /// vector: nothing is allocated); returns how many.
     pub fn delete_into(&self, keys: &[Key], out: &mut Vec<Key>) -> usize {
+        // ORDERING: Acquire — observes `close`'s store (a racing delete
+        // is also kept safe by each core's own closing gate); pairs with
+        // `request_close`.
         if keys.is_empty() || self.inner.closing.load(Ordering::Acquire) {
             return 0;
         }
@@ -1113,9 +1377,8 @@ impl Engine {
         }
         let deleted = &out[before..];
         if !deleted.is_empty() {
-            for l in self.inner.listeners.load().iter() {
-                l.on_keys_deleted(deleted);
-            }
+            self.inner
+                .tell_listeners("on_keys_deleted", |l| l.on_keys_deleted(deleted));
         }
         deleted.len()
     }
@@ -1140,11 +1403,14 @@ impl Engine {
     /// Status fields (reference §3.10), as a JSON value.
     pub fn status(&self) -> serde_json::Value {
         let devs = self.inner.devices.load();
+        // ORDERING: Acquire — a snapshot for status; pairs with
+        // `request_close`.
         let closing = self.inner.closing.load(Ordering::Acquire);
         let inflight: Vec<usize> = self
             .inner
             .inflight
             .iter()
+            // ORDERING: Relaxed — a statistic.
             .map(|c| c.load(Ordering::Relaxed))
             .collect();
         let mut devices = Vec::new();
@@ -1209,7 +1475,10 @@ impl Engine {
             "closing": closing,
             "supports_restart_recovery": false,
             "hotplug_enabled": self.inner.hotplug_enabled,
+            // ORDERING: Relaxed — statistics.
             "worker_panics": self.inner.panics.load(Ordering::Relaxed),
+            "listener_panics": self.inner.listener_panics.load(Ordering::Relaxed),
+            "task_records_in_use": self.inner.records.in_use(),
             "parts_run": {"store": parts(0), "lookup": parts(1), "load": parts(2)},
             "num_devices": devs.len(),
             "devices": devices,
@@ -1217,8 +1486,24 @@ impl Engine {
     }
 
     /// Refuse new tasks, wait for the ones in flight, stop the workers,
-    /// close every device and the eventfds. Idempotent.
+    /// wake every `wait_*` caller, close the eventfds and every device.
+    /// Idempotent. When it returns the fds are closed.
+    ///
+    /// Called on one of this engine's worker threads (from a listener) it
+    /// cannot wait for the task that worker is running: it only *requests*
+    /// the close (new submits are refused with [`EngineError::Closing`],
+    /// the tasks in flight finish and can be collected), logs that, and
+    /// returns; the owner's next `close` (or drop) finishes it.
     pub fn close(&self) {
+        if self.on_own_worker() {
+            self.request_close();
+            eprintln!(
+                "daxkv: Engine::close called on one of its own worker threads (from a \
+                 listener): new tasks are refused; the close finishes on the next close \
+                 or drop outside the workers"
+            );
+            return;
+        }
         let mut closed = self
             .close_lock
             .lock()
@@ -1227,30 +1512,90 @@ impl Engine {
             return;
         }
         let inner = &self.inner;
-        // ORDERING: SeqCst — pairs with `submit` (count, then check).
-        inner.closing.store(true, Ordering::SeqCst);
+        self.request_close();
+        // ORDERING: SeqCst — the read half of the Dekker handshake with
+        // `enqueue_with` (module doc of that fn); a zero count also
+        // observes, through the workers' Release decrements in `publish`,
+        // everything those tasks did; pairs with `enqueue_with`, `publish`.
         while inner.inflight.iter().any(|c| c.load(Ordering::SeqCst) > 0) {
             std::thread::sleep(Duration::from_micros(200));
         }
+        // ORDERING: Release — workers (Acquire in `worker_loop`) and
+        // waiters (Acquire in `wait`) see it with everything before it;
+        // pairs with `worker_loop` and `wait`.
         inner.stop.store(true, Ordering::Release);
         if let Some(pools) = self.pools.swap(None) {
             for p in pools.iter() {
                 stop_pool(p);
             }
-            // Dropping the pools (the last references to their eventfds,
-            // now that the workers are joined) closes the fds.
+            // The workers are joined; what else holds the pools is a
+            // `wait_*` caller (or a collector between two loads). Wake the
+            // waiters until they have let go, so that dropping our
+            // reference below is the last one and closes the fds. Bounded:
+            // a woken waiter sees `stop` and returns without sleeping
+            // again (`swap` turned every outstanding borrow into a counted
+            // reference, so the count is exact).
+            while Arc::strong_count(&pools) > 1 {
+                for p in pools.iter() {
+                    let _ = p.fd.notify();
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
             drop(pools);
         }
+        // Under `admin`: a racing `add_device` either appended before this
+        // (and its device is closed here) or sees `closing` and refuses.
+        let _admin = inner.admin.lock().unwrap_or_else(PoisonError::into_inner);
         for d in inner.devices.load().iter() {
             d.core.close();
             d.set_state(DeviceState::Closed);
         }
         *closed = true;
     }
+
+    /// Refuse new submits from now on.
+    fn request_close(&self) {
+        // ORDERING: SeqCst — the write half of the Dekker handshake with
+        // `enqueue_with` (count, then check `closing`); pairs with
+        // `enqueue_with`.
+        self.inner.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// True on one of this engine's worker threads.
+    fn on_own_worker(&self) -> bool {
+        WORKER_OF.with(std::cell::Cell::get) == Arc::as_ptr(&self.inner) as usize
+    }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        if self.on_own_worker() {
+            // The last handle dropped by a listener: this worker cannot be
+            // joined from itself, nor can close wait for its task. Refuse
+            // new work, tell every worker to stop, and let them go; the
+            // devices close when the last worker lets go of the engine's
+            // state (a `DaxCore` closes on drop), the fds when the pools do.
+            self.request_close();
+            // ORDERING: Release — as in `close`; pairs with `worker_loop`.
+            self.inner.stop.store(true, Ordering::Release);
+            if let Some(pools) = self.pools.swap(None) {
+                for p in pools.iter() {
+                    for w in &p.wakes {
+                        let _ = w.notify();
+                    }
+                    // Detach (not join) the workers.
+                    p.handles
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clear();
+                }
+            }
+            eprintln!(
+                "daxkv: the engine was dropped on one of its own worker threads (from a \
+                 listener): its workers stop and are detached, tasks not yet run are dropped"
+            );
+            return;
+        }
         self.close();
     }
 }
@@ -1535,6 +1880,7 @@ fn spin_pause(spins: &mut u32) {
 }
 
 fn worker_loop(mut w: WorkerCtx) {
+    WORKER_OF.with(|c| c.set(Arc::as_ptr(&w.inner) as usize));
     loop {
         // ORDERING: Acquire — pairs with the Release in `Engine::submitter`.
         if w.inbox.has_new.load(Ordering::Acquire) {
@@ -1547,7 +1893,8 @@ fn worker_loop(mut w: WorkerCtx) {
         for sq in &mut w.sqs {
             sq.sync();
         }
-        // ORDERING: Acquire — see the stop request with what preceded it.
+        // ORDERING: Acquire — observes `close`'s Release store (made once
+        // nothing is in flight); pairs with `Engine::close`.
         if w.inner.stop.load(Ordering::Acquire) {
             return;
         }
@@ -1572,8 +1919,13 @@ fn worker_loop(mut w: WorkerCtx) {
             continue;
         }
         // Arm every queue; sleep only if all are still empty.
-        // ORDERING: SeqCst fence — pairs with the one in `SharedSq::push`.
+        // ORDERING: Relaxed — ordered by the SeqCst fence below: the sleep
+        // / wake (Dekker) handshake with `SharedSq::push`, which pushes,
+        // fences, then reads this flag: either it sees the flag and writes
+        // our eventfd, or we see its entry below and do not sleep.
         w.shared.need_wakeup.store(true, Ordering::Relaxed);
+        // ORDERING: SeqCst fence — see above; pairs with the fence in
+        // `SharedSq::push`.
         fence(Ordering::SeqCst);
         let mut empty = w.shared.q.is_empty();
         for sq in &mut w.sqs {
@@ -1583,6 +1935,9 @@ fn worker_loop(mut w: WorkerCtx) {
             let _ = w.wake.wait(Duration::from_millis(100));
             let _ = w.wake.drain();
         }
+        // ORDERING: Relaxed — clearing only saves a submitter an eventfd
+        // write; one that still sees the flag makes a spurious (coalesced)
+        // wake-up.
         w.shared.need_wakeup.store(false, Ordering::Relaxed);
         for sq in &mut w.sqs {
             sq.end_wait();
@@ -1599,13 +1954,29 @@ impl WorkerCtx {
             .pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // ORDERING: Relaxed — under the inbox mutex.
+        // ORDERING: Relaxed — under the inbox mutex, which orders it with
+        // `Engine::submitter`'s push and Release store.
         self.inbox.has_new.store(false, Ordering::Relaxed);
         self.sqs.append(&mut pending);
         drop(pending);
         let mut i = 0;
         while i < self.sqs.len() {
-            if self.sqs[i].is_orphaned() && self.sqs[i].available().unwrap_or(0) == 0 {
+            // A ring whose producer is gone and which is drained is dropped.
+            // `is_orphaned` reads the ring's `Arc` count, which the
+            // producer's drop decrements (a Release RMW) after its last
+            // `sync` (the Release store of `tail`); `Arc::strong_count`
+            // loads it Relaxed, so without the fence `available` could read
+            // a `tail` older than the producer's last publish and drop
+            // entries it never ran.
+            let orphaned = self.sqs[i].is_orphaned();
+            if orphaned {
+                // ORDERING: Acquire fence — after observing the producer's
+                // Release decrement of the ring's `Arc` count, makes its
+                // final `tail` store visible to `available`; pairs with the
+                // `Arc` drop in `Producer`'s drop (after `Producer::sync`).
+                fence(Ordering::Acquire);
+            }
+            if orphaned && self.sqs[i].available().unwrap_or(0) == 0 {
                 self.sqs.swap_remove(i);
             } else {
                 i += 1;
@@ -1641,7 +2012,10 @@ impl WorkerCtx {
     fn run(&mut self, sqe: Sqe) {
         let inner = self.inner.clone();
         // Validate everything read from the ring before use.
-        let slot = inner.task(sqe.task);
+        let Some(slot) = inner.task(sqe.task) else {
+            eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
+            return;
+        };
         let Some(task) = slot.rec.read().filter(|t| t.id == sqe.task) else {
             eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
             return;
@@ -1661,16 +2035,18 @@ impl WorkerCtx {
         self.parts.fetch_add(1, Ordering::Relaxed);
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_part(&task, start, len)));
         if let Err(p) = r {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
             eprintln!(
-                "daxkv: {} panicked in task {}: {msg}; the task fails",
-                self.name, task.id
+                "daxkv: {} panicked in task {}: {}; the task fails",
+                self.name,
+                task.id,
+                panic_message(&*p)
             );
+            // ORDERING: Release — ordered before our AcqRel countdown
+            // below, through which the last part (and, via `done`, the
+            // collector) observes it; pairs with the Acquire in `ok_count`
+            // / `bitmap`.
             task.panicked.store(true, Ordering::Release);
+            // ORDERING: Relaxed — a statistic.
             inner.panics.fetch_add(1, Ordering::Relaxed);
         }
         // ORDERING: AcqRel — the last part sees every part's result bits.
@@ -1698,7 +2074,7 @@ impl WorkerCtx {
                 let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
                     std::array::from_fn(|i| devs.get(i).and_then(|d| d.core.session()));
                 for (i, k) in keys.iter().enumerate() {
-                    if store_one(&devs, &sessions, *k, task.srcs[start + i].as_slice()) {
+                    if store_one(inner, &devs, &sessions, *k, task.srcs[start + i].as_slice()) {
                         task.set(start + i);
                     }
                 }
@@ -1772,8 +2148,10 @@ impl WorkerCtx {
         // Tell the listeners before publishing, so a caller that sees the
         // result also sees the events. (Nothing is built when no listener
         // is registered: the common embedded case allocates nothing here.)
-        let ls = self.inner.listeners.load();
-        if ok > 0 && !ls.is_empty() && task.op != Op::Lookup {
+        // A listener that panics is isolated like a task part: logged,
+        // counted, the task still published (issue 8, defect 5).
+        let has_listeners = !self.inner.listeners.load().is_empty();
+        if ok > 0 && has_listeners && task.op != Op::Lookup {
             let bitmap = task.bitmap();
             let hits: Vec<Key> = task
                 .keys
@@ -1785,9 +2163,12 @@ impl WorkerCtx {
             match task.op {
                 Op::Store => {
                     let sizes = vec![self.inner.slot_bytes; hits.len()];
-                    ls.iter().for_each(|l| l.on_keys_stored(&hits, &sizes));
+                    self.inner
+                        .tell_listeners("on_keys_stored", |l| l.on_keys_stored(&hits, &sizes));
                 }
-                Op::Load => ls.iter().for_each(|l| l.on_keys_accessed(&hits)),
+                Op::Load => self
+                    .inner
+                    .tell_listeners("on_keys_accessed", |l| l.on_keys_accessed(&hits)),
                 Op::Lookup => {}
             }
         }
@@ -1804,19 +2185,46 @@ impl WorkerCtx {
         // ORDERING: Release — publishes the result bits, the destination
         // bytes and our guard's release to `take_done`'s Acquire.
         slot.done.store(cqe.task, Ordering::Release);
-        // Store CQs are sized to the task table, so a push fails only if
-        // the caller never pops; lookup / load CQEs are wake-ups only (the
-        // done id is the truth), so a full CQ just drops one.
-        let _ = self.cq.push(cqe);
+        if op == Op::Store {
+            // A store's CQE is its only report: never dropped. It always
+            // fits: each unreleased entry of this ring belongs to a record
+            // still taken, and collectors release ring space before they
+            // free records (`records` module doc), so entries ≤ records ≤
+            // capacity. The loop is that argument's safety net, bounded by
+            // the collector's next pop.
+            let mut e = cqe;
+            let mut spins = 0u32;
+            loop {
+                match self.cq.push(e) {
+                    Ok(()) => break,
+                    Err(PushError::Full(back)) => {
+                        debug_assert!(false, "store completion ring full (records invariant)");
+                        e = back;
+                        self.cq.sync();
+                        spin_pause(&mut spins);
+                    }
+                    Err(PushError::Corrupt(c)) => unreachable!("in-process ring corrupt: {c}"),
+                }
+            }
+        } else {
+            // Lookup / load CQEs only wake a collector (the done id is the
+            // result), so one that meets a full ring is not needed.
+            let _ = self.cq.push(cqe);
+        }
         self.cq.sync();
-        self.inner.inflight[idx(op)].fetch_sub(1, Ordering::SeqCst);
+        // ORDERING: Release — our publication (done id, CQE) happens
+        // before `close` sees the count reach zero and stops the workers;
+        // pairs with the SeqCst (hence Acquire) loads in `Engine::close`.
+        self.inner.inflight[idx(op)].fetch_sub(1, Ordering::Release);
         let wake = match self.inner.opts.signal {
             Signal::Always => true,
             Signal::WhenWaiting => {
-                // ORDERING: SeqCst fence — the Dekker pair of the one in
-                // `Engine::wait`: either we see its `waiters` count, or
-                // it sees our done id (and the CQE) before it sleeps.
+                // ORDERING: SeqCst fence — sleep / wake (Dekker) handshake
+                // with `Engine::wait`: either we see its `waiters` count, or
+                // it sees our done id (and the CQE) before it sleeps; pairs
+                // with the fence in `Engine::wait`.
                 fence(Ordering::SeqCst);
+                // ORDERING: Relaxed — ordered by the fence above.
                 self.waiters.load(Ordering::Relaxed) > 0
             }
         };
@@ -1844,15 +2252,30 @@ fn in_session<R>(
     }
 }
 
-/// Store one key: a key already on a readable device stays there (success,
-/// no copy); a new key goes to the active device with the lowest slot
-/// usage, then the next on a full device.
+/// Store one key under its claim (module doc, "Key ownership"): a key
+/// already on a readable device stays there (success, no copy); a new key
+/// goes to the active device with the lowest slot usage, then the next on a
+/// full device.
 fn store_one(
-    devs: &[Arc<Device>],
-    sessions: &[Option<Session<'_>>],
+    inner: &Inner,
+    part_devs: &Arc<Vec<Arc<Device>>>,
+    part_sessions: &[Option<Session<'_>>],
     key: Key,
     data: &[u8],
 ) -> bool {
+    // Held until we return: no other store of this key decides meanwhile.
+    let _claim = inner.claims.claim(key);
+    // The device list as of now, not as of the part's start: a device
+    // added since may hold the key (stored there under an earlier claim,
+    // whose Release our claim's Acquire observed, and with it that store's
+    // list). The part's sessions serve when the list is unchanged.
+    let cur = inner.devices.load();
+    let (devs, sessions): (&[Arc<Device>], &[Option<Session<'_>>]) = if Arc::ptr_eq(&cur, part_devs)
+    {
+        (part_devs, part_sessions)
+    } else {
+        (&cur, &[])
+    };
     if devs.iter().enumerate().any(|(i, d)| {
         d.state().is_readable()
             && in_session(devs, sessions, i, |s| s.contains_live(key)).unwrap_or(false)

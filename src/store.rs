@@ -161,7 +161,24 @@ impl DaxStore {
                     .spawn(move || loop {
                         let job = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
                         match job {
-                            Ok(job) => job(),
+                            // A panicking `on_complete` (or put) is logged
+                            // and this worker keeps serving (issue 8,
+                            // defect 5).
+                            Ok(job) => {
+                                if let Err(p) =
+                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+                                {
+                                    let msg = p
+                                        .downcast_ref::<&str>()
+                                        .map(|s| (*s).to_string())
+                                        .or_else(|| p.downcast_ref::<String>().cloned())
+                                        .unwrap_or_default();
+                                    eprintln!(
+                                        "daxkv: a put_async job panicked: {msg}; the put \
+                                         worker keeps serving"
+                                    );
+                                }
+                            }
                             Err(_) => return,
                         }
                     })
@@ -455,6 +472,11 @@ impl DaxStore {
 
     /// Stop: refuse new work, wait for queued async puts, then close the
     /// core (which waits for in-flight reads and writes). Idempotent.
+    ///
+    /// Called on a put worker (from an `on_complete` callback, or by its
+    /// dropping the last `Arc<DaxStore>`), that worker is not joined — a
+    /// thread cannot wait for itself: it finishes the callback it is in and
+    /// exits, since the job queue is closed. The other workers are joined.
     pub fn close(&self) {
         // ORDERING: Release — later calls see closing (pairs with `is_closing`).
         self.closing.store(true, Ordering::Release);
@@ -466,7 +488,12 @@ impl DaxStore {
         );
         let workers =
             std::mem::take(&mut *self.workers.lock().unwrap_or_else(PoisonError::into_inner));
+        let me = std::thread::current().id();
         for w in workers {
+            if w.thread().id() == me {
+                // Detached: it exits after this callback (queue closed).
+                continue;
+            }
             let _ = w.join();
         }
         *self.slab.lock().unwrap_or_else(PoisonError::into_inner) = Vec::new();

@@ -338,3 +338,83 @@ fn multithreaded_put_get_smoke() {
     assert!(ok.load(Ordering::Relaxed) > 0);
     s.core().check_invariants().unwrap();
 }
+
+// ----- issue 8, defect 5 (the `DaxStore` part): callbacks on put workers -----
+
+/// Run `f` on a helper thread; fail (instead of hanging) if it does not
+/// finish within 30 s (a hang guard, not a timing assertion).
+fn within_watchdog<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{what}: hung or panicked ({e})"))
+}
+
+/// An `on_complete` that drops the last `Arc<DaxStore>` closes the store on
+/// its own put worker: the close must not join that worker (before the fix
+/// std panicked joining a thread with itself, killing the worker mid-close).
+#[test]
+fn put_async_callback_dropping_the_last_store_closes_it() {
+    let mut c = cfg(4);
+    c.async_put_workers = 2;
+    let s = Arc::new(DaxStore::open(&c).unwrap());
+    let core_seen = Arc::new(AtomicBool::new(false));
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<bool>();
+    let mine = s.clone();
+    let seen = core_seen.clone();
+    s.put_async(k(1), payload(1, 100).into(), move |r| {
+        assert!(r.is_ok());
+        go_rx.recv().unwrap();
+        // The last handle: dropping it runs close() here.
+        drop(mine);
+        seen.store(true, Ordering::SeqCst);
+        done_tx.send(true).unwrap();
+    })
+    .unwrap();
+    drop(s);
+    go_tx.send(()).unwrap();
+    let closed = within_watchdog("the callback's close", move || done_rx.recv().unwrap());
+    assert!(closed && core_seen.load(Ordering::SeqCst));
+}
+
+/// A panicking `on_complete` is logged; the put worker keeps serving
+/// (before the fix the panic killed the only worker and later async puts
+/// were never run).
+#[test]
+fn a_panicking_on_complete_keeps_the_put_worker() {
+    let s = Arc::new(store(4)); // one async put worker
+    s.put_async(k(1), payload(1, 100).into(), |_| panic!("callback fails"))
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    s.put_async(k(2), payload(2, 100).into(), move |r| {
+        tx.send(r.is_ok()).unwrap();
+    })
+    .unwrap();
+    let ok = within_watchdog("the next async put", move || rx.recv().unwrap());
+    assert!(ok);
+    assert!(s.contains(k(1), false) && s.contains(k(2), false));
+    let s2 = s.clone();
+    within_watchdog("close", move || s2.close());
+}
+
+/// `close` called from an `on_complete` returns (the calling worker is
+/// not joined) and the store is closed.
+#[test]
+fn close_from_on_complete_returns() {
+    let s = Arc::new(store(4));
+    let (tx, rx) = mpsc::channel();
+    let s2 = s.clone();
+    s.put_async(k(1), payload(1, 100).into(), move |_| {
+        s2.close();
+        tx.send(()).unwrap();
+    })
+    .unwrap();
+    within_watchdog("close from on_complete", move || rx.recv().unwrap());
+    assert!(matches!(
+        s.put(k(2), &payload(2, 10)),
+        Err(StoreError::Closed)
+    ));
+}

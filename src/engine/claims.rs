@@ -1,0 +1,182 @@
+//! # Key claims: the pool-wide table behind "one copy of a key"
+//!
+//! A fixed table of [`STRIPES`] cache-padded words, indexed by key bits.
+//! A store holds its key's stripe from before it looks for the key on any
+//! device until its put on the chosen device has inserted the key (the
+//! whole put, in practice): two stores of one key (or of two keys sharing a
+//! stripe) never decide at the same time. The full protocol, and how
+//! lookup / unlock / delete / migration use it, is in the parent module's
+//! doc and in `docs/key-ownership.md`.
+//!
+//! ## Protocol
+//!
+//! ```text
+//! stripe word: 0 (free) ──claim: CAS 0 → tag, Acquire──► tag (held)
+//!              tag      ──drop of the Claim: store 0, Release──► 0
+//! ```
+//!
+//! `tag` is a nonzero 64-bit digest of the key (for debugging and status;
+//! the protocol never trusts it: a store that finds the stripe held, by any
+//! tag, waits, so two distinct keys with equal tags cannot be mistaken for
+//! one). The Release store of a holder and the Acquire CAS of the next one
+//! order the first's index insert before the second's "is it anywhere?"
+//! check. `tests/loom_claims.rs` checks it with two store workers and two
+//! devices.
+//!
+//! ## Waiting
+//!
+//! A held stripe is waited for: [`SPIN_MAX`] spins with a CPU hint, then a
+//! yield per retry. The wait is bounded by the holder's put (index insert
+//! and one slot copy); a holder holds one claim at a time and takes nothing
+//! else that waits while holding it, so there is no cycle. A holder that
+//! panics releases on unwind ([`Claim`]'s drop).
+//!
+//! Built on [`crate::sync`] atomics so the loom models run the real code.
+
+#![forbid(unsafe_code)]
+
+use crossbeam_utils::CachePadded;
+
+use crate::key::Key;
+use crate::sync::{AtomicU64, Ordering};
+
+/// Stripes of the pool's table: 4096 × 128 B = 512 KiB of DRAM, once per
+/// engine. Two stores collide on a stripe (and serialize) with probability
+/// about `stores in flight / 4096`.
+pub const STRIPES: usize = 4096;
+const _: () = assert!(STRIPES.is_power_of_two());
+
+/// Spins before a waiting claimer starts yielding.
+pub const SPIN_MAX: u32 = 128;
+
+/// The claim table. See the module documentation.
+pub struct ClaimTable {
+    stripes: Box<[CachePadded<AtomicU64>]>,
+}
+
+impl std::fmt::Debug for ClaimTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimTable")
+            .field("stripes", &self.stripes.len())
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+impl Default for ClaimTable {
+    fn default() -> ClaimTable {
+        ClaimTable::new(STRIPES)
+    }
+}
+
+/// A held stripe; released (Release store of 0) when dropped.
+#[must_use = "the claim is released when dropped"]
+pub struct Claim<'a> {
+    word: &'a AtomicU64,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        // ORDERING: Release — publishes everything the holder did (its
+        // index insert on the chosen device) to the next claimer's Acquire
+        // CAS in `ClaimTable::try_claim`.
+        self.word.store(0, Ordering::Release);
+    }
+}
+
+impl ClaimTable {
+    /// A table of `stripes` words (a power of two; [`STRIPES`] in the
+    /// engine, fewer in models).
+    pub fn new(stripes: usize) -> ClaimTable {
+        assert!(stripes.is_power_of_two(), "stripes {stripes}");
+        ClaimTable {
+            stripes: (0..stripes)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+
+    fn stripe(&self, key: Key) -> &AtomicU64 {
+        // The digest's low bits are uniform; the tag uses the high half.
+        &self.stripes[(key.lo() as usize) & (self.stripes.len() - 1)]
+    }
+
+    fn tag(key: Key) -> u64 {
+        match key.hi() ^ key.lo().rotate_left(32) {
+            0 => 1,
+            t => t,
+        }
+    }
+
+    /// Claim `key`'s stripe if it is free now.
+    pub fn try_claim(&self, key: Key) -> Option<Claim<'_>> {
+        let word = self.stripe(key);
+        // ORDERING: Acquire on success — observes the previous holder's
+        // Release in `Claim::drop`, so its insert is visible to our checks;
+        // Relaxed on failure: nothing is read from a held stripe.
+        word.compare_exchange(0, Self::tag(key), Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| Claim { word })
+    }
+
+    /// Claim `key`'s stripe, waiting while another store holds it (see the
+    /// module doc for the bound).
+    pub fn claim(&self, key: Key) -> Claim<'_> {
+        let mut spins = 0u32;
+        loop {
+            if let Some(c) = self.try_claim(key) {
+                return c;
+            }
+            spins = spins.saturating_add(1);
+            if cfg!(daxkv_loom) || spins > SPIN_MAX {
+                crate::sync::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Stripes held now (a racy snapshot, for status and tests).
+    pub fn held(&self) -> usize {
+        self.stripes
+            .iter()
+            // ORDERING: Relaxed — a statistic.
+            .filter(|w| w.load(Ordering::Relaxed) != 0)
+            .count()
+    }
+}
+
+#[cfg(all(test, not(daxkv_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_stripe_refuses_until_released() {
+        let t = ClaimTable::new(4);
+        let a = Key::from_u128(1);
+        let same_stripe = Key::from_u128(5);
+        let other = Key::from_u128(2);
+        let c = t.try_claim(a).unwrap();
+        assert!(t.try_claim(a).is_none(), "the same key waits");
+        assert!(t.try_claim(same_stripe).is_none(), "a stripe mate waits");
+        let o = t.try_claim(other).unwrap();
+        assert_eq!(t.held(), 2);
+        drop(c);
+        drop(o);
+        assert_eq!(t.held(), 0);
+        drop(t.claim(same_stripe));
+    }
+
+    #[test]
+    fn a_waiter_gets_the_stripe_when_the_holder_lets_go() {
+        let t = ClaimTable::new(1);
+        let c = t.try_claim(Key::from_u128(1)).unwrap();
+        std::thread::scope(|s| {
+            let h = s.spawn(|| drop(t.claim(Key::from_u128(2))));
+            std::thread::yield_now();
+            drop(c);
+            h.join().unwrap();
+        });
+        assert_eq!(t.held(), 0);
+    }
+}
