@@ -685,6 +685,32 @@ impl Arena {
         }
     }
 
+    /// [`Arena::enter`] without waiting: `Busy` instead of waiting for a
+    /// pending remap (a caller that holds something another thread may
+    /// wait for, like the engine's key claims, must not wait here: see the
+    /// engine's "Key ownership" doc).
+    pub fn try_enter(&self) -> Result<ArenaGuard<'_>, TryEnterError> {
+        let nested = held_on(self.id) > 0;
+        // ORDERING: Acquire — as in `enter`.
+        let prev = self.gate.fetch_add(1, Ordering::Acquire);
+        if prev & CLOSED == 0 && (prev & EXCLUSIVE == 0 || nested) {
+            // SAFETY: admitted exactly as in `enter` (same argument).
+            let m = unsafe { &*self.mapped.get() };
+            return Ok(ArenaGuard {
+                arena: self,
+                base: m.base,
+                len: m.len,
+                recorded: note_enter(self.id),
+            });
+        }
+        self.leave();
+        Err(if prev & CLOSED != 0 {
+            TryEnterError::Closed
+        } else {
+            TryEnterError::Busy
+        })
+    }
+
     fn leave(&self) {
         // ORDERING: Release — this guard's copies happen-before the Acquire
         // load in `wait_idle` that sees the count reach zero.
@@ -797,6 +823,15 @@ impl Arena {
         m.len = 0;
         true
     }
+}
+
+/// Why [`Arena::try_enter`] gave no guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TryEnterError {
+    /// The arena is closing or closed.
+    Closed,
+    /// A remap is pending: [`Arena::enter`] would have waited.
+    Busy,
 }
 
 /// Why [`Arena::exclusive`] ran nothing.

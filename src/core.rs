@@ -72,7 +72,9 @@ use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::arena::{Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity, GateError};
+use crate::arena::{
+    Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity, GateError, TryEnterError,
+};
 use crate::error::{CoreError, OpenError, PutError};
 use crate::index::{Entry, Index, Insert, SLOT_MAX};
 use crate::key::Key;
@@ -400,6 +402,11 @@ impl DaxCore {
         self.arena.is_closed()
     }
 
+    /// True while a remap (grow / shrink) is pending or running.
+    pub fn remap_pending(&self) -> bool {
+        self.arena.is_exclusive_pending()
+    }
+
     /// A guard over the whole mapping that bypasses the slot states, for
     /// benchmarks (raw copy bandwidth of this very mapping) and diagnostics.
     /// Writes through it can overwrite stored keys' bytes.
@@ -641,6 +648,16 @@ impl DaxCore {
         Some(Session {
             core: self,
             g: self.arena.enter().ok()?,
+            reading: std::cell::Cell::new(false),
+        })
+    }
+
+    /// [`DaxCore::session`] without waiting for a pending remap
+    /// ([`Arena::try_enter`]).
+    pub fn try_session(&self) -> Result<Session<'_>, TryEnterError> {
+        Ok(Session {
+            core: self,
+            g: self.arena.try_enter()?,
             reading: std::cell::Cell::new(false),
         })
     }

@@ -126,6 +126,7 @@ pub mod records;
 use claims::ClaimTable;
 use records::{pop_released, RecordSet};
 
+use crate::arena::TryEnterError;
 use crate::buf::{Buf, Dsts, Lent, RawBuf};
 use crate::core::{CoreConfig, DaxCore, Session};
 use crate::error::{OpenError, PutError};
@@ -2069,13 +2070,37 @@ impl WorkerCtx {
         }
         match task.op {
             Op::Store => {
-                // One arena session per device for the whole part (the
-                // first few devices; others enter per key).
-                let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
-                    std::array::from_fn(|i| devs.get(i).and_then(|d| d.core.session()));
-                for (i, k) in keys.iter().enumerate() {
-                    if store_one(inner, &devs, &sessions, *k, task.srcs[start + i].as_slice()) {
-                        task.set(start + i);
+                let mut i = 0;
+                let mut rounds = 0;
+                while i < len {
+                    // One arena session per device for the whole part (the
+                    // first few devices; others enter per key), opened
+                    // while this worker holds no claim: waiting here for a
+                    // pending remap is fine (module doc, "Key ownership").
+                    let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
+                        std::array::from_fn(|d| devs.get(d).and_then(|d| d.core.session()));
+                    let mut blocked = None;
+                    while i < len {
+                        let src = task.srcs[start + i].as_slice();
+                        match store_one(inner, &devs, &sessions, keys[i], src) {
+                            Stored::Yes => task.set(start + i),
+                            Stored::No => {}
+                            Stored::WouldWait(dev) => {
+                                blocked = Some(dev);
+                                break;
+                            }
+                        }
+                        i += 1;
+                    }
+                    drop(sessions);
+                    if let Some(dev) = blocked {
+                        rounds += 1;
+                        if rounds > STORE_ROUNDS_MAX {
+                            break; // the rest of the part fails
+                        }
+                        // Claim-free now: wait for the device's remap here
+                        // (entering waits for it), then retry the key.
+                        drop(dev.core.session());
                     }
                 }
             }
@@ -2237,18 +2262,39 @@ impl WorkerCtx {
 /// Devices a task part opens an arena session on up front.
 const SESSION_DEVICES: usize = 4;
 
+/// Rounds of "a device was being remapped: drop the sessions, wait for
+/// it, retry" one store part may take before its remaining keys fail.
+const STORE_ROUNDS_MAX: usize = 64;
+
+/// What `store_one` did.
+enum Stored {
+    Yes,
+    No,
+    /// A device it needed has a remap pending; entering would have waited
+    /// while holding the key's claim. Nothing was stored; the claim is
+    /// released; retry once that device's remap is over.
+    WouldWait(Arc<Device>),
+}
+
 /// Run `f` under device `i`'s session: the part's own if it has one, else
-/// a session for this call (a device beyond the first few, or one that was
-/// closing when the part began). `None` if the device is closing.
+/// a session for this call (a device beyond the first few, or a device
+/// list that changed since the part began). `Ok(None)` if the device is
+/// closing; `Err` if a remap is pending on it: the caller holds a claim
+/// and must not wait (module doc, "Key ownership", and
+/// `engine::tests::a_claim_holder_never_waits_for_a_remap`).
 fn in_session<R>(
     devs: &[Arc<Device>],
     sessions: &[Option<Session<'_>>],
     i: usize,
     f: impl FnOnce(&Session<'_>) -> R,
-) -> Option<R> {
+) -> Result<Option<R>, Arc<Device>> {
     match sessions.get(i).and_then(Option::as_ref) {
-        Some(s) => Some(f(s)),
-        None => devs[i].core.session().map(|s| f(&s)),
+        Some(s) => Ok(Some(f(s))),
+        None => match devs[i].core.try_session() {
+            Ok(s) => Ok(Some(f(&s))),
+            Err(TryEnterError::Closed) => Ok(None),
+            Err(TryEnterError::Busy) => Err(devs[i].clone()),
+        },
     }
 }
 
@@ -2262,7 +2308,7 @@ fn store_one(
     part_sessions: &[Option<Session<'_>>],
     key: Key,
     data: &[u8],
-) -> bool {
+) -> Stored {
     // Held until we return: no other store of this key decides meanwhile.
     let _claim = inner.claims.claim(key);
     // The device list as of now, not as of the part's start: a device
@@ -2276,11 +2322,14 @@ fn store_one(
     } else {
         (&cur, &[])
     };
-    if devs.iter().enumerate().any(|(i, d)| {
-        d.state().is_readable()
-            && in_session(devs, sessions, i, |s| s.contains_live(key)).unwrap_or(false)
-    }) {
-        return true;
+    for (i, d) in devs.iter().enumerate() {
+        if d.state().is_readable() {
+            match in_session(devs, sessions, i, |s| s.contains_live(key)) {
+                Ok(Some(true)) => return Stored::Yes,
+                Ok(_) => {}
+                Err(dev) => return Stored::WouldWait(dev),
+            }
+        }
     }
     // Try writable devices in ascending usage: pick the least used one not
     // yet tried, each round (devices are few; no allocation per key).
@@ -2293,14 +2342,74 @@ fn store_one(
             .filter(|(i, d)| tried & (1 << i) == 0 && d.state().is_writable())
             .min_by(|a, b| a.1.usage().total_cmp(&b.1.usage()))
         else {
-            return false;
+            return Stored::No;
         };
         tried |= 1 << i;
         match in_session(devs, sessions, i, |s| s.put(key, data, 0)) {
-            Some(Ok(_)) => return true,
-            Some(Err(PutError::Full | PutError::IndexFull | PutError::Closed)) | None => {}
-            Some(Err(_)) => return false,
+            Ok(Some(Ok(_))) => return Stored::Yes,
+            Ok(Some(Err(PutError::Full | PutError::IndexFull | PutError::Closed)) | None) => {}
+            Ok(Some(Err(_))) => return Stored::No,
+            Err(dev) => return Stored::WouldWait(dev),
         }
     }
-    false
+    Stored::No
+}
+
+#[cfg(all(test, not(daxkv_loom)))]
+mod tests {
+    use super::*;
+    use crate::arena::ArenaSpec;
+
+    /// Key claims met the arena gate: a store holding key K's claim entered
+    /// a device per call (the device list had changed since its part
+    /// began) while that device's remap was pending; the remap waited for
+    /// another worker's part session on the device, and that worker waited
+    /// for K's claim: a cycle, broken only when the remap gave up after the
+    /// drain timeout. A claim holder must never wait on an arena: here a
+    /// remap of device 0 is pending (held up by a session standing in for
+    /// the other worker's part), and `store_one` with a stale device list
+    /// must come back at once with `WouldWait`, having stored nothing and
+    /// released the claim. Checked once with `in_session` entering through
+    /// the blocking `session()`: `store_one` did not return while the
+    /// remap was pending (the watchdog fired).
+    #[test]
+    fn a_claim_holder_never_waits_for_a_remap() {
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(16 * SLOT).max_size_bytes(32 * SLOT), SLOT),
+        };
+        let e = Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap();
+        let inner = e.inner.clone();
+        let dev0 = inner.devices.load()[0].clone();
+        let other_part = dev0.core.session().unwrap();
+        let remap = {
+            let dev0 = dev0.clone();
+            std::thread::spawn(move || dev0.core.remap(32 * SLOT))
+        };
+        while !dev0.core.remap_pending() {
+            std::thread::yield_now();
+        }
+        let key = Key::digest(b"claimed");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let storer = {
+            let inner = inner.clone();
+            std::thread::spawn(move || {
+                let stale = Arc::new(Vec::new()); // "the list changed since the part began"
+                let r = store_one(&inner, &stale, &[], key, &[1; 64]);
+                let _ = tx.send(matches!(r, Stored::WouldWait(_)));
+            })
+        };
+        let would_wait = rx.recv_timeout(Duration::from_secs(3));
+        drop(other_part); // let the remap (and a blocked storer) go
+        remap.join().unwrap().unwrap();
+        storer.join().unwrap();
+        assert_eq!(
+            would_wait,
+            Ok(true),
+            "store_one waited for a remap while holding a claim"
+        );
+        assert_eq!(inner.claims.held(), 0, "the claim was released");
+        assert!(!dev0.core.exists(key, false), "nothing was stored");
+    }
 }

@@ -28,7 +28,9 @@
 //! A held stripe is waited for: [`SPIN_MAX`] spins with a CPU hint, then a
 //! yield per retry. The wait is bounded by the holder's put (index insert
 //! and one slot copy); a holder holds one claim at a time and takes nothing
-//! else that waits while holding it, so there is no cycle. A holder that
+//! else that waits while holding it (not even an arena guard: it enters
+//! devices with `try_session`, see `docs/key-ownership.md`), so there is
+//! no cycle. A holder that
 //! panics releases on unwind ([`Claim`]'s drop).
 //!
 //! Built on [`crate::sync`] atomics so the loom models run the real code.
