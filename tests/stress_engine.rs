@@ -56,24 +56,47 @@ fn device(i: usize, grow: bool) -> DeviceSpec {
 /// (the store pop is global, so any thread may collect any id).
 #[derive(Default)]
 struct Outstanding {
-    ids: Mutex<HashSet<u64>>,
-    reported_twice: AtomicU64,
+    ids: Mutex<Ledger>,
+}
+
+/// Store ids submitted and collected. Any client collects any store
+/// (`wait_stores` is global), so a store can be collected by another
+/// client before its submitter has written its id down: such an id waits
+/// in `early` until the submitter records it.
+#[derive(Default)]
+struct Ledger {
+    /// Submitted, not yet collected.
+    pending: HashSet<u64>,
+    /// Collected before the submitter recorded it.
+    early: HashSet<u64>,
+    /// Every id ever collected (to catch one reported twice).
+    done: HashSet<u64>,
+    reported_twice: u64,
 }
 
 impl Outstanding {
     fn submitted(&self, id: TaskId) {
-        assert!(
-            self.ids.lock().unwrap().insert(id.0),
-            "task id {} reused while pending",
-            id.0
-        );
+        let mut l = self.ids.lock().unwrap();
+        if !l.early.remove(&id.0) {
+            assert!(
+                l.pending.insert(id.0),
+                "task id {} reused while pending",
+                id.0
+            );
+        }
     }
     fn collect(&self, engine: &Engine, timeout: Duration) {
         for (id, _) in engine.wait_stores(timeout) {
-            if !self.ids.lock().unwrap().remove(&id.0) {
-                self.reported_twice.fetch_add(1, Ordering::Relaxed);
+            let mut l = self.ids.lock().unwrap();
+            if !l.done.insert(id.0) {
+                l.reported_twice += 1;
+            } else if !l.pending.remove(&id.0) {
+                l.early.insert(id.0);
             }
         }
+    }
+    fn missing(&self) -> usize {
+        self.ids.lock().unwrap().pending.len()
     }
 }
 
@@ -239,16 +262,19 @@ fn engine_two_devices_with_remaps_loses_and_corrupts_nothing() {
 
     // Every store submitted is reported, exactly once.
     let drain_deadline = Instant::now() + WAIT;
-    while !out.ids.lock().unwrap().is_empty() && Instant::now() < drain_deadline {
+    while out.missing() > 0 && Instant::now() < drain_deadline {
         out.collect(&engine, Duration::from_millis(50));
     }
-    let missing = out.ids.lock().unwrap().len();
+    let missing = out.missing();
     assert_eq!(missing, 0, "{missing} store completions never reported");
-    assert_eq!(
-        out.reported_twice.load(Ordering::Relaxed),
-        0,
-        "store ids reported twice"
+    let l = out.ids.lock().unwrap();
+    assert_eq!(l.reported_twice, 0, "store ids reported twice");
+    assert!(
+        l.early.is_empty(),
+        "{} store ids collected but never submitted",
+        l.early.len()
     );
+    drop(l);
 
     check_end(&engine);
     eprintln!(
