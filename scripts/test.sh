@@ -23,8 +23,10 @@ step "criterion benches, one pass each"
 cargo test --benches
 
 if [ "${DAXKV_SKIP_LOOM:-0}" != 1 ]; then
-  step "loom (slot state word + bitmap, core index/slot protocols, ring index protocol and wakeup, task-table mailbox)"
-  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_slot --test loom_core --test loom_ring --test loom_cell
+  step "loom (slot word + bitmap, core index/slot protocols, ring, task-table mailbox, record set + completion ring, key claims)"
+  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release \
+    --test loom_slot --test loom_core --test loom_ring --test loom_cell \
+    --test loom_task_table --test loom_claims
 fi
 
 step "daxkv bench (small)"

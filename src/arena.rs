@@ -968,6 +968,7 @@ impl<'a> ArenaGuard<'a> {
     /// guards are gone. Works from any thread that can see this guard
     /// (scoped helper threads included) and needs no room in the thread's
     /// nested-guard record.
+    #[must_use]
     pub fn reenter(&self) -> ArenaGuard<'a> {
         // ORDERING: Relaxed — the count is already non-zero (ours), so this
         // increment changes no admission decision; `leave`'s Release

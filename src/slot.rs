@@ -368,8 +368,8 @@ impl SlotState {
         })
     }
 
-    /// Pin the current incarnation, whatever its state (not FREE): borrow
-    /// + 1, so it cannot be freed (and its generation cannot move) until
+    /// Pin the current incarnation, whatever its state (not FREE): one more
+    /// borrow, so it cannot be freed (and its generation cannot move) until
     /// [`SlotState::release`]. Delete and unlock pin before they validate
     /// (module doc, "pins").
     pub fn pin(&self, gen: Generation) -> Result<Transition, SlotError> {
