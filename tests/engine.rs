@@ -542,6 +542,9 @@ fn completion_signals_are_coalesced_when_asked() {
             EngineOptions {
                 signal,
                 spin,
+                // The caller spins as long: it must find each result while
+                // spinning (a parked caller drains the eventfd).
+                wait_spin: spin,
                 ..EngineOptions::default()
             },
         );
