@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// How many lines above an atomic operation its note may stand (a note
 /// covers one statement, which rustfmt may spread over several lines).
-const WINDOW_LINES: usize = 10;
+const WINDOW_LINES: usize = 16;
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
