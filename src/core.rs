@@ -1360,7 +1360,8 @@ impl Drop for Session<'_> {
     }
 }
 
-#[cfg(all(test, not(daxkv_loom)))]
+// The tests drive the debug-only fault hooks, so they need debug assertions.
+#[cfg(all(test, debug_assertions, not(daxkv_loom)))]
 mod tests {
     use super::*;
 
