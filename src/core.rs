@@ -615,17 +615,20 @@ impl DaxCore {
 
     /// Remove bucket `e` of the incarnation `gen` of slot `s`, which the
     /// caller owns (module doc, "Who removes a bucket"), and set UNLINKED.
-    fn unlink_owned(&self, s: SlotId, gen: Generation, e: Entry) {
+    /// With `pinned`, the same CAS drops the caller's pin.
+    fn unlink_owned(&self, s: SlotId, gen: Generation, e: Entry, pinned: bool) {
         debug_assert_eq!(e.slot, s);
         assert!(
             self.index.remove(e),
             "only the remover changes an OWNED bucket"
         );
-        let t = self
-            .meta(s)
-            .state
-            .unlink(gen)
-            .expect("the remover unlinks once");
+        let st = &self.meta(s).state;
+        let t = if pinned {
+            st.unlink_and_unpin(gen)
+        } else {
+            st.unlink(gen)
+        }
+        .expect("the remover unlinks once");
         self.settle(s, t);
     }
 
@@ -741,7 +744,7 @@ impl DaxCore {
         }
         // Canceled by a forced delete, or the copy failed: the writer
         // removes its own bucket (module doc, "Who removes a bucket").
-        self.unlink_owned(s, gen, e);
+        self.unlink_owned(s, gen, e, false);
         Err(if copied {
             PutError::Canceled
         } else {
@@ -862,10 +865,22 @@ impl DaxCore {
         let Some((s, gen)) = self.pin_readable(key) else {
             return false;
         };
-        // The pin keeps the generation: the lock lands on this incarnation.
-        let hit = !lock || self.meta(s).state.lock(gen).is_ok();
-        self.unpin(s, gen);
-        hit
+        if !lock {
+            self.unpin(s, gen);
+            return true;
+        }
+        // The pin keeps the generation: the lock lands on this incarnation,
+        // and the same CAS drops the pin.
+        match self.meta(s).state.lock_and_unpin(gen) {
+            Ok(t) => {
+                self.settle(s, t);
+                true
+            }
+            Err(_) => {
+                self.unpin(s, gen);
+                false
+            }
+        }
     }
 
     /// True if `key` is committed or its store is in flight (a put of it
@@ -896,9 +911,16 @@ impl DaxCore {
         let Some((e, gen, _)) = self.pin_published(key) else {
             return false;
         };
-        let done = self.meta(e.slot).state.unlock(gen).is_ok();
-        self.unpin(e.slot, gen);
-        done
+        match self.meta(e.slot).state.unlock_and_unpin(gen) {
+            Ok(t) => {
+                self.settle(e.slot, t);
+                true
+            }
+            Err(_) => {
+                self.unpin(e.slot, gen);
+                false
+            }
+        }
     }
 
     /// Lock count of a key (0 if absent).
@@ -1047,21 +1069,25 @@ impl DaxCore {
             return false;
         };
         let s = e.slot;
-        let deleted = match self.meta(s).state.detach(gen, force) {
-            Ok(t) => {
+        match self.meta(s).state.detach(gen, force) {
+            Ok(t) if !t.prev.has(WRITING) => {
                 self.settle(s, t);
-                if !t.prev.has(WRITING) {
-                    // We detached a committed copy: its bucket (validated
-                    // under the pin) is ours to remove. A canceled store's
-                    // writer removes its own.
-                    self.unlink_owned(s, gen, e);
-                }
+                // We detached a committed copy: its bucket (validated under
+                // the pin) is ours to remove; the unlink drops the pin too.
+                self.unlink_owned(s, gen, e, true);
                 true
             }
-            Err(_) => false,
-        };
-        self.unpin(s, gen);
-        deleted
+            Ok(t) => {
+                // Canceled a store in flight: its writer removes its bucket.
+                self.settle(s, t);
+                self.unpin(s, gen);
+                true
+            }
+            Err(_) => {
+                self.unpin(s, gen);
+                false
+            }
+        }
     }
 
     // ----- capacity -----

@@ -345,6 +345,30 @@ impl SlotState {
         })
     }
 
+    /// [`SlotState::lock`] and drop the caller's pin in the same CAS: the
+    /// last step of "pin, validate, act" for a lookup-and-lock.
+    pub fn lock_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if !s.is_readable() {
+                return Err(SlotError::WrongState);
+            }
+            if u64::from(s.lock_count()) == COUNT_MAX {
+                return Err(SlotError::Saturated);
+            }
+            unpinned(State((s.0 + LOCK_ONE) | REFERENCED))
+        })
+    }
+
+    /// [`SlotState::unlock`] and drop the caller's pin in the same CAS.
+    pub fn unlock_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if s.lock_count() == 0 {
+                return Err(SlotError::NotHeld);
+            }
+            unpinned(State(s.0 - LOCK_ONE))
+        })
+    }
+
     /// lock − 1. Works in any state that still carries the count.
     pub fn unlock(&self, gen: Generation) -> Result<Transition, SlotError> {
         self.update(gen, |s| {
@@ -431,6 +455,17 @@ impl SlotState {
         })
     }
 
+    /// [`SlotState::unlink`] and drop the caller's pin in the same CAS
+    /// (frees the slot if nothing else holds it).
+    pub fn unlink_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if s.is_free() || s.has(UNLINKED) {
+                return Err(SlotError::WrongState);
+            }
+            unpinned(State(s.0 | UNLINKED))
+        })
+    }
+
     /// CLOCK: clear REFERENCED; true if it was set.
     pub fn clear_referenced(&self, gen: Generation) -> bool {
         self.update(gen, |s| {
@@ -442,6 +477,14 @@ impl SlotState {
         })
         .is_ok()
     }
+}
+
+/// `s` with the caller's pin (one borrow) dropped.
+fn unpinned(s: State) -> Result<State, SlotError> {
+    if s.borrow_count() == 0 {
+        return Err(SlotError::NotHeld);
+    }
+    Ok(State(s.0 - BORROW_ONE))
 }
 
 /// An atomic free bitmap: bit set = slot taken (or beyond the current
