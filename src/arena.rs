@@ -9,9 +9,16 @@
 //! mapped by another process), so, like `memmap2::MmapRaw` and rust-vmm's
 //! `vm-memory`, the arena never creates `&[u8]` or `&mut [u8]` into it. All
 //! access is a raw-pointer copy ([`ArenaGuard::write`], [`ArenaGuard::read`]).
-//! Exclusive use of a byte range is the slot state machine's job (`slot`); if
-//! it were violated the result would be torn bytes, never a dangling pointer:
-//! the gate guarantees the mapping outlives every [`ArenaGuard`].
+//! The gate guarantees the mapping outlives every [`ArenaGuard`]; it does
+//! not make two copies of one range from two threads safe: those are plain
+//! (and non-temporal) stores and loads, so a write racing another access to
+//! the same bytes is a data race, undefined behaviour in Rust's model, not
+//! merely torn bytes. So the copy methods are `unsafe fn`s whose contract
+//! is exclusive use of the range, and the safe APIs above them get it from
+//! the slot state machine (`slot`): a writer owns its slot while WRITING, a
+//! reader copies out only under a borrow, which keeps writers away. (An
+//! earlier version had these methods safe; review showed safe code racing
+//! two guards under Miri.)
 //!
 //! ## Gate protocol
 //!
@@ -928,7 +935,15 @@ impl Exclusive<'_> {
 }
 
 /// A live use of the mapping. While it exists the mapping is not remapped or
-/// unmapped. Accesses are raw copies (see the module's Safety section).
+/// unmapped. Accesses are raw copies (see the module's Safety section),
+/// `unsafe` because two of them racing on one range would be a data race:
+///
+/// ```compile_fail
+/// # use daxkv::arena::{Arena, ArenaSource, ArenaSpec};
+/// let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 4096)).unwrap();
+/// let g = a.enter().unwrap();
+/// g.write(0, &[1u8; 64]).unwrap(); // E0133: needs `unsafe` and its contract
+/// ```
 pub struct ArenaGuard<'a> {
     arena: &'a Arena,
     base: *mut u8,
@@ -1008,14 +1023,19 @@ impl<'a> ArenaGuard<'a> {
 
     /// Copy `src` into the mapping at `offset` with non-temporal stores,
     /// fenced (`sfence`) before returning.
+    ///
+    /// # Safety
+    /// No other thread reads or writes `offset..offset + src.len()` of this
+    /// mapping while the call runs (the writer of a WRITING slot has that).
     #[inline]
-    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
+    pub unsafe fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, src.len())?;
         // SAFETY:
         // 1. offset + len <= mapping length (checked) and the guard keeps the
         //    mapping alive;
         // 2. `src` is a caller slice, which cannot alias the mapping because
-        //    the arena never hands out references into it.
+        //    the arena never hands out references into it;
+        // 3. nobody else touches the range meanwhile (the caller's contract).
         unsafe { copy::to_dax(self.base.add(offset), src.as_ptr(), src.len()) };
         Ok(())
     }
@@ -1040,11 +1060,16 @@ impl<'a> ArenaGuard<'a> {
     }
 
     /// Copy `dst.len()` bytes out of the mapping at `offset`.
+    ///
+    /// # Safety
+    /// No other thread writes `offset..offset + dst.len()` of this mapping
+    /// while the call runs (a borrowed slot has no writer).
     #[inline]
-    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+    pub unsafe fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         self.check(offset, dst.len())?;
         // SAFETY: bounds checked; `dst` is a unique caller slice outside the
-        // mapping (the arena never hands out references into it).
+        // mapping (the arena never hands out references into it); no writer
+        // of the range meanwhile (the caller's contract).
         unsafe { copy::from_dax(dst.as_mut_ptr(), self.base.add(offset), dst.len()) };
         Ok(())
     }
@@ -1079,31 +1104,29 @@ impl<'a> ArenaGuard<'a> {
     }
 
     /// Plain `memcpy` into the mapping (the benchmark baseline).
-    pub fn write_plain(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
+    ///
+    /// # Safety
+    /// As [`ArenaGuard::write`].
+    pub unsafe fn write_plain(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, src.len())?;
-        // SAFETY: as in `write`.
+        // SAFETY: as in `write` (the caller's contract included).
         unsafe { copy::plain_copy(self.base.add(offset), src.as_ptr(), src.len()) };
-        Ok(())
-    }
-
-    /// Copy `len` bytes between two ranges of this mapping (migration within
-    /// one device, or restore staging).
-    pub fn copy_within(&self, from: usize, to: usize, len: usize) -> Result<(), OutOfBounds> {
-        self.check(from, len)?;
-        self.check(to, len)?;
-        // SAFETY: both ranges are in bounds; `copy` handles overlap.
-        unsafe { std::ptr::copy(self.base.add(from), self.base.add(to), len) };
         Ok(())
     }
 
     /// Touch every page so first-touch faults happen now (benchmarks; real
     /// DAX has none).
-    pub fn prefault(&self) {
+    ///
+    /// # Safety
+    /// No other thread accesses the mapping while the call runs (it reads
+    /// and rewrites one byte of every page).
+    pub unsafe fn prefault(&self) {
         let page = 4096;
         let mut off = 0;
         while off < self.len {
             // SAFETY: off < len, inside the mapping the guard keeps alive;
-            // a volatile read-modify-write of one byte per page keeps its value.
+            // a volatile read-modify-write of one byte per page keeps its
+            // value; nobody else accesses the mapping (the caller's contract).
             unsafe {
                 let p = self.base.add(off);
                 p.write_volatile(p.read_volatile());
@@ -1119,16 +1142,30 @@ mod tests {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
+    /// `ArenaGuard::write` for these tests, where no two threads ever
+    /// touch the same bytes at once.
+    fn w(g: &ArenaGuard<'_>, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
+        // SAFETY: in these tests each range is written by one thread at a
+        // time and not read meanwhile.
+        unsafe { g.write(offset, src) }
+    }
+
+    /// `ArenaGuard::read` for these tests (see `w`).
+    fn r(g: &ArenaGuard<'_>, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+        // SAFETY: as in `w`: no writer of the range meanwhile.
+        unsafe { g.read(offset, dst) }
+    }
+
     #[test]
     #[cfg_attr(miri, ignore = "memfd_create is not supported by Miri")]
     fn memfd_round_trip_and_bounds() {
-        let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16)).unwrap();
+        let a = Arena::open(&ArenaSpec::memfd(1 << 16)).unwrap();
         let g = a.enter().unwrap();
-        g.write(100, b"hello").unwrap();
+        w(&g, 100, b"hello").unwrap();
         let mut out = [0u8; 5];
-        g.read(100, &mut out).unwrap();
+        r(&g, 100, &mut out).unwrap();
         assert_eq!(&out, b"hello");
-        let e = g.write((1 << 16) - 2, b"abc").unwrap_err();
+        let e = w(&g, (1 << 16) - 2, b"abc").unwrap_err();
         assert_eq!(e.mapped, 1 << 16);
         assert!(
             e.to_string().contains("outside the 65536 byte mapping"),
@@ -1143,7 +1180,7 @@ mod tests {
                 .unwrap(),
         );
         let g = a.enter().unwrap();
-        g.write(0, b"keep").unwrap();
+        w(&g, 0, b"keep").unwrap();
         let done = Arc::new(AtomicBool::new(false));
         let (a2, d2) = (a.clone(), done.clone());
         let t = std::thread::spawn(move || {
@@ -1164,7 +1201,7 @@ mod tests {
         let g = a.enter().unwrap();
         assert_eq!(g.len(), 1 << 17);
         let mut out = [0u8; 4];
-        g.read(0, &mut out).unwrap();
+        r(&g, 0, &mut out).unwrap();
         assert_eq!(&out, b"keep", "bytes survive a remap");
     }
 
@@ -1210,7 +1247,7 @@ mod tests {
                 let _on_a = a.enter().unwrap();
                 let g = b.enter().unwrap();
                 let early = !done.load(Ordering::SeqCst);
-                g.write(0, b"x").unwrap();
+                w(&g, 0, b"x").unwrap();
                 (early, g.len())
             });
             std::thread::sleep(Duration::from_millis(50));
@@ -1243,7 +1280,7 @@ mod tests {
         }
         let g2 = g.reenter();
         drop(g);
-        g2.write(0, b"still mapped").unwrap();
+        w(&g2, 0, b"still mapped").unwrap();
         assert_eq!(a.active_guards(), 1);
         drop(g2);
         remap.join().unwrap();
@@ -1292,7 +1329,7 @@ mod tests {
             std::thread::yield_now();
         }
         let inner = a.enter().unwrap();
-        inner.write(10, b"nested").unwrap();
+        w(&inner, 10, b"nested").unwrap();
         assert_eq!(inner.len(), 1 << 16, "still the old mapping, untouched");
         drop(inner);
         drop(outer);

@@ -66,9 +66,15 @@
 //! caller tag), 16 bytes of index buckets plus 2 bytes of probe hints, and one
 //! bitmap bit: about 50 bytes, for the largest slot count the device can
 //! reach ([`DaxCore::dram_bytes_per_slot`]).
-#![forbid(unsafe_code)]
+// Unsafe code here is limited to the copies into and out of the mapping:
+// their safety (no other thread touching the bytes) is what the slot state
+// machine in this module provides, so the obligation is discharged where it
+// is known. Each such block is allowed one by one, with its SAFETY note
+// naming the state that makes the range exclusive (DESIGN lists the unsafe
+// modules; this is the one addition, for that reason).
+#![deny(unsafe_code)]
 
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 
@@ -140,6 +146,10 @@ pub struct Reservation {
     pub len: usize,
     /// The caller's tag given at put (e.g. a dtype / format code).
     pub meta: u32,
+    /// Position in its read set: `ReadSet::read` checks the reservation is
+    /// the set's own (and so borrowed) in O(1). Private, so a reservation
+    /// cannot be made up outside the crate.
+    pub(crate) pos: u32,
 }
 
 /// Reserved reads plus the arena guard that keeps their bytes mapped.
@@ -163,25 +173,64 @@ impl ReadSet<'_> {
         self.items.len()
     }
 
-    /// Copy reservation `r`'s payload into `dst`; `None` (and `dst`
-    /// untouched) when `dst` is shorter than the payload. Bytes of `dst`
-    /// beyond the payload are untouched.
-    pub fn read(&self, r: &Reservation, dst: &mut [u8]) -> Option<usize> {
-        if dst.len() < r.len {
-            return None;
-        }
-        let g = self.guard.as_ref()?;
-        g.read(r.offset, &mut dst[..r.len]).ok()?;
-        Some(r.len)
+    /// Whether `r` is one of this set's own reservations (so its slot is
+    /// borrowed by this set, and has no writer while the set lives).
+    #[inline]
+    pub fn holds(&self, r: &Reservation) -> bool {
+        self.items.get(r.pos as usize) == Some(r)
     }
 
-    /// Copy raw device bytes `offset..offset+dst.len()`: merged spans of
-    /// adjacent reservations (batched restore). The caller built the span
-    /// from this set's reservations; bounds are checked against the mapping.
-    pub(crate) fn read_span(&self, offset: usize, dst: &mut [u8]) -> bool {
-        self.guard
-            .as_ref()
-            .is_some_and(|g| g.read(offset, dst).is_ok())
+    /// Copy reservation `r`'s payload into `dst`; `None` (and `dst`
+    /// untouched) when `dst` is shorter than the payload, or `r` is not
+    /// one of this set's reservations (another set's, whose borrow may be
+    /// gone). Bytes of `dst` beyond the payload are untouched.
+    pub fn read(&self, r: &Reservation, dst: &mut [u8]) -> Option<usize> {
+        if dst.len() < r.len || !self.holds(r) {
+            return None;
+        }
+        self.read_part(r, 0, &mut dst[..r.len]).then_some(r.len)
+    }
+
+    /// Copy `dst.len()` bytes of `r`'s payload from payload offset `at`;
+    /// false (nothing copied) if `r` is not this set's or the range passes
+    /// the payload's end.
+    pub fn read_part(&self, r: &Reservation, at: usize, dst: &mut [u8]) -> bool {
+        let in_payload = at.checked_add(dst.len()).is_some_and(|end| end <= r.len);
+        let Some(g) = self.guard.as_ref() else {
+            return false;
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: `r` is this set's (checked first), so its slot is borrowed
+        // by this set: no writer touches the payload while the set lives;
+        // the range lies inside the payload (checked).
+        let ok = in_payload && self.holds(r) && unsafe { g.read(r.offset + at, dst) }.is_ok();
+        ok
+    }
+
+    /// Copy the payloads of `run`, reservations of this set that lie back
+    /// to back on the device, with one copy into `dst` (batched restore
+    /// merges adjacent full slots). False, and nothing copied, unless every
+    /// one is this set's, each ends where the next begins, and `dst` is as
+    /// long as all of them.
+    pub(crate) fn read_span(&self, run: &[Reservation], dst: &mut [u8]) -> bool {
+        let Some(first) = run.first() else {
+            return dst.is_empty();
+        };
+        let total: usize = run.iter().map(|r| r.len).sum();
+        let contiguous = run
+            .windows(2)
+            .all(|w| w[0].offset + w[0].len == w[1].offset);
+        if total != dst.len() || !contiguous || !run.iter().all(|r| self.holds(r)) {
+            return false;
+        }
+        let Some(g) = self.guard.as_ref() else {
+            return false;
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: the range is exactly the payloads of `run`, all borrowed
+        // by this set (checked): no writer touches them while it lives.
+        let ok = unsafe { g.read(first.offset, dst) }.is_ok();
+        ok
     }
 
     /// The guard over the source device (migration copies from it).
@@ -208,6 +257,8 @@ pub struct SlotWriter<'a> {
     guard: &'a ArenaGuard<'a>,
     offset: usize,
     len: usize,
+    /// Not `Sync`: one thread writes the slot (see `write`).
+    _one_thread: std::marker::PhantomData<std::cell::Cell<()>>,
 }
 
 impl SlotWriter<'_> {
@@ -222,8 +273,14 @@ impl SlotWriter<'_> {
 
     /// Copy `src` to payload offset `at`; false if it would pass the end.
     pub fn write(&self, at: usize, src: &[u8]) -> bool {
-        at.checked_add(src.len()).is_some_and(|end| end <= self.len)
-            && self.guard.write(self.offset + at, src).is_ok()
+        let in_payload = at.checked_add(src.len()).is_some_and(|end| end <= self.len);
+        #[allow(unsafe_code)]
+        // SAFETY: the range lies in this writer's slot (checked), which is
+        // WRITING and owned by this put: no reader can borrow it and no other
+        // writer can reserve it; and `SlotWriter` is not `Sync`, so the
+        // writer callback cannot copy into it from two threads at once.
+        let ok = in_payload && unsafe { self.guard.write(self.offset + at, src) }.is_ok();
+        ok
     }
 }
 
@@ -683,9 +740,7 @@ impl DaxCore {
             .zip(bufs)
             .map(|(&k, b)| {
                 b.len() <= self.slot_bytes
-                    && self
-                        .put_with(k, b.len(), 0, |off| g.write(off, b).is_ok())
-                        .is_ok()
+                    && self.put_with(&g, k, b.len(), 0, |w| w.write(0, b)).is_ok()
             })
             .collect())
     }
@@ -694,10 +749,11 @@ impl DaxCore {
     /// caller holds an arena guard and checked `len <= slot_bytes`.
     fn put_with(
         &self,
+        guard: &ArenaGuard<'_>,
         key: Key,
         len: usize,
         meta: u32,
-        copy: impl FnOnce(usize) -> bool,
+        copy: impl FnOnce(&SlotWriter<'_>) -> bool,
     ) -> Result<PutOutcome, PutError> {
         // Cheap early exit for re-stores, the common case in LMCache.
         if self.index.contains_live(key, self.is_key(key)) {
@@ -708,8 +764,15 @@ impl DaxCore {
         self.live.fetch_add(1, Ordering::Relaxed);
         let m = self.meta(s);
         let gen = m.state.reserve();
+        // ORDERING: Release fence — the index's seqlock reader (`is_entry`:
+        // Relaxed key loads, Acquire fence, bucket re-read) that reads this
+        // new key synchronizes with this fence, so it also sees everything
+        // before our reservation, the old incarnation's bucket tombstone
+        // included, and rejects that bucket (a release RMW alone orders
+        // only what precedes it, not the Relaxed stores after it).
+        fence(Ordering::Release);
         // ORDERING: Relaxed — published by the index insert (SeqCst CAS) and
-        // by the commit (Release).
+        // by the commit (Release); see the fence above for seqlock readers.
         m.key_hi.store(key.hi(), Ordering::Relaxed);
         m.key_lo.store(key.lo(), Ordering::Relaxed);
         m.len_meta
@@ -729,7 +792,13 @@ impl DaxCore {
                 };
             }
         };
-        let copied = !self.fault_copy() && copy(s.0 as usize * self.slot_bytes);
+        let copied = !self.fault_copy()
+            && copy(&SlotWriter {
+                guard,
+                offset: s.0 as usize * self.slot_bytes,
+                len,
+                _one_thread: std::marker::PhantomData,
+            });
         if copied {
             match m.state.commit(gen).expect("only the writer clears WRITING") {
                 Commit::Committed => return Ok(PutOutcome::Stored),
@@ -769,13 +838,7 @@ impl DaxCore {
             });
         }
         let g = self.arena.enter().map_err(|_| PutError::Closed)?;
-        self.put_with(key, len, meta, |offset| {
-            writer(&SlotWriter {
-                guard: &g,
-                offset,
-                len,
-            })
-        })
+        self.put_with(&g, key, len, meta, writer)
     }
 
     /// Store a payload read from another device's reservation (migration;
@@ -787,7 +850,7 @@ impl DaxCore {
         src: &ReadSet<'_>,
         r: &Reservation,
     ) -> PutFromPtrResult {
-        if r.len == 0 || r.len > self.slot_bytes || !src.items.contains(r) {
+        if r.len == 0 || r.len > self.slot_bytes || !src.holds(r) {
             return PutFromPtrResult::Invalid;
         }
         let Some(sg) = src.guard() else {
@@ -807,15 +870,14 @@ impl DaxCore {
         if let Some(present) = self.present_as(key) {
             return present;
         }
-        let res = self.put_with(key, r.len, r.meta, |off| {
+        let res = self.put_with(&g, key, r.len, r.meta, |w| {
             let mut ok = true;
             // Stream through a bounded stack buffer: two mappings, no heap.
             let mut buf = [0u8; 16 * 1024];
             let mut done = 0;
             while done < r.len && ok {
                 let n = (r.len - done).min(buf.len());
-                ok = sg.read(r.offset + done, &mut buf[..n]).is_ok()
-                    && g.write(off + done, &buf[..n]).is_ok();
+                ok = src.read_part(r, done, &mut buf[..n]) && w.write(done, &buf[..n]);
                 done += n;
             }
             ok
@@ -871,15 +933,12 @@ impl DaxCore {
         }
         // The pin keeps the generation: the lock lands on this incarnation,
         // and the same CAS drops the pin.
-        match self.meta(s).state.lock_and_unpin(gen) {
-            Ok(t) => {
-                self.settle(s, t);
-                true
-            }
-            Err(_) => {
-                self.unpin(s, gen);
-                false
-            }
+        if let Ok(t) = self.meta(s).state.lock_and_unpin(gen) {
+            self.settle(s, t);
+            true
+        } else {
+            self.unpin(s, gen);
+            false
         }
     }
 
@@ -911,15 +970,12 @@ impl DaxCore {
         let Some((e, gen, _)) = self.pin_published(key) else {
             return false;
         };
-        match self.meta(e.slot).state.unlock_and_unpin(gen) {
-            Ok(t) => {
-                self.settle(e.slot, t);
-                true
-            }
-            Err(_) => {
-                self.unpin(e.slot, gen);
-                false
-            }
+        if let Ok(t) = self.meta(e.slot).state.unlock_and_unpin(gen) {
+            self.settle(e.slot, t);
+            true
+        } else {
+            self.unpin(e.slot, gen);
+            false
         }
     }
 
@@ -953,6 +1009,7 @@ impl DaxCore {
             match self.borrow_in(k) {
                 Some((s, gen)) => {
                     let (len, meta) = self.len_meta(s);
+                    let pos = set.items.len() as u32;
                     set.items.push(Reservation {
                         index: i,
                         key: k,
@@ -961,6 +1018,7 @@ impl DaxCore {
                         offset: s.0 as usize * self.slot_bytes,
                         len,
                         meta,
+                        pos,
                     });
                 }
                 None if prefix_only => break,
@@ -1349,7 +1407,7 @@ impl Session<'_> {
                 slot_bytes: c.slot_bytes,
             });
         }
-        c.put_with(key, data.len(), meta, |off| self.g.write(off, data).is_ok())
+        c.put_with(&self.g, key, data.len(), meta, |w| w.write(0, data))
     }
 
     /// [`DaxCore::load_into`] under this session's guard. The slot is
@@ -1362,13 +1420,19 @@ impl Session<'_> {
             c.active_reads.fetch_add(1, Ordering::Relaxed);
         }
         let (len, _) = c.len_meta(s);
+        #[allow(unsafe_code)]
+        // SAFETY: `borrow_in` borrowed slot `s` (pinned and readable): no
+        // writer can reserve it until `unpin` below, and readers only read.
         let ok = dst.len() >= len
-            && self
-                .g
-                .read(s.0 as usize * c.slot_bytes, &mut dst[..len])
-                .is_ok();
+            && unsafe { self.g.read(s.0 as usize * c.slot_bytes, &mut dst[..len]) }.is_ok();
         c.unpin(s, gen);
         ok.then_some(len)
+    }
+
+    /// True while a remap of this session's device is pending: it waits
+    /// for this session to end.
+    pub fn remap_pending(&self) -> bool {
+        self.core.remap_pending()
     }
 
     /// [`DaxCore::contains_live`] under this session's guard.

@@ -1000,6 +1000,10 @@ impl Engine {
         // read `closing`; pairs with the SeqCst store of `closing` and the
         // SeqCst loads of `inflight` in `close`.
         inner.inflight[idx(op)].fetch_add(1, Ordering::SeqCst);
+        // Undone unless the task was handed to the workers: on a refusal,
+        // and on a panic inside `record_and_push` too (else `close` would
+        // wait for it forever).
+        let mut undo = UndoInflight(&inner.inflight[idx(op)], true);
         // ORDERING: SeqCst — the read half of the handshake above; pairs
         // with the SeqCst store in `close` / `request_close`.
         let r = if inner.closing.load(Ordering::SeqCst) {
@@ -1007,12 +1011,7 @@ impl Engine {
         } else {
             self.record_and_push(op, keys, srcs, dsts, push)
         };
-        if r.is_err() {
-            // ORDERING: Release — a refused submit touched nothing `close`
-            // must wait for; Release keeps the count a release sequence
-            // for `close`'s loads; pairs with `close`.
-            inner.inflight[idx(op)].fetch_sub(1, Ordering::Release);
-        }
+        undo.1 = r.is_err();
         r
     }
 
@@ -1157,13 +1156,10 @@ impl Engine {
             // batch's records: a refilled record's completion then always
             // finds room (`records` module doc; issue 8, defect 4).
             loop {
-                let n = match pop_released(cq, &mut batch) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        eprintln!("daxkv: store completion ring: {e}");
-                        0
-                    }
-                };
+                let (n, err) = pop_released(cq, &mut batch);
+                if let Some(e) = err {
+                    eprintln!("daxkv: store completion ring: {e}");
+                }
                 for c in &batch[..n] {
                     let r = self.take_done(c.task, Op::Store, |rec| {
                         let ok = rec.ok_count();
@@ -1963,21 +1959,10 @@ impl WorkerCtx {
         let mut i = 0;
         while i < self.sqs.len() {
             // A ring whose producer is gone and which is drained is dropped.
-            // `is_orphaned` reads the ring's `Arc` count, which the
-            // producer's drop decrements (a Release RMW) after its last
-            // `sync` (the Release store of `tail`); `Arc::strong_count`
-            // loads it Relaxed, so without the fence `available` could read
-            // a `tail` older than the producer's last publish and drop
-            // entries it never ran.
-            let orphaned = self.sqs[i].is_orphaned();
-            if orphaned {
-                // ORDERING: Acquire fence — after observing the producer's
-                // Release decrement of the ring's `Arc` count, makes its
-                // final `tail` store visible to `available`; pairs with the
-                // `Arc` drop in `Producer`'s drop (after `Producer::sync`).
-                fence(Ordering::Acquire);
-            }
-            if orphaned && self.sqs[i].available().unwrap_or(0) == 0 {
+            // `is_orphaned` reads the producer's CLOSED flag (Acquire; set
+            // with Release after its last publish) before `tail`, and is
+            // true only with nothing left to pop (see its contract).
+            if self.sqs[i].is_orphaned() {
                 self.sqs.swap_remove(i);
             } else {
                 i += 1;
@@ -2069,41 +2054,7 @@ impl WorkerCtx {
             assert!(!keys.contains(&bad), "injected panic");
         }
         match task.op {
-            Op::Store => {
-                let mut i = 0;
-                let mut rounds = 0;
-                while i < len {
-                    // One arena session per device for the whole part (the
-                    // first few devices; others enter per key), opened
-                    // while this worker holds no claim: waiting here for a
-                    // pending remap is fine (module doc, "Key ownership").
-                    let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
-                        std::array::from_fn(|d| devs.get(d).and_then(|d| d.core.session()));
-                    let mut blocked = None;
-                    while i < len {
-                        let src = task.srcs[start + i].as_slice();
-                        match store_one(inner, &devs, &sessions, keys[i], src) {
-                            Stored::Yes => task.set(start + i),
-                            Stored::No => {}
-                            Stored::WouldWait(dev) => {
-                                blocked = Some(dev);
-                                break;
-                            }
-                        }
-                        i += 1;
-                    }
-                    drop(sessions);
-                    if let Some(dev) = blocked {
-                        rounds += 1;
-                        if rounds > STORE_ROUNDS_MAX {
-                            break; // the rest of the part fails
-                        }
-                        // Claim-free now: wait for the device's remap here
-                        // (entering waits for it), then retry the key.
-                        drop(dev.core.session());
-                    }
-                }
-            }
+            Op::Store => store_part(inner, &devs, task, start, len),
             Op::Lookup => {
                 // One batched call per readable device over the keys still
                 // missing (upstream's grouping, reference §3.6 step 3).
@@ -2145,13 +2096,24 @@ impl WorkerCtx {
                 // Device by device, one arena session each, over the keys
                 // not found yet (the result bits say which).
                 for d in devs.iter().filter(|d| d.state().is_readable()) {
-                    let Some(sess) = d.core.session() else {
+                    let Some(mut sess) = d.core.session() else {
                         continue;
                     };
                     let mut missing = false;
                     for (i, k) in keys.iter().enumerate() {
                         if task.is_set(start + i) {
                             continue;
+                        }
+                        if d.core.remap_pending() && i > 0 {
+                            // Let a pending remap in instead of holding it
+                            // off for the rest of a long part: re-entering
+                            // waits for it (review finding).
+                            drop(sess);
+                            let Some(again) = d.core.session() else {
+                                missing = true;
+                                break;
+                            };
+                            sess = again;
                         }
                         if sess.load_into(*k, dsts.get_mut(i)).is_some() {
                             task.set(start + i);
@@ -2223,7 +2185,14 @@ impl WorkerCtx {
                 match self.cq.push(e) {
                     Ok(()) => break,
                     Err(PushError::Full(back)) => {
-                        debug_assert!(false, "store completion ring full (records invariant)");
+                        // Not a panic (it would kill this worker and leave
+                        // the task in flight forever): say it once, wait
+                        // for the collector.
+                        if spins == 0 {
+                            eprintln!(
+                                "daxkv: bug: store completion ring full (records invariant); waiting for the collector"
+                            );
+                        }
                         e = back;
                         self.cq.sync();
                         spin_pause(&mut spins);
@@ -2261,6 +2230,85 @@ impl WorkerCtx {
 
 /// Devices a task part opens an arena session on up front.
 const SESSION_DEVICES: usize = 4;
+
+/// Run a store part: its keys one by one under one arena session per
+/// device (the first few), each stored under its key's claim; a pending
+/// remap is let in between keys (sessions dropped, the remap waited for
+/// claim-free, sessions reopened).
+fn store_part(
+    inner: &Inner,
+    devs: &Arc<Vec<Arc<Device>>>,
+    task: &TaskRec,
+    start: usize,
+    len: usize,
+) {
+    let keys = &task.keys[start..start + len];
+    let mut i = 0;
+    let mut rounds = 0;
+    while i < len {
+        // One arena session per device for the whole part (the
+        // first few devices; others enter per key), opened
+        // while this worker holds no claim: waiting here for a
+        // pending remap is fine (module doc, "Key ownership").
+        let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
+            std::array::from_fn(|d| devs.get(d).and_then(|d| d.core.session()));
+        let mut blocked = None;
+        let round_start = i;
+        while i < len {
+            // A remap pending on a device this part holds a
+            // session on waits for the part: let it in between
+            // keys instead (drop the sessions, wait, reopen),
+            // after at least one key per round so a remapper
+            // that never pauses cannot starve the part either.
+            if i > round_start {
+                if let Some(d) = sessions
+                    .iter()
+                    .position(|s| s.as_ref().is_some_and(Session::remap_pending))
+                {
+                    blocked = Some((devs[d].clone(), false));
+                    break;
+                }
+            }
+            let src = task.srcs[start + i].as_slice();
+            match store_one(inner, devs, &sessions, keys[i], src) {
+                Stored::Yes => task.set(start + i),
+                Stored::No => {}
+                Stored::WouldWait(dev) => {
+                    blocked = Some((dev, true));
+                    break;
+                }
+            }
+            i += 1;
+        }
+        drop(sessions);
+        if let Some((dev, no_progress)) = blocked {
+            // Only rounds that stored nothing count towards the
+            // bound (a key that keeps meeting remaps fails).
+            rounds += usize::from(no_progress);
+            if rounds > STORE_ROUNDS_MAX {
+                break; // the rest of the part fails
+            }
+            // Claim-free now: wait for the device's remap here
+            // (entering waits for it), then go on.
+            drop(dev.core.session());
+        }
+    }
+}
+
+/// Takes back a submit's `inflight` count when dropped armed (see
+/// `enqueue_with`).
+struct UndoInflight<'a>(&'a AtomicUsize, bool);
+
+impl Drop for UndoInflight<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            // ORDERING: Release — a refused (or panicked) submit touched
+            // nothing `close` must wait for; Release keeps the count a
+            // release sequence for `close`'s loads; pairs with `close`.
+            self.0.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
 
 /// Rounds of "a device was being remapped: drop the sessions, wait for
 /// it, retry" one store part may take before its remaining keys fail.

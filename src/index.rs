@@ -174,9 +174,11 @@ impl Index {
             return false;
         }
         // ORDERING: Acquire fence — the key loads inside `is_key` are
-        // Relaxed; the fence keeps them before the bucket re-read (the
-        // seqlock reader's fence), so a key written by a later incarnation
-        // implies the re-read sees the bucket change that preceded it.
+        // Relaxed; this fence pairs with the Release fence the core's writer
+        // issues after reserving a slot and before storing its key
+        // (`DaxCore::put_with`): reading a later incarnation's key then
+        // makes the tombstoning of this bucket (which happened before that
+        // slot was freed) visible to the re-read below.
         fence(Ordering::Acquire);
         // ORDERING: `order` (Acquire, or SeqCst in the insert handshake) —
         // the re-read half of the seqlock above.

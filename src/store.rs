@@ -439,7 +439,7 @@ impl DaxStore {
             let run = |(region, slice, dsts): RegionJob<'_, '_>| -> Vec<(usize, usize)> {
                 for sp in &region.spans {
                     if !set.read_span(
-                        sp.device_offset,
+                        &region.items[sp.first..sp.first + sp.count],
                         &mut slice[sp.slab_offset..sp.slab_offset + sp.len],
                     ) {
                         return Vec::new();
@@ -559,6 +559,9 @@ struct Span {
     device_offset: usize,
     slab_offset: usize,
     len: usize,
+    /// The region's items this span is made of: `items[first..first + count]`.
+    first: usize,
+    count: usize,
 }
 
 /// One slab region: its spans and the reservations they cover.
@@ -595,11 +598,14 @@ fn plan_regions(items: &[Reservation], region_bytes: usize) -> Vec<Region> {
         match g.spans.last_mut() {
             Some(sp) if sp.device_offset + sp.len == r.offset && sp.slab_offset + sp.len == at => {
                 sp.len += r.len;
+                sp.count += 1;
             }
             _ => g.spans.push(Span {
                 device_offset: r.offset,
                 slab_offset: at,
                 len: r.len,
+                first: g.items.len(),
+                count: 1,
             }),
         }
         g.items.push(*r);
@@ -623,6 +629,7 @@ mod tests {
             offset: slot as usize * slot_bytes,
             len,
             meta: 0,
+            pos: 0,
         }
     }
 
@@ -644,7 +651,9 @@ mod tests {
             vec![Span {
                 device_offset: 0,
                 slab_offset: 0,
-                len: 200
+                len: 200,
+                first: 0,
+                count: 2,
             }],
             "adjacent full slots merge"
         );
@@ -654,12 +663,16 @@ mod tests {
                 Span {
                     device_offset: 200,
                     slab_offset: 0,
-                    len: 140
+                    len: 140,
+                    first: 0,
+                    count: 2,
                 },
                 Span {
                     device_offset: 500,
                     slab_offset: 140,
-                    len: 100
+                    len: 100,
+                    first: 2,
+                    count: 1,
                 },
             ],
             "a full slot then a partial one merge; a device gap starts a new span"

@@ -423,3 +423,53 @@ fn a_key_is_stored_on_exactly_one_device() {
     }
     assert_eq!(twice, 0, "{twice} keys stored on two devices");
 }
+
+// ----- a long part lets a remap in between keys (review finding) -----
+
+/// A store or load part held its arena sessions for its whole length, so a
+/// remap of the device waited for the part (and gave up with `Busy` after
+/// the drain timeout for a part longer than that). Now a part lets a
+/// pending remap in between keys: the remap here returns while the one
+/// long task is still running. Checked once with the between-keys check
+/// removed: the remap returned only after the task completed.
+#[test]
+fn a_long_part_lets_a_remap_in_between_keys() {
+    const N: usize = 12_000;
+    let spec = DeviceSpec {
+        path: "memfd".into(),
+        core: CoreConfig::new(
+            ArenaSpec::memfd(N * SLOT).max_size_bytes(2 * N * SLOT),
+            SLOT,
+        ),
+    };
+    let opts = EngineOptions {
+        num_store_workers: 1,
+        num_load_workers: 1,
+        ..EngineOptions::default()
+    };
+    let e = Engine::open(vec![spec], SLOT, false, opts).unwrap();
+    let dev = e.devices()[0].clone();
+    let keys: Vec<Key> = (0..N as u32).map(|i| k(90_000 + i)).collect();
+    let bufs = keys.iter().map(|_| Buf::from(vec![9u8; SLOT])).collect();
+    let id = e.submit_store(keys.clone(), bufs).unwrap();
+    // Wait until the part is under way, then remap.
+    while !dev.core.exists(keys[0], false) {
+        std::thread::yield_now();
+    }
+    dev.core.remap(2 * N * SLOT).unwrap();
+    let during = e.pop_completed_stores();
+    assert!(
+        during.iter().all(|(i, _)| *i != id),
+        "the remap waited for the whole store part"
+    );
+    let done = e.wait_stores(T);
+    assert!(done.iter().any(|(i, r)| *i == id && r.success));
+    // A long load part with a remap racing it: every key still loads
+    // (the part re-enters the device between keys when the remap waits).
+    let dsts: Vec<Vec<u8>> = keys.iter().map(|_| vec![0u8; SLOT]).collect();
+    let id = e.submit_load(keys.clone(), dsts).unwrap();
+    dev.core.remap(2 * N * SLOT).unwrap();
+    let r = e.wait_load(id, T).expect("load completes");
+    assert_eq!(r.bitmap.count_ones(), N, "every key loads across the remap");
+    assert!(r.bufs.iter().all(|b| b.iter().all(|&x| x == 9)));
+}

@@ -150,8 +150,10 @@ impl RecordSet {
 /// Pop up to `out.len()` completions into `out` and hand their ring space
 /// back to the producer before returning, so a caller that then frees the
 /// popped tasks' records can never let a refilled record's completion meet
-/// a full ring (module doc). Returns how many were popped.
-pub fn pop_released(cq: &mut Consumer<Cqe>, out: &mut [Cqe]) -> Result<usize, RingError> {
+/// a full ring (module doc). Returns how many were popped (in `out`), and
+/// the ring error that stopped it, if any: entries popped before an error
+/// are still handed back, never dropped.
+pub fn pop_released(cq: &mut Consumer<Cqe>, out: &mut [Cqe]) -> (usize, Option<RingError>) {
     let mut n = 0;
     let r = loop {
         if n == out.len() {
@@ -166,9 +168,10 @@ pub fn pop_released(cq: &mut Consumer<Cqe>, out: &mut [Cqe]) -> Result<usize, Ri
             Err(e) => break Err(e),
         }
     };
-    // The popped entries are copied out: release their slots now.
+    // The popped entries are copied out: release their slots now. The
+    // ones popped before an error are handed back with it, never dropped.
     cq.sync();
-    r.map(|()| n)
+    (n, r.err())
 }
 
 #[cfg(all(test, not(daxkv_loom)))]
