@@ -23,8 +23,11 @@
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`] | the standard `daxkv bench` workload |
 //!
-//! Unsafe code lives only in `arena`, `copy`, `ring`, `cell`, `buf`, `notify` and `sys`;
-//! every other module is
+//! Unsafe code lives in `arena`, `copy`, `ring`, `cell`, `buf`, `notify` and
+//! `sys`; `core` and `bench` are `#![deny(unsafe_code)]` with single blocks
+//! allowed where they copy into or out of the mapping (the arena's copies
+//! are `unsafe fn`s whose contract, exclusive use of the range, only the
+//! slot protocol in `core` can vouch for); every other module is
 //! `#![forbid(unsafe_code)]`.
 
 pub mod arena;
