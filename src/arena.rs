@@ -1150,6 +1150,27 @@ mod tests {
         unsafe { g.write(offset, src) }
     }
 
+    /// Start a remap of `b` to `len` on another thread and return once it
+    /// is pending (waiting for the guards alive now); the flag turns true
+    /// when it has remapped.
+    fn pending_remap(b: &Arc<Arena>, len: usize) -> (std::thread::JoinHandle<()>, Arc<AtomicBool>) {
+        let done = Arc::new(AtomicBool::new(false));
+        let remap = {
+            let (b, done) = (b.clone(), done.clone());
+            std::thread::spawn(move || {
+                b.exclusive(|ex| {
+                    ex.remap(len).unwrap();
+                    done.store(true, Ordering::SeqCst);
+                })
+                .unwrap();
+            })
+        };
+        while !b.is_exclusive_pending() {
+            std::thread::yield_now();
+        }
+        (remap, done)
+    }
+
     /// `ArenaGuard::read` for these tests (see `w`).
     fn r(g: &ArenaGuard<'_>, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         // SAFETY: as in `w`: no writer of the range meanwhile.
@@ -1228,20 +1249,7 @@ mod tests {
                 .unwrap(),
         );
         let holder = b.enter().unwrap(); // keeps B's remap waiting
-        let done = Arc::new(AtomicBool::new(false));
-        let remap = {
-            let (b, done) = (b.clone(), done.clone());
-            std::thread::spawn(move || {
-                b.exclusive(|ex| {
-                    ex.remap(1 << 17).unwrap();
-                    done.store(true, Ordering::SeqCst);
-                })
-                .unwrap();
-            })
-        };
-        while !b.is_exclusive_pending() {
-            std::thread::yield_now();
-        }
+        let (remap, done) = pending_remap(&b, 1 << 17);
         let entered_during_exclusive = std::thread::scope(|s| {
             let t = s.spawn(|| {
                 let _on_a = a.enter().unwrap();
@@ -1354,20 +1362,7 @@ mod tests {
         assert_ne!(b.id, old_id);
         assert_eq!(held_on(b.id), 0);
         let holder = b.enter().unwrap();
-        let done = Arc::new(AtomicBool::new(false));
-        let remap = {
-            let (b, done) = (b.clone(), done.clone());
-            std::thread::spawn(move || {
-                b.exclusive(|ex| {
-                    ex.remap(1 << 17).unwrap();
-                    done.store(true, Ordering::SeqCst);
-                })
-                .unwrap();
-            })
-        };
-        while !b.is_exclusive_pending() {
-            std::thread::yield_now();
-        }
+        let (remap, done) = pending_remap(&b, 1 << 17);
         let early = std::thread::scope(|s| {
             let t = s.spawn(|| {
                 let g = b.enter().unwrap();

@@ -334,49 +334,23 @@ impl SlotState {
 
     /// Lookup-and-lock: lock + 1 on a readable slot; sets REFERENCED.
     pub fn lock(&self, gen: Generation) -> Result<Transition, SlotError> {
-        self.update(gen, |s| {
-            if !s.is_readable() {
-                return Err(SlotError::WrongState);
-            }
-            if u64::from(s.lock_count()) == COUNT_MAX {
-                return Err(SlotError::Saturated);
-            }
-            Ok(State((s.0 + LOCK_ONE) | REFERENCED))
-        })
+        self.update(gen, locked)
     }
 
     /// [`SlotState::lock`] and drop the caller's pin in the same CAS: the
     /// last step of "pin, validate, act" for a lookup-and-lock.
     pub fn lock_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
-        self.update(gen, |s| {
-            if !s.is_readable() {
-                return Err(SlotError::WrongState);
-            }
-            if u64::from(s.lock_count()) == COUNT_MAX {
-                return Err(SlotError::Saturated);
-            }
-            unpinned(State((s.0 + LOCK_ONE) | REFERENCED))
-        })
+        self.update(gen, |s| locked(s).and_then(unpinned))
     }
 
     /// [`SlotState::unlock`] and drop the caller's pin in the same CAS.
     pub fn unlock_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
-        self.update(gen, |s| {
-            if s.lock_count() == 0 {
-                return Err(SlotError::NotHeld);
-            }
-            unpinned(State(s.0 - LOCK_ONE))
-        })
+        self.update(gen, |s| unlocked(s).and_then(unpinned))
     }
 
     /// lock − 1. Works in any state that still carries the count.
     pub fn unlock(&self, gen: Generation) -> Result<Transition, SlotError> {
-        self.update(gen, |s| {
-            if s.lock_count() == 0 {
-                return Err(SlotError::NotHeld);
-            }
-            Ok(State(s.0 - LOCK_ONE))
-        })
+        self.update(gen, unlocked)
     }
 
     /// A read starts: borrow + 1 on a readable slot; sets REFERENCED.
@@ -447,23 +421,13 @@ impl SlotState {
 
     /// The slot's index bucket is gone: set UNLINKED, freeing it if idle.
     pub fn unlink(&self, gen: Generation) -> Result<Transition, SlotError> {
-        self.update(gen, |s| {
-            if s.is_free() || s.has(UNLINKED) {
-                return Err(SlotError::WrongState);
-            }
-            Ok(State(s.0 | UNLINKED))
-        })
+        self.update(gen, unlinked)
     }
 
     /// [`SlotState::unlink`] and drop the caller's pin in the same CAS
     /// (frees the slot if nothing else holds it).
     pub fn unlink_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
-        self.update(gen, |s| {
-            if s.is_free() || s.has(UNLINKED) {
-                return Err(SlotError::WrongState);
-            }
-            unpinned(State(s.0 | UNLINKED))
-        })
+        self.update(gen, |s| unlinked(s).and_then(unpinned))
     }
 
     /// CLOCK: clear REFERENCED; true if it was set.
@@ -477,6 +441,33 @@ impl SlotState {
         })
         .is_ok()
     }
+}
+
+/// `s` with one more lookup lock (readable slots only; sets REFERENCED).
+fn locked(s: State) -> Result<State, SlotError> {
+    if !s.is_readable() {
+        return Err(SlotError::WrongState);
+    }
+    if u64::from(s.lock_count()) == COUNT_MAX {
+        return Err(SlotError::Saturated);
+    }
+    Ok(State((s.0 + LOCK_ONE) | REFERENCED))
+}
+
+/// `s` with one lookup lock fewer.
+fn unlocked(s: State) -> Result<State, SlotError> {
+    if s.lock_count() == 0 {
+        return Err(SlotError::NotHeld);
+    }
+    Ok(State(s.0 - LOCK_ONE))
+}
+
+/// `s` marked UNLINKED (its bucket is gone).
+fn unlinked(s: State) -> Result<State, SlotError> {
+    if s.is_free() || s.has(UNLINKED) {
+        return Err(SlotError::WrongState);
+    }
+    Ok(State(s.0 | UNLINKED))
 }
 
 /// `s` with the caller's pin (one borrow) dropped.
