@@ -129,6 +129,10 @@ pub enum PutFromPtrResult {
     Closed,
     Invalid,
     CopyFailed,
+    /// A forced delete of the key on this device canceled the copy while it
+    /// ran (daxkv's addition: the reference folds this into `CopyFailed`,
+    /// which would make a migration treat a racing delete as an I/O error).
+    Canceled,
 }
 
 /// One reserved read: the slot stays readable (borrowed) until its
@@ -889,6 +893,7 @@ impl DaxCore {
                 .unwrap_or(PutFromPtrResult::AlreadyExists),
             Err(PutError::Full | PutError::IndexFull) => PutFromPtrResult::NoSpace,
             Err(PutError::Closed) => PutFromPtrResult::Closed,
+            Err(PutError::Canceled) => PutFromPtrResult::Canceled,
             Err(_) => PutFromPtrResult::CopyFailed,
         }
     }

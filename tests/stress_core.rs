@@ -490,7 +490,9 @@ fn mix_worker(cores: [&DaxCore; 2], mut rng: Rng, deadline: Instant, stats: &Sta
                         PutFromPtrResult::Inserted => stats.bump("migrated"),
                         PutFromPtrResult::AlreadyExists
                         | PutFromPtrResult::InFlight
-                        | PutFromPtrResult::NoSpace => {}
+                        | PutFromPtrResult::NoSpace
+                        // A forced delete on `other` canceled the copy.
+                        | PutFromPtrResult::Canceled => {}
                         bad => panic!("migration of key {}: {bad:?}", ids[r.index]),
                     }
                 }
