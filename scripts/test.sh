@@ -8,13 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n=== %s\n' "$*"; }
+step() { printf '\n=== %s (at %ds)\n' "$*" "$SECONDS"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo doc -D warnings"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
 step "unit, integration and model tests"
 BOLERO_RANDOM_TEST_TIME_MS="${BOLERO_RANDOM_TEST_TIME_MS:-15000}" cargo test --workspace

@@ -21,7 +21,7 @@
 //! | [`config`] | LMCache's `dax` adapter JSON, validated with errors that name the field |
 //! | [`engine`] | [`engine::Engine`]: worker pools, task table, device pool |
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
-//! | [`bench`] | the standard `daxkv bench` workload |
+//! | [`bench`](mod@bench) | the standard `daxkv bench` workload |
 //!
 //! Unsafe code lives in `arena`, `copy`, `ring`, `cell`, `buf`, `notify` and
 //! `sys`; `core` and `bench` are `#![deny(unsafe_code)]` with single blocks
