@@ -33,7 +33,7 @@
 //! ```
 //!
 //! New guards wait while a remap is pending, so a stream of readers cannot
-//! starve it (upstream's remap could starve, see `docs/` "hotplug").
+//! starve it (upstream LMCache's remap could be starved by readers).
 //!
 //! ### Nested guards: only on the same arena
 //!
@@ -649,33 +649,10 @@ impl Arena {
     /// or closed.
     pub fn enter(&self) -> Result<ArenaGuard<'_>, Closed> {
         loop {
-            let nested = held_on(self.id) > 0;
-            // ORDERING: Acquire — pairs with the Release `fetch_and` in
-            // `exclusive` (through the RMW release sequence on the gate), so
-            // a guard admitted after a remap sees the new `mapped`; and the
-            // increment is in the gate's modification order before or after
-            // `exclusive`'s `fetch_or`: before → that section waits for us;
-            // after → we see EXCLUSIVE and back out.
-            let prev = self.gate.fetch_add(1, Ordering::Acquire);
-            if prev & CLOSED == 0 && (prev & EXCLUSIVE == 0 || nested) {
-                // SAFETY: our increment was admitted: either no EXCLUSIVE /
-                // CLOSED was set before it, or this thread holds an
-                // undropped guard on this very arena (the id is unique), whose
-                // increment keeps the count above zero so the pending
-                // section is still waiting. Either way no exclusive section
-                // or close mutates `mapped` until this guard drops (see
-                // `unsafe impl Sync`).
-                let m = unsafe { &*self.mapped.get() };
-                return Ok(ArenaGuard {
-                    arena: self,
-                    base: m.base,
-                    len: m.len,
-                    recorded: note_enter(self.id),
-                });
-            }
-            self.leave();
-            if prev & CLOSED != 0 {
-                return Err(Closed);
+            match self.try_enter() {
+                Ok(g) => return Ok(g),
+                Err(TryEnterError::Closed) => return Err(Closed),
+                Err(TryEnterError::Busy) => {}
             }
             let mut g = self
                 .waiters
@@ -698,10 +675,20 @@ impl Arena {
     /// engine's "Key ownership" doc).
     pub fn try_enter(&self) -> Result<ArenaGuard<'_>, TryEnterError> {
         let nested = held_on(self.id) > 0;
-        // ORDERING: Acquire — as in `enter`.
+        // ORDERING: Acquire — pairs with the Release `fetch_and` in
+        // `exclusive` (through the RMW release sequence on the gate), so a
+        // guard admitted after a remap sees the new `mapped`; and the
+        // increment is in the gate's modification order before or after
+        // `exclusive`'s `fetch_or`: before → that section waits for us;
+        // after → we see EXCLUSIVE and back out.
         let prev = self.gate.fetch_add(1, Ordering::Acquire);
         if prev & CLOSED == 0 && (prev & EXCLUSIVE == 0 || nested) {
-            // SAFETY: admitted exactly as in `enter` (same argument).
+            // SAFETY: our increment was admitted: either no EXCLUSIVE /
+            // CLOSED was set before it, or this thread holds an undropped
+            // guard on this very arena (the id is unique), whose increment
+            // keeps the count above zero so the pending section is still
+            // waiting. Either way no exclusive section or close mutates
+            // `mapped` until this guard drops (see `unsafe impl Sync`).
             let m = unsafe { &*self.mapped.get() };
             return Ok(ArenaGuard {
                 arena: self,
