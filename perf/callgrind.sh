@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 n="${1:-4096}"; size="${2:-4096}"
 cargo build --release --quiet --example per_object
 out="${TMPDIR:-/tmp}/daxkv-callgrind.out"
-valgrind --tool=callgrind --callgrind-out-file="$out" ./target/release/examples/per_object "$n" "$size" >/dev/null 2>&1
+valgrind --tool=callgrind --callgrind-out-file="$out" "${CARGO_TARGET_DIR:-target}"/release/examples/per_object "$n" "$size" >/dev/null 2>&1
 objects=$((n * 4))
 echo "per-object instruction counts ($objects objects: put, lookup+lock, load, unlock, delete):"
 callgrind_annotate "$out" 2>/dev/null \

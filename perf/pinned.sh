@@ -20,7 +20,7 @@ if [ "$node" -ge 0 ]; then
 fi
 echo "device $dev: node $node; running on CPU node $best (distance $bestd)"
 cargo build --release --quiet
-cmd=(numactl --cpunodebind="$best" --membind="$best" ./target/release/daxkv bench --path "$dev" "$@")
+cmd=(numactl --cpunodebind="$best" --membind="$best" "${CARGO_TARGET_DIR:-target}"/release/daxkv bench --path "$dev" "$@")
 if perf stat -e instructions true >/dev/null 2>&1; then
   perf stat -e cycles,instructions,cache-misses "${cmd[@]}"
 else

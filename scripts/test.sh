@@ -4,9 +4,12 @@
 # a small `daxkv bench` run. Exits non-zero on any failure.
 #
 # Knobs: BOLERO_RANDOM_TEST_TIME_MS (model test time per target, default
-# 15000); DAXKV_SKIP_LOOM=1 to skip the loom build.
+# 15000); DAXKV_SKIP_LOOM=1 to skip the loom build; CARGO_TARGET_DIR is
+# honoured (the loom build goes to its `loom/` subfolder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Build outputs go wherever CARGO_TARGET_DIR says (default: ./target).
+out="${CARGO_TARGET_DIR:-target}"
 
 step() { printf '\n=== %s (at %ds)\n' "$*" "$SECONDS"; }
 
@@ -23,17 +26,20 @@ step "unit, integration and model tests"
 BOLERO_RANDOM_TEST_TIME_MS="${BOLERO_RANDOM_TEST_TIME_MS:-15000}" cargo test --workspace
 
 step "criterion benches, one pass each"
-cargo test --benches
+# `--bench '*'` selects the bench targets only (`--benches` would rerun the
+# library's unit tests too).
+cargo test --bench '*'
 
 if [ "${DAXKV_SKIP_LOOM:-0}" != 1 ]; then
   step "loom (slot word + bitmap, core index/slot protocols, ring, task-table mailbox, record set + completion ring, key claims)"
-  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release \
+  RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR="$out/loom" cargo test --release \
     --test loom_slot --test loom_core --test loom_ring --test loom_cell \
     --test loom_task_table --test loom_claims
 fi
 
 step "daxkv bench (small)"
-cargo run --release --quiet -- bench --sizes 4K,256K --total-bytes 8MiB --max-objects 256 --json target/bench-smoke.json
+mkdir -p "$out"
+cargo run --release --quiet -- bench --sizes 4K,256K --total-bytes 8MiB --max-objects 256 --json "$out/bench-smoke.json"
 
 echo
 echo "all tests passed"
