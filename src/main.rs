@@ -110,8 +110,21 @@ fn progress_printer(tty: bool) -> impl FnMut(daxkv::bench::Progress<'_>) {
     }
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
+/// A user error is one clear line on stderr and exit status 1, whatever
+/// `RUST_BACKTRACE` says (returning `anyhow::Result` from `main` would print
+/// the error's debug form, with a backtrace when that variable is set).
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("daxkv: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
         Cmd::Bench {
             sizes,
             total_bytes,

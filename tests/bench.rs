@@ -101,3 +101,31 @@ fn bench_refuses_a_zero_size() {
         .to_string()
         .contains("object size must be > 0"));
 }
+
+/// A user error is one clear line and a non-zero exit, also with
+/// `RUST_BACKTRACE=1` (it used to print anyhow's debug form with a
+/// backtrace).
+#[test]
+fn a_user_error_is_one_line_even_with_backtraces_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small.bin");
+    std::fs::write(&small, vec![0u8; 1000]).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_daxkv"))
+        .args(["bench", "--sizes", "4K", "--total-bytes", "1MiB", "--path"])
+        .arg(&small)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("daxkv: ")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains("small.bin") && errors[0].contains("1000 bytes"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("backtrace") && !err.contains("Caused by"),
+        "{err}"
+    );
+}
