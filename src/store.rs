@@ -350,7 +350,7 @@ impl DaxStore {
     }
 
     /// Load many: per key `Some(len)` or `None` (a hole: miss or short
-    /// buffer). Empty after close.
+    /// buffer). `StoreError::Closed` after close (batched reads too).
     pub fn batched_get(
         &self,
         keys: &[Key],
@@ -358,7 +358,9 @@ impl DaxStore {
     ) -> Result<Vec<Option<usize>>, StoreError> {
         check_lengths("batched_get", keys, bufs)?;
         if self.is_closing() {
-            return Ok(Vec::new());
+            // An error, not an empty vector that a caller indexing by
+            // position would panic on (issue 9).
+            return Err(StoreError::Closed);
         }
         let mut out = vec![None; keys.len()];
         let set = self.core.reserve_reads(keys, false);
@@ -377,7 +379,7 @@ impl DaxStore {
     ) -> Result<usize, StoreError> {
         check_lengths("batched_get_prefix", keys, bufs)?;
         if self.is_closing() {
-            return Ok(0);
+            return Err(StoreError::Closed);
         }
         let set = self.core.reserve_reads(keys, true);
         let mut n = 0;
@@ -402,7 +404,9 @@ impl DaxStore {
     ) -> Result<Vec<Option<usize>>, StoreError> {
         check_lengths("batched_restore", keys, bufs)?;
         if self.is_closing() {
-            return Ok(Vec::new());
+            // An error, not an empty vector that a caller indexing by
+            // position would panic on (issue 9).
+            return Err(StoreError::Closed);
         }
         let mut out = vec![None; keys.len()];
         let set = self.core.reserve_reads(keys, false);

@@ -280,6 +280,21 @@ fn async_put_completes_through_the_callback_and_close_waits_for_it() {
         None,
         "gets after close are misses"
     );
+    // Batched reads after close are an error (a caller indexes their
+    // result by position; an empty vector would make it panic).
+    let mut b = [0u8; 500];
+    assert!(matches!(
+        s.batched_get(&[k(1)], &mut [&mut b[..]]),
+        Err(StoreError::Closed)
+    ));
+    assert!(matches!(
+        s.batched_get_prefix(&[k(1)], &mut [&mut b[..]]),
+        Err(StoreError::Closed)
+    ));
+    assert!(matches!(
+        s.batched_restore(&[k(1)], &mut [&mut b[..]]),
+        Err(StoreError::Closed)
+    ));
     s.close();
 }
 
