@@ -1472,6 +1472,22 @@ mod tests {
         Key::from_parts(fp << 32, fp)
     }
 
+    /// Arm the stall: once an operation has loaded slot 0's state word
+    /// (K1's, as `seen`), K1 is deleted and slot 0 is reused by K2 with its
+    /// generation forced back to `seen`'s (a 24-bit wrap), so the word the
+    /// stalled thread holds is current again, for another key.
+    fn wrap_slot0_onto(c: &DaxCore, k1: Key, k2: Key, len: usize) {
+        let seen = c.meta(SlotId(0)).state.load();
+        c.inject_stall(StallPoint::AfterLoad, move |c| {
+            assert!(c.delete(k1, false));
+            c.meta(SlotId(0))
+                .state
+                .set_next_generation(seen.generation());
+            assert_eq!(c.put(k2, &vec![2; len], 0), Ok(PutOutcome::Stored));
+            assert_eq!(c.meta(SlotId(0)).state.load(), seen, "the word came back");
+        });
+    }
+
     /// Issue 8, defect 9: a reader that loaded K1's state word, stalled, and
     /// came back after K1 was deleted and slot 0 went through a wrapped
     /// generation holding K2 (an identical state word), must not read K2's
@@ -1482,15 +1498,7 @@ mod tests {
         let c = core(2);
         let (k1, k2) = (Key::digest(b"k1"), Key::digest(b"k2"));
         c.put(k1, &[1; 4096], 0).unwrap();
-        let seen = c.meta(SlotId(0)).state.load();
-        c.inject_stall(StallPoint::AfterLoad, move |c| {
-            assert!(c.delete(k1, false));
-            c.meta(SlotId(0))
-                .state
-                .set_next_generation(seen.generation());
-            assert_eq!(c.put(k2, &[2; 4096], 0), Ok(PutOutcome::Stored));
-            assert_eq!(c.meta(SlotId(0)).state.load(), seen, "the word came back");
-        });
+        wrap_slot0_onto(&c, k1, k2, 4096);
         let mut out = vec![0u8; 4096];
         assert_eq!(c.load_into(k1, &mut out), None, "K1 is gone");
         assert_eq!(c.load_into(k2, &mut out), Some(4096));
@@ -1508,14 +1516,7 @@ mod tests {
         let c = core(2);
         let (k1, k2) = (Key::digest(b"k1"), Key::digest(b"k2"));
         c.put(k1, &[1; 100], 0).unwrap();
-        let seen = c.meta(SlotId(0)).state.load();
-        c.inject_stall(StallPoint::AfterLoad, move |c| {
-            assert!(c.delete(k1, false));
-            c.meta(SlotId(0))
-                .state
-                .set_next_generation(seen.generation());
-            assert_eq!(c.put(k2, &[2; 100], 0), Ok(PutOutcome::Stored));
-        });
+        wrap_slot0_onto(&c, k1, k2, 100);
         assert!(!c.delete(k1, true), "K1 was already deleted");
         assert!(c.exists(k2, false), "K2 untouched");
         assert_eq!(c.payload_len(k2), Some((100, 0)));

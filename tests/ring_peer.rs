@@ -76,28 +76,13 @@ impl Peer {
     }
 }
 
-/// xorshift64*: seeded, printed, reproducible.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
+#[path = "common/stress.rs"]
+mod common;
+use common::Rng;
 
+/// `DAXKV_SEED`, or one from the clock.
 fn seed() -> u64 {
-    std::env::var("DAXKV_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        })
+    common::seed_from("DAXKV_SEED")
 }
 
 /// Defect 10: a peer that moves `tail` backwards below what the consumer

@@ -99,7 +99,13 @@ pub fn run_time() -> Duration {
 
 /// `DAXKV_STRESS_SEED`, or one from the clock.
 pub fn seed() -> u64 {
-    std::env::var("DAXKV_STRESS_SEED")
+    seed_from("DAXKV_STRESS_SEED")
+}
+
+/// The seed in the environment variable `var`, or a nonzero one from the
+/// clock (print it, so a failing run can be replayed).
+pub fn seed_from(var: &str) -> u64 {
+    std::env::var(var)
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| {
@@ -107,6 +113,7 @@ pub fn seed() -> u64 {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_nanos() as u64
+                | 1
         })
 }
 
