@@ -14,7 +14,7 @@ use criterion::{
 };
 use daxkv::arena::ArenaSpec;
 use daxkv::buf::Buf;
-use daxkv::engine::{DeviceSpec, Engine, EngineOptions, Signal};
+use daxkv::engine::{DeviceId, DeviceSpec, Engine, EngineOptions, Signal};
 use daxkv::{CoreConfig, Key};
 
 const T: Duration = Duration::from_secs(10);
@@ -46,7 +46,13 @@ fn engine_waiting(
     // SAFETY: no task is in flight while the raw baseline copies; with two
     // threads each copies its own half of the iteration's objects (disjoint
     // ranges), and iterations are ordered by the generation handshake.
-    unsafe { e.devices()[0].core.raw_guard().unwrap().prefault() };
+    unsafe {
+        e.raw_device(DeviceId(0))
+            .unwrap()
+            .raw_guard()
+            .unwrap()
+            .prefault();
+    }
     e
 }
 
@@ -61,7 +67,7 @@ fn fill(e: &Engine, ks: &[Key], size: usize) {
     for chunk in ks.chunks(16) {
         e.submit_store(
             chunk.to_vec(),
-            chunk.iter().map(|_| Buf::Owned(src.clone())).collect(),
+            chunk.iter().map(|_| Buf::Shared(src.clone())).collect(),
         )
         .unwrap();
     }
@@ -86,7 +92,7 @@ fn bench_round_trip(c: &mut Criterion) {
         g.bench_function(mode, |b| {
             b.iter(|| {
                 let id = e.submit_lookup_and_lock(ks.clone()).unwrap();
-                let bm = e.wait_lookup(id, T).unwrap();
+                let bm = e.wait_lookup(id, T).ready().unwrap();
                 e.submit_unlock(&ks);
                 bm
             });
@@ -120,8 +126,8 @@ fn bench_copy_paths(c: &mut Criterion) {
                         total
                     });
                 });
-                let devs = e.devices();
-                let guard = devs[0].core.raw_guard().unwrap();
+                let dev = e.raw_device(DeviceId(0)).unwrap();
+                let guard = dev.raw_guard().unwrap();
                 let srcv = vec![0xA5u8; size];
                 g.bench_with_input(BenchmarkId::new("raw_nt", size), &size, |b, _| {
                     b.iter(|| {
@@ -140,14 +146,14 @@ fn bench_copy_paths(c: &mut Criterion) {
                     b.iter(|| {
                         for chunk in ks.chunks(16) {
                             let id = e.submit_load(chunk.to_vec(), bufs.take().unwrap()).unwrap();
-                            let r = e.wait_load(id, T).unwrap();
+                            let r = e.wait_load(id, T).ready().unwrap();
                             assert_eq!(r.bitmap.count_ones(), 16);
                             bufs = Some(r.bufs);
                         }
                     });
                 });
-                let devs = e.devices();
-                let guard = devs[0].core.raw_guard().unwrap();
+                let dev = e.raw_device(DeviceId(0)).unwrap();
+                let guard = dev.raw_guard().unwrap();
                 let mut dst = vec![0u8; size];
                 g.bench_with_input(BenchmarkId::new("raw_copy_out", size), &size, |b, _| {
                     b.iter(|| {
@@ -174,7 +180,7 @@ fn fill_with(e: &Engine, ks: &[Key], src: &std::sync::Arc<[u8]>) {
         }
         e.submit_store(
             chunk.to_vec(),
-            chunk.iter().map(|_| Buf::Owned(src.clone())).collect(),
+            chunk.iter().map(|_| Buf::Shared(src.clone())).collect(),
         )
         .unwrap();
         inflight += 1;
@@ -199,7 +205,7 @@ fn bench_lookup(c: &mut Criterion) {
             i = (i + 256) % ks.len();
             let chunk = ks[i..i + 256].to_vec();
             let id = e.submit_lookup_and_lock(chunk).unwrap();
-            let bm = e.wait_lookup(id, T).unwrap();
+            let bm = e.wait_lookup(id, T).ready().unwrap();
             e.submit_unlock(&ks[i..i + 256]);
             bm
         });
@@ -235,7 +241,7 @@ fn bench_load_workers(c: &mut Criterion) {
                     let id = e
                         .submit_load(ks[i..i + 256].to_vec(), bufs.take().unwrap())
                         .unwrap();
-                    let r = e.wait_load(id, T).unwrap();
+                    let r = e.wait_load(id, T).ready().unwrap();
                     bufs = Some(r.bufs);
                 });
             });
@@ -251,8 +257,8 @@ fn raw_copy_scaling(g: &mut BenchmarkGroup<'_, WallTime>) {
     let e = engine(4096, 2048, 1, Duration::from_micros(50));
     let ks = keys(2048);
     fill(&e, &ks, 4096);
-    let devs = e.devices();
-    let guard = devs[0].core.raw_guard().unwrap();
+    let dev = e.raw_device(DeviceId(0)).unwrap();
+    let guard = dev.raw_guard().unwrap();
     raw_scaling(g, "raw_copy_out", |first, count, dst| {
         for (j, d) in dst.iter_mut().enumerate().take(count) {
             // SAFETY: no task is in flight while the raw baseline copies; with two
@@ -338,7 +344,13 @@ fn bench_store_workers(c: &mut Criterion) {
         // SAFETY: no task is in flight while the raw baseline copies; with two
         // threads each copies its own half of the iteration's objects (disjoint
         // ranges), and iterations are ordered by the generation handshake.
-        unsafe { e.devices()[0].core.raw_guard().unwrap().prefault() };
+        unsafe {
+            e.raw_device(DeviceId(0))
+                .unwrap()
+                .raw_guard()
+                .unwrap()
+                .prefault();
+        }
         let ks = keys(2048);
         g.throughput(Throughput::Elements(256));
         let mut i = 0;
@@ -350,7 +362,7 @@ fn bench_store_workers(c: &mut Criterion) {
                 for _ in 0..iters {
                     i = (i + 256) % ks.len();
                     let chunk = &ks[i..i + 256];
-                    let bufs = chunk.iter().map(|_| Buf::Owned(src.clone())).collect();
+                    let bufs = chunk.iter().map(|_| Buf::Shared(src.clone())).collect();
                     let t = Instant::now();
                     e.submit_store(chunk.to_vec(), bufs).unwrap();
                     done.clear();
@@ -365,8 +377,8 @@ fn bench_store_workers(c: &mut Criterion) {
         });
     }
     let e = engine(4096, 2048, 1, Duration::from_micros(50));
-    let devs = e.devices();
-    let guard = devs[0].core.raw_guard().unwrap();
+    let dev = e.raw_device(DeviceId(0)).unwrap();
+    let guard = dev.raw_guard().unwrap();
     raw_scaling(&mut g, "raw_nt_in", |first, count, src| {
         for (j, s) in src.iter().enumerate().take(count) {
             // SAFETY: no task is in flight while the raw baseline copies; with two

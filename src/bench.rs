@@ -355,14 +355,14 @@ pub fn run(
         };
         let engine = Engine::open(specs, size, false, opts)
             .map_err(|e| BenchError::Failed(e.to_string()))?;
-        let devs = engine.devices();
+        let devs = engine.device_list();
         // One submitting thread: it gets rings of its own (no submit lock).
         let mut sub = engine
             .submitter()
             .map_err(|e| BenchError::Failed(e.to_string()))?;
         if cfg.prefault {
             for d in devs.iter() {
-                if let Some(g) = d.core.raw_guard() {
+                if let Some(g) = d.core().raw_guard() {
                     #[allow(unsafe_code)]
                     // SAFETY: nothing has been submitted yet: no worker
                     // touches the mapping while it is pre-faulted.
@@ -392,7 +392,7 @@ pub fn run(
         // Limits, on the first device's own mapping.
         let limits = {
             let g = devs[0]
-                .core
+                .core()
                 .raw_guard()
                 .ok_or_else(|| BenchError::Failed("device closed".into()))?;
             let m = per_dev.min(n);
@@ -453,7 +453,7 @@ pub fn run(
                     let r = range(next);
                     let bufs = r
                         .clone()
-                        .map(|i| Buf::Owned(sources[i % ring].clone()))
+                        .map(|i| Buf::Shared(sources[i % ring].clone()))
                         .collect();
                     let id = sub
                         .submit_store(keys[r].to_vec(), bufs)
@@ -499,7 +499,7 @@ pub fn run(
                 sub.submit_lookup_and_lock(keys[range(t)].to_vec())
                     .map_err(|e| BenchError::Failed(e.to_string()))
             },
-            |id| engine.wait_lookup(id, WAIT),
+            |id| engine.wait_lookup(id, WAIT).ready(),
             |_, bm| hits += bm.count_ones(),
         )?;
         if hits != n {
@@ -524,7 +524,7 @@ pub fn run(
                     sub.submit_load(keys[range(t)].to_vec(), bufs)
                         .map_err(|e| BenchError::Failed(e.to_string()))
                 },
-                |id| engine.wait_load(id, WAIT),
+                |id| engine.wait_load(id, WAIT).ready(),
                 |t, r| {
                     loaded += r.bitmap.count_ones();
                     for (i, b) in range(t).zip(r.bufs) {
@@ -554,7 +554,7 @@ pub fn run(
             gone.clear();
             deleted += ph.task(|| engine.delete_into(&keys[range(t)], &mut gone));
         }
-        let live: usize = devs.iter().map(|d| d.core.live_slot_count()).sum();
+        let live: usize = devs.iter().map(|d| d.core().live_slot_count()).sum();
         if deleted != n || live != 0 {
             return Err(BenchError::Failed(format!(
                 "deleted {deleted} of {n}; {live} slots still live"

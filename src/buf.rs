@@ -336,31 +336,69 @@ impl LentPart<'_> {
     }
 }
 
-/// A store source.
+/// A store source: the bytes of one key, owned by the task until its
+/// result is collected (then dropped). Every owned form is moved in as is:
+/// no copy of the payload is made before the one into the device.
 #[derive(Debug)]
 pub enum Buf {
-    Owned(Arc<[u8]>),
+    /// A vector, moved in.
+    Vec(Vec<u8>),
+    /// A boxed slice, moved in.
+    Boxed(Box<[u8]>),
+    /// Shared bytes: one payload may back many tasks (a clone is a
+    /// reference-count increment).
+    Shared(Arc<[u8]>),
+    /// Caller memory (see the module's lifetime rule).
     Raw(RawBuf),
 }
 
 impl Buf {
+    /// The source bytes.
     pub fn as_slice(&self) -> &[u8] {
         match self {
-            Buf::Owned(b) => b,
+            Buf::Vec(v) => v,
+            Buf::Boxed(b) => b,
+            Buf::Shared(b) => b,
             Buf::Raw(r) => r.as_slice(),
         }
     }
-}
 
-impl From<Vec<u8>> for Buf {
-    fn from(v: Vec<u8>) -> Buf {
-        Buf::Owned(v.into())
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// True for an empty source.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
+/// Moves the vector in (no copy).
+impl From<Vec<u8>> for Buf {
+    fn from(v: Vec<u8>) -> Buf {
+        Buf::Vec(v)
+    }
+}
+
+/// Moves the box in (no copy).
+impl From<Box<[u8]>> for Buf {
+    fn from(v: Box<[u8]>) -> Buf {
+        Buf::Boxed(v)
+    }
+}
+
+/// Shares the bytes (no copy).
 impl From<Arc<[u8]>> for Buf {
     fn from(v: Arc<[u8]>) -> Buf {
-        Buf::Owned(v)
+        Buf::Shared(v)
+    }
+}
+
+/// Caller memory.
+impl From<RawBuf> for Buf {
+    fn from(v: RawBuf) -> Buf {
+        Buf::Raw(v)
     }
 }
 
@@ -470,5 +508,27 @@ mod tests {
         // SAFETY: zero length: any pointer.
         let mut e = unsafe { RawBuf::new(std::ptr::null_mut(), 0) };
         assert!(e.as_mut_slice().is_empty() && e.as_slice().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod source_tests {
+    use super::*;
+
+    /// Owned sources are moved in, not copied: the bytes stay where the
+    /// caller allocated them.
+    #[test]
+    fn owned_sources_are_not_copied() {
+        let vec = vec![1u8; 100];
+        let at = vec.as_ptr();
+        assert_eq!(Buf::from(vec).as_slice().as_ptr(), at);
+        let boxed: Box<[u8]> = vec![2u8; 50].into_boxed_slice();
+        let at = boxed.as_ptr();
+        assert_eq!(Buf::from(boxed).as_slice().as_ptr(), at);
+        let shared: Arc<[u8]> = Arc::from(vec![3u8; 10]);
+        let at = shared.as_ptr();
+        let (one, two) = (Buf::from(shared.clone()), Buf::from(shared));
+        assert_eq!((one.as_slice().as_ptr(), two.as_slice().as_ptr()), (at, at));
+        assert_eq!(one.len(), 10);
     }
 }

@@ -30,7 +30,7 @@ use serde_json::{Map, Value};
 
 use crate::arena::{ArenaSource, ArenaSpec};
 use crate::core::CoreConfig;
-use crate::engine::{DeviceSpec, EngineOptions};
+use crate::engine::{DeviceSpec, Engine, EngineError, EngineOptions};
 use crate::numa::Placement;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -165,6 +165,17 @@ fn device(
 }
 
 impl EngineConfig {
+    /// Map the configured devices and start the engine (the dependency
+    /// runs one way: the config builds the engine's inputs).
+    pub fn open(&self) -> Result<Engine, EngineError> {
+        Engine::open(
+            self.device_specs(),
+            self.slot_bytes,
+            self.hotplug_enabled,
+            self.options(),
+        )
+    }
+
     /// Parse and validate the adapter JSON.
     pub fn from_json(text: &str) -> Result<EngineConfig, ConfigError> {
         let v: Value = serde_json::from_str(text)

@@ -94,7 +94,7 @@ fn build(keys: &[Vec<Key>], src: &std::sync::Arc<[u8]>) -> Round {
             .map(|k| {
                 (
                     k.clone(),
-                    k.iter().map(|_| Buf::Owned(src.clone())).collect(),
+                    k.iter().map(|_| Buf::Shared(src.clone())).collect(),
                 )
             })
             .collect(),
@@ -158,11 +158,11 @@ fn no_allocation_per_task_on_either_side() {
         }
         for k in r.lookups {
             let id = e.submit_lookup_and_lock(k).unwrap();
-            assert_eq!(e.wait_lookup(id, T).unwrap().count_ones(), 16);
+            assert_eq!(e.wait_lookup(id, T).ready().unwrap().count_ones(), 16);
         }
         for (k, b) in r.loads {
             let id = e.submit_load(k, b).unwrap();
-            let got = e.wait_load(id, T).unwrap();
+            let got = e.wait_load(id, T).ready().unwrap();
             assert_eq!(got.bitmap.count_ones(), 16);
             assert!(got.bufs.iter().all(|b| b.iter().all(|&x| x == 7)));
         }
@@ -187,11 +187,11 @@ fn no_allocation_per_task_on_either_side() {
         }
         for k in r.lookups {
             let id = sub.submit_lookup_and_lock(k).unwrap();
-            assert_eq!(e.wait_lookup(id, T).unwrap().count_ones(), 16);
+            assert_eq!(e.wait_lookup(id, T).ready().unwrap().count_ones(), 16);
         }
         for (k, b) in r.loads {
             let id = sub.submit_load(k, b).unwrap();
-            let got = e.wait_load(id, T).unwrap();
+            let got = e.wait_load(id, T).ready().unwrap();
             assert_eq!(got.bitmap.count_ones(), 16);
         }
         for k in &keys {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use daxkv::arena::ArenaSpec;
 use daxkv::buf::Buf;
-use daxkv::engine::{DeviceSpec, Engine, EngineError, EngineOptions};
+use daxkv::engine::{DeviceId, DeviceSpec, Engine, EngineError, EngineOptions, Refused};
 use daxkv::{CoreConfig, Key};
 
 const SLOT: usize = 4096;
@@ -58,10 +58,12 @@ fn close_waits_for_in_flight_work_and_closes_fds() {
             }
         )]
     );
-    let dev = e.devices()[0].clone();
+    let dev = e.raw_device(DeviceId(0)).unwrap();
     let id = e.submit_load(vec![k(1)], vec![vec![0; SLOT]]).unwrap();
     let fds = e.event_fds();
-    let set = dev.core.reserve_reads(&[k(1)], false);
+    // In-flight work on the device: a guard on its mapping, as a borrowed
+    // read holds one.
+    let set = dev.raw_guard().unwrap();
     let closed = Arc::new(AtomicBool::new(false));
     let t = {
         let (e, closed) = (e.clone(), closed.clone());
@@ -77,7 +79,7 @@ fn close_waits_for_in_flight_work_and_closes_fds() {
     );
     drop(set);
     t.join().unwrap();
-    let r = e.query_load(id);
+    let r = e.query_load(id).ready();
     if let Some(r) = r {
         assert_eq!(
             r.bufs[0],
@@ -90,7 +92,10 @@ fn close_waits_for_in_flight_work_and_closes_fds() {
     }
     assert!(matches!(
         e.submit_lookup_and_lock(vec![k(1)]),
-        Err(EngineError::Closing)
+        Err(Refused {
+            error: EngineError::Closing,
+            ..
+        })
     ));
     e.close(); // idempotent
 }

@@ -38,14 +38,14 @@ fn close_closes_the_fds_and_wakes_a_parked_waiter() {
     let fds = e.event_fds();
     // A lookup collected once: waiting for it again waits until woken.
     let id = e.submit_lookup_and_lock(vec![Key::from_u128(1)]).unwrap();
-    assert!(e.wait_lookup(id, T).is_some());
+    assert!(e.wait_lookup(id, T).ready().is_some());
     let (parked_tx, parked_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel();
     let waiter = {
         let e = e.clone();
         std::thread::spawn(move || {
             parked_tx.send(()).unwrap();
-            let r = e.wait_lookup(id, LONG);
+            let r = e.wait_lookup(id, LONG).ready();
             done_tx.send(r.is_none()).unwrap();
         })
     };

@@ -13,7 +13,8 @@ use std::time::Duration;
 use daxkv::arena::{ArenaSource, ArenaSpec};
 use daxkv::buf::Buf;
 use daxkv::engine::{
-    DeviceId, DeviceSpec, Engine, EngineError, EngineOptions, Listener, TaskId, SPLIT_MIN_KEYS,
+    DeviceId, DeviceSpec, Engine, EngineError, EngineOptions, Listener, Refused, TaskId,
+    SPLIT_MIN_KEYS,
 };
 use daxkv::{CoreConfig, Key};
 
@@ -79,7 +80,10 @@ fn store_completions_are_never_dropped() {
                 assert!(submitted.lock().unwrap().insert(id.0), "id reused");
                 true
             }
-            Err(EngineError::TooManyInFlight { .. }) => false,
+            Err(Refused {
+                error: EngineError::TooManyInFlight { .. },
+                ..
+            }) => false,
             Err(err) => panic!("{err}"),
         }
     };
@@ -152,7 +156,10 @@ fn an_uncollected_result_does_not_refuse_later_submits() {
         let id = e
             .submit_lookup_and_lock(vec![k(1)])
             .unwrap_or_else(|err| panic!("submit {i} refused with 7 of 8 records free: {err}"));
-        assert!(e.wait_lookup(id, T).is_some(), "lookup {i} never completed");
+        assert!(
+            e.wait_lookup(id, T).ready().is_some(),
+            "lookup {i} never completed"
+        );
     }
     // Really full: 7 more uncollected results take every record; the
     // refusal says what is full, and collecting one frees one.
@@ -167,11 +174,11 @@ fn an_uncollected_result_does_not_refuse_later_submits() {
         err.to_string(),
         "task table full: 8 tasks in flight or awaiting collection"
     );
-    assert!(e.wait_lookup(ids[3], T).is_some());
+    assert!(e.wait_lookup(ids[3], T).ready().is_some());
     let again = e
         .submit_lookup_and_lock(vec![k(1)])
         .expect("a record is free");
-    assert!(e.wait_lookup(again, T).is_some());
+    assert!(e.wait_lookup(again, T).ready().is_some());
 }
 
 // ----- defect 5: listeners -----
@@ -262,7 +269,10 @@ fn close_from_listener_scenario() {
     assert!(
         matches!(
             e.submit_lookup_and_lock(vec![k(1)]),
-            Err(EngineError::Closing)
+            Err(Refused {
+                error: EngineError::Closing,
+                ..
+            })
         ),
         "closing was requested"
     );
@@ -405,17 +415,13 @@ fn a_key_is_stored_on_exactly_one_device() {
         }
         assert!(ids.iter().all(|id| done.contains(id)));
         for key in &ks {
-            let on = e
-                .devices()
-                .iter()
-                .filter(|d| d.core.exists(*key, false))
-                .count();
+            let on = e.devices_holding(*key).len();
             assert!(on >= 1, "round {round}: a stored key is missing");
             twice += usize::from(on > 1);
         }
         // Delete reaches the one copy; nothing is left behind.
         assert_eq!(e.delete(&ks).len(), ks.len());
-        assert!(e.devices().iter().all(|d| d.core.live_slot_count() == 0));
+        assert!(e.devices().iter().all(|d| d.live_slots == 0));
     }
     stop.store(true, Ordering::Relaxed);
     for h in hogs {
@@ -448,15 +454,14 @@ fn a_long_part_lets_a_remap_in_between_keys() {
         ..EngineOptions::default()
     };
     let e = Engine::open(vec![spec], SLOT, false, opts).unwrap();
-    let dev = e.devices()[0].clone();
     let keys: Vec<Key> = (0..N as u32).map(|i| k(90_000 + i)).collect();
     let bufs = keys.iter().map(|_| Buf::from(vec![9u8; SLOT])).collect();
     let id = e.submit_store(keys.clone(), bufs).unwrap();
     // Wait until the part is under way, then remap.
-    while !dev.core.exists(keys[0], false) {
+    while e.devices_holding(keys[0]).is_empty() {
         std::thread::yield_now();
     }
-    dev.core.remap(2 * N * SLOT).unwrap();
+    e.resize_device(DeviceId(0), 2 * N * SLOT).unwrap();
     let during = e.pop_completed_stores();
     assert!(
         during.iter().all(|(i, _)| *i != id),
@@ -468,8 +473,8 @@ fn a_long_part_lets_a_remap_in_between_keys() {
     // (the part re-enters the device between keys when the remap waits).
     let dsts: Vec<Vec<u8>> = keys.iter().map(|_| vec![0u8; SLOT]).collect();
     let id = e.submit_load(keys.clone(), dsts).unwrap();
-    dev.core.remap(2 * N * SLOT).unwrap();
-    let r = e.wait_load(id, T).expect("load completes");
+    e.resize_device(DeviceId(0), 2 * N * SLOT).unwrap();
+    let r = e.wait_load(id, T).ready().expect("load completes");
     assert_eq!(r.bitmap.count_ones(), N, "every key loads across the remap");
     assert!(r.bufs.iter().all(|b| b.iter().all(|&x| x == 9)));
 }

@@ -89,3 +89,116 @@ fn completions_always_fit_and_records_free_once() {
         assert_eq!(set.in_use(), 0, "a record left taken");
     });
 }
+
+/// Store results taken by id (`Engine::wait_store`) racing the global pop
+/// (issue 9). A by-id taker empties a record without popping its
+/// completion; if it freed the record then, the refilled record's next
+/// completion could meet a ring still holding the old entry. The record
+/// is freed by whoever finishes second of "result taken" and "completion
+/// popped" ([`Collect`]).
+///
+/// Here: one record, a ring of one entry, two tasks through it. The
+/// worker claims the record, publishes the result (the record's result
+/// word, standing in for its mailbox) and pushes the completion; a by-id
+/// taker takes results by their record; the popper pops completions,
+/// takes what is still there, and marks them popped. Checked: a completion
+/// always finds room, each task is delivered exactly once, the record is
+/// freed once per task (`RecordSet::release` asserts) and free at the end.
+///
+/// Fails with the fix reverted (checked once): with the taker freeing the
+/// record at its take (ignoring `Collect`), loom finds "completion
+/// dropped".
+#[test]
+fn by_id_takers_and_the_pop_free_each_record_once() {
+    use daxkv::engine::records::Collect;
+    use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+    const NONE: u64 = u64::MAX;
+    model(|| {
+        let set = Arc::new(RecordSet::new(1));
+        let collect = Arc::new(Collect::default());
+        let result = Arc::new(AtomicU64::new(NONE));
+        let delivered = Arc::new(AtomicUsize::new(0));
+        let ring = Ring::<Cqe>::heap(1).unwrap();
+        let (mut cq_p, mut cq_c) = ring.split();
+        let take = |result: &AtomicU64, id: u64| {
+            result
+                .compare_exchange(id, NONE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        };
+        let worker = {
+            let (set, collect, result) = (set.clone(), collect.clone(), result.clone());
+            thread::spawn(move || {
+                for t in 0..2u64 {
+                    let rec = loop {
+                        if let Some(r) = set.claim() {
+                            break r;
+                        }
+                        thread::yield_now();
+                    };
+                    collect.reset();
+                    result.store(t, Ordering::Release);
+                    let cqe = Cqe {
+                        task: t,
+                        ok: 1,
+                        keys_ok: u32::from(rec == 0),
+                    };
+                    assert!(cq_p.push(cqe).is_ok(), "completion dropped");
+                    cq_p.sync();
+                }
+            })
+        };
+        let taker = {
+            let (set, collect, result, delivered) = (
+                set.clone(),
+                collect.clone(),
+                result.clone(),
+                delivered.clone(),
+            );
+            thread::spawn(move || {
+                // One look per task, as a `query_store` caller would.
+                for t in 0..2u64 {
+                    if take(&result, t) {
+                        delivered.fetch_add(1, Ordering::Relaxed);
+                        if collect.taken() {
+                            set.release(0);
+                        }
+                    }
+                }
+            })
+        };
+        // The popper (the global pop): until both tasks are delivered.
+        let mut batch = [Cqe {
+            task: 0,
+            ok: 0,
+            keys_ok: 0,
+        }; 1];
+        let mut popped = 0;
+        while popped < 2 {
+            let (n, err) = pop_released(&mut cq_c, &mut batch);
+            assert!(err.is_none(), "{err:?}");
+            for c in &batch[..n] {
+                if take(&result, c.task) {
+                    delivered.fetch_add(1, Ordering::Relaxed);
+                    // Taken first, popped second: `harvested` frees.
+                    let _ = collect.taken();
+                }
+                if collect.harvested() {
+                    set.release(0);
+                }
+            }
+            popped += n;
+            if n == 0 {
+                thread::yield_now();
+            }
+        }
+        worker.join().unwrap();
+        taker.join().unwrap();
+        assert_eq!(
+            delivered.load(Ordering::Relaxed),
+            2,
+            "each task delivered once"
+        );
+        assert_eq!(set.in_use(), 0, "a record left taken");
+    });
+}

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use daxkv::arena::ArenaSpec;
 use daxkv::buf::Buf;
-use daxkv::engine::{DeviceSpec, Engine, EngineOptions, TaskId};
+use daxkv::engine::{DeviceId, DeviceSpec, Engine, EngineOptions, TaskId};
 use daxkv::{CoreConfig, Key};
 
 #[path = "common/stress.rs"]
@@ -132,6 +132,7 @@ fn client(engine: &Engine, out: &Outstanding, ops: &AtomicU64, seed: u64, run: D
                 };
                 let bm = engine
                     .wait_lookup(id, WAIT)
+                    .ready()
                     .expect("lookup never completed");
                 for (i, k) in keys.iter().enumerate() {
                     if bm.test(i) {
@@ -148,7 +149,10 @@ fn client(engine: &Engine, out: &Outstanding, ops: &AtomicU64, seed: u64, run: D
                 let Ok(id) = engine.submit_load(keys, bufs) else {
                     continue;
                 };
-                let r = engine.wait_load(id, WAIT).expect("load never completed");
+                let r = engine
+                    .wait_load(id, WAIT)
+                    .ready()
+                    .expect("load never completed");
                 for (i, b) in r.bufs.iter().enumerate() {
                     if r.bitmap.test(i) {
                         verify(ids[i], b);
@@ -168,13 +172,8 @@ fn client(engine: &Engine, out: &Outstanding, ops: &AtomicU64, seed: u64, run: D
 /// takes a full load of submits again (no record left taken).
 fn check_end(engine: &Engine) {
     // One copy per key in the pool.
-    let devs = engine.devices();
     for i in 0..KEYS {
-        let on: Vec<_> = devs
-            .iter()
-            .filter(|d| d.core.exists(key(i), false))
-            .map(|d| d.id.0)
-            .collect();
+        let on = engine.devices_holding(key(i));
         assert!(on.len() <= 1, "key {i} stored on devices {on:?}");
     }
 
@@ -182,16 +181,9 @@ fn check_end(engine: &Engine) {
     // and the task table must take a full load of submits again.
     let all: Vec<Key> = (0..KEYS).map(key).collect();
     engine.delete(&all);
-    for d in devs.iter() {
-        d.core
-            .check_invariants()
-            .unwrap_or_else(|e| panic!("device {}: {e}", d.id.0));
-        assert_eq!(
-            d.core.live_slot_count(),
-            0,
-            "device {} leaked slots",
-            d.id.0
-        );
+    engine.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+    for d in engine.devices() {
+        assert_eq!(d.live_slots, 0, "device {} leaked slots", d.id.0);
     }
     let probe: Vec<TaskId> = (0..32)
         .map(|i| {
@@ -201,7 +193,7 @@ fn check_end(engine: &Engine) {
         })
         .collect();
     for id in probe {
-        engine.wait_lookup(id, WAIT).expect("probe lookup");
+        engine.wait_lookup(id, WAIT).ready().expect("probe lookup");
     }
 }
 
@@ -235,9 +227,8 @@ fn engine_two_devices_with_remaps_loses_and_corrupts_nothing() {
             let base = SLOTS_PER_DEVICE * SLOT;
             let mut big = false;
             while !stop.load(Ordering::Relaxed) {
-                let dev = engine.devices()[1].clone();
                 let want = if big { base } else { 2 * base };
-                if dev.core.remap(want).is_ok() {
+                if engine.resize_device(DeviceId(1), want).is_ok() {
                     big = !big;
                     remaps.fetch_add(1, Ordering::Relaxed);
                 }

@@ -40,12 +40,32 @@
 //! space was still held, and the completion was dropped.
 //! `tests/loom_task_table.rs` checks this with a popper racing a worker.
 //!
+//! ## Taking a store result by id ([`Collect`])
+//!
+//! A store result can also be taken by its id (`Engine::query_store`,
+//! `Engine::wait_store`) by a caller that never pops the ring. Freeing the
+//! record at that take would break the bound above (its entry would still
+//! sit in the ring while the refilled record publishes another), so a
+//! store record has two things to wait for, in either order:
+//!
+//! ```text
+//! collect:  0 ──take: fetch_or TAKEN──► TAKEN ──pop: fetch_or HARVESTED──► both: the popper frees
+//!           0 ──pop: fetch_or HARVESTED──► HARVESTED ──take: fetch_or TAKEN──► both: the taker frees
+//! ```
+//!
+//! Whoever sets the second bit releases the record, so the bound holds
+//! (a record with an unreleased entry is never free), and the record is
+//! released exactly once. Callers waiting by id pop the ring too (or their
+//! records would never free): an entry they pop for a task whose result is
+//! still in its record is marked in a [`ReadySet`], where the global pop
+//! finds it; each result is delivered once, to whoever takes it first.
+//!
 //! Built on [`crate::sync`] atomics so the loom models run the real code.
 
 #![forbid(unsafe_code)]
 
 use crate::ring::{Consumer, Cqe, RingError};
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// The free set of task records. See the module documentation.
 #[derive(Debug)]
@@ -144,6 +164,97 @@ impl RecordSet {
             .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
             .sum::<usize>()
             - past
+    }
+}
+
+const TAKEN: u8 = 1;
+const HARVESTED: u8 = 2;
+
+/// A store record's two conditions for being freed: its result taken, its
+/// completion entry popped (module doc, "Taking a store result by id").
+#[derive(Debug, Default)]
+pub struct Collect(AtomicU8);
+
+impl Collect {
+    /// Neither yet (by the submitter that claimed the record, before the
+    /// task is published).
+    pub fn reset(&self) {
+        // ORDERING: Relaxed — the record is the claimer's alone; the task's
+        // publication (SQE push, `done`) orders this before any reader.
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// The result was taken. True if the entry was popped already: the
+    /// caller frees the record.
+    pub fn taken(&self) -> bool {
+        // ORDERING: AcqRel — the second of the two sees the first's work
+        // (the emptied mailbox, or the ring space handed back) before it
+        // frees the record; pairs with `harvested`.
+        self.0.fetch_or(TAKEN, Ordering::AcqRel) & HARVESTED != 0
+    }
+
+    /// The completion entry was popped and its ring space handed back.
+    /// True if the result was taken already: the caller frees the record.
+    pub fn harvested(&self) -> bool {
+        // ORDERING: AcqRel — as in `taken`; pairs with `taken`.
+        self.0.fetch_or(HARVESTED, Ordering::AcqRel) & TAKEN != 0
+    }
+}
+
+/// Records whose store entry was popped by a caller waiting for another
+/// task, with the result still inside: the global pop collects them.
+#[derive(Debug)]
+pub struct ReadySet {
+    words: Box<[AtomicU64]>,
+    /// Set after a bit is set; the global pop scans only when it is.
+    any: AtomicBool,
+}
+
+impl ReadySet {
+    /// Room for `len` records, none marked.
+    pub fn new(len: usize) -> ReadySet {
+        ReadySet {
+            words: (0..len.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            any: AtomicBool::new(false),
+        }
+    }
+
+    /// Mark record `r`.
+    pub fn mark(&self, r: usize) {
+        // ORDERING: Release (both) — a scanner that sees `any` sees the
+        // bit; pairs with the Acquire swap in `drain`.
+        self.words[r / 64].fetch_or(1 << (r % 64), Ordering::Release);
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Unmark record `r` (its result was taken by id).
+    pub fn unmark(&self, r: usize) {
+        // ORDERING: Relaxed — a stale mark only costs a scanner one look.
+        self.words[r / 64].fetch_and(!(1 << (r % 64)), Ordering::Relaxed);
+    }
+
+    /// Call `f` with every marked record, unmarking it. Cheap when none is
+    /// marked (one load).
+    pub fn drain(&self, mut f: impl FnMut(usize)) {
+        // ORDERING: Relaxed — a first look; the swap decides.
+        if !self.any.load(Ordering::Relaxed) {
+            return;
+        }
+        // ORDERING: Acquire — pairs with `mark`: a mark whose `any` we
+        // consumed has its bit visible below; a later mark sets `any`
+        // again for the next drain.
+        if !self.any.swap(false, Ordering::Acquire) {
+            return;
+        }
+        for (w, word) in self.words.iter().enumerate() {
+            // ORDERING: Relaxed — the swap of `any` above is the Acquire.
+            let mut bits = word.swap(0, Ordering::Relaxed);
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                f(w * 64 + b);
+            }
+        }
     }
 }
 

@@ -1,0 +1,743 @@
+//! # Engine: rings, worker pools and the device pool (LMCache's MP adapter)
+//!
+//! ```text
+//! submit_*(keys, bufs) ──► fill the task's record (Mailbox) ──► SQE on a worker's queue
+//!                                                                   │
+//!          worker (store / lookup / load pool) ◄────────────────────┘
+//!            read the record, run the part against the device pool, set
+//!            result bits, count down the task's parts; the last part lets
+//!            go of the record, then publishes: done id (Release) → CQE on
+//!            its CQ → eventfd
+//!                                                                   │
+//! pop_completed_stores / query_lookup / query_load ◄────────────────┘
+//!   (take the result out of the record; the record is empty for reuse)
+//! ```
+//!
+//! The API mirrors LMCache's L2 adapter contract
+//! (docs/lmcache-dax-behavior.md §1): task ids are one counter shared by
+//! all kinds; store results are drained with `pop_completed_stores` (each
+//! id exactly once) or taken per task (`wait_store`); lookup and load
+//! results are one-shot per id; `submit_unlock` never fails and is applied
+//! to every device; three distinct non-blocking close-on-exec eventfds
+//! signal completions.
+//!
+//! ## Where things are
+//!
+//! Top to bottom, in the order a task travels:
+//!
+//! | file | what |
+//! |---|---|
+//! | [`options`](EngineOptions) | worker counts, spinning, table size, signalling |
+//! | `submit.rs` | `submit_*`, [`Submitter`], [`Refused`] (inputs handed back) |
+//! | `task.rs` | the task table: [`TaskId`], records, who frees a record |
+//! | [`records`] | the free set of records, and why the store rings never overflow |
+//! | `worker.rs` | worker pools, the worker loop, running a part, publishing |
+//! | `pool.rs` | devices, their states, placement of a key ([`DeviceInfo`]) |
+//! | [`claims`] | the key-ownership stripes placement decides under |
+//! | `result.rs` | results ([`StoreResult`], [`Bitmap`], [`LoadResult`]), [`Answer`], collecting and waiting |
+//! | `mod.rs` (here) | the [`Engine`] facade: open, status, delete, unlock, close |
+//!
+//! Dependencies run one way: the JSON config ([`crate::config`]) builds
+//! engine options and device specs; the engine never reads the config.
+//!
+//! ## Tasks and parts
+//!
+//! A task lives in a fixed table of `task_slots` records, allocated at
+//! start-up with room for `task_keys` keys and reused
+//! ([`crate::cell::Mailbox`]: filled by the submitter, read by workers and
+//! pollers with a reader count, taken by one collector). A submit takes any
+//! free record from a lock-free free set ([`records::RecordSet`]) and the
+//! task id names it: `id = (sequence << bits) | record`, so one result left
+//! uncollected holds one record, and a submit is refused (`TooManyInFlight`)
+//! only when every record is taken. A record is freed once its result is
+//! taken, and (for stores) once its completion entry has been popped and
+//! the ring space handed back, so a store completion always finds room in
+//! its ring ([`records`] module doc). A store or load task of many keys is
+//! split into parts of at least [`SPLIT_MIN_KEYS`] keys spread over its
+//! pool's workers; the parts write disjoint result bits (and destination
+//! buffers), and the task completes once (an atomic countdown).
+//!
+//! ## No lock and no allocation on the data path
+//!
+//! After start-up, a task of at most `task_keys` keys allocates nothing
+//! inside the engine and takes no lock that anyone waits on, from submit to
+//! collection (`tests/alloc_engine.rs` counts allocations on both sides):
+//! - submit: an id from a counter, one CAS to fill the record, one push per
+//!   part: a CAS on the worker's shared [`ArrayQueue`] for the `&self`
+//!   methods, or a plain store on a [`Submitter`]'s own SPSC ring;
+//! - run: the worker reads the record under a counted guard;
+//! - collect: result bits are read from the record (inline [`Bitmap`]s up
+//!   to 256 keys), the owned buffers moved back; completion rings are
+//!   drained by whoever wins a `try_lock` (nobody waits on it);
+//!   `*_into` variants fill caller-reused vectors.
+//!
+//! The mutexes left are on cold paths only: adopting a new submitter's
+//! rings, joining workers, and `close`.
+//!
+//! ## Workers
+//!
+//! Each worker consumes one shared queue plus one SPSC ring per
+//! [`Submitter`] (polled round-robin) and produces one completion ring;
+//! tasks go to workers round-robin; an idle worker spins, then parks on its
+//! own eventfd (`worker.rs` module doc). A panic in a task part fails that
+//! task and the worker keeps serving; `close` called from a listener (on a
+//! worker) only requests the close.
+//!
+//! ## Key ownership (one copy of a key in the pool)
+//!
+//! Written down in full in `docs/key-ownership.md`; hotplug builds on it.
+//!
+//! - **Who decides.** The device that holds a key is the one device whose
+//!   index holds it; the pool never has two. What keeps it so is the
+//!   pool-wide claim table ([`claims::ClaimTable`], 4096 cache-padded
+//!   stripes indexed by key bits): every decision to *place* a key is made
+//!   under that key's stripe.
+//! - **Store.** `store_one`: (1) claim the key's stripe (CAS `0 → tag`,
+//!   Acquire; a held stripe is waited for: bounded spin, then yield — the
+//!   holder is doing one put); (2) load the device list *now* (a device
+//!   added after the part began may hold the key); (3) if any readable
+//!   device has the key live (committed or in flight), done: success, no
+//!   copy; (4) else put it on the least-used writable device, the next one
+//!   on `Full`; the put inserts the key into that device's index; (5)
+//!   release the stripe (Release store of 0) when the put returns. A second
+//!   store of the key claims after the first released, and its Acquire
+//!   sees the first's insert, so step 3 finds it.
+//! - **Lookup / load.** No claim: they look on every readable device and
+//!   stop at the first hit. With one copy there is one hit.
+//! - **Unlock.** Applied on every device (a lock lives where the key was
+//!   found; unlocking a device without it does nothing).
+//! - **Delete.** On every device, no claim needed: a delete never creates
+//!   a copy. A store racing a delete leaves zero or one copy.
+//! - **Migration (hotplug, later).** Under the key's claim: copy to the
+//!   target and commit there (two copies now, both the same bytes; a
+//!   reader may hit either: same bytes, so invisible), flip ownership (mark
+//!   the source device not-readable for this key by deleting it there, the
+//!   last step), release the claim. A store of the key during the move
+//!   waits on the claim, so it cannot add a third copy; a store of the key
+//!   that ran before the move finds the source copy and is a no-op.
+//! - **Limits.** Stores through the engine follow the protocol; code that
+//!   calls `DaxCore::put` on a device directly bypasses it. A device that
+//!   is no longer readable (removing, closed) is not consulted by step 3:
+//!   the removal protocol must migrate or delete its keys under their
+//!   claims before new stores can reach other devices with them.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+
+pub mod claims;
+mod options;
+mod pool;
+pub mod records;
+mod result;
+mod submit;
+mod task;
+mod worker;
+
+pub use options::{EngineOptions, Signal};
+pub use pool::{Device, DeviceId, DeviceInfo, DeviceSpec, DeviceState, RawDevice};
+pub use result::{Answer, Bitmap, Lens, LoadResult, StoreResult};
+pub use submit::{Refused, Submitter, SPLIT_MIN_KEYS};
+pub use task::{TaskId, TaskKind, MAX_TABLE_KEYS};
+
+use pool::DevicePool;
+use records::ReadySet;
+use task::TaskTable;
+use worker::{start_pool, stop_pool, WorkerPool};
+
+use crate::error::OpenError;
+use crate::key::Key;
+use crate::ring::{Consumer, Cqe};
+
+/// Callbacks for keys stored, accessed and deleted
+/// (docs/lmcache-dax-behavior.md §1.1). Called on worker threads (or the
+/// deleting thread), outside any engine state; a panic is caught, logged
+/// and counted (`status().listener_panics`).
+pub trait Listener: Send + Sync {
+    /// Keys a store task put in the pool, with their sizes (slot bytes).
+    fn on_keys_stored(&self, _keys: &[Key], _sizes: &[usize]) {}
+    /// Keys a load task read.
+    fn on_keys_accessed(&self, _keys: &[Key]) {}
+    /// Keys [`Engine::delete`] removed.
+    fn on_keys_deleted(&self, _keys: &[Key]) {}
+}
+
+/// Engine errors (cold path, and the reasons of submit refusals).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// `close` has begun: no new tasks or devices.
+    #[error("engine is closing")]
+    Closing,
+    /// A submit with a different number of keys and buffers.
+    #[error("{what}: {keys} keys but {bufs} buffers")]
+    LengthMismatch {
+        /// The submit method.
+        what: &'static str,
+        /// Keys passed.
+        keys: usize,
+        /// Buffers passed.
+        bufs: usize,
+    },
+    /// A size or count that must be positive was 0.
+    #[error("{field} must be a positive integer (got {value})")]
+    Invalid {
+        /// The option.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+    },
+    /// Every task record holds a task in flight or a result not collected.
+    #[error("task table full: {capacity} tasks in flight or awaiting collection")]
+    TooManyInFlight {
+        /// Records in the table (`task_slots`).
+        capacity: usize,
+    },
+    /// No devices and hotplug off.
+    #[error("devices may be empty only when hotplug_enabled is true")]
+    NoDevices,
+    /// `task_slots × task_keys` over [`MAX_TABLE_KEYS`].
+    #[error("task_slots × task_keys = {task_slots} × {task_keys} keys of preallocated task records exceeds {max} (16 bytes each)")]
+    TableTooLarge {
+        /// The option.
+        task_slots: usize,
+        /// The option.
+        task_keys: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// One device listed twice in `open`.
+    #[error("device {path} is already mapped by this engine")]
+    AlreadyMapped {
+        /// The second path.
+        path: String,
+    },
+    /// `add_device` of a mapped device at another size.
+    #[error("device {path} is already mapped by this engine (device {id}) with {existing_bytes} bytes; cannot add it with {requested_bytes} bytes")]
+    SizeConflict {
+        /// The path asked for.
+        path: String,
+        /// The id it is mapped as.
+        id: u32,
+        /// Its mapped size.
+        existing_bytes: usize,
+        /// The size asked for.
+        requested_bytes: usize,
+    },
+    /// No device with this id.
+    #[error("no device {id} in the pool")]
+    NoSuchDevice {
+        /// The id asked for.
+        id: u32,
+    },
+    /// A state change the pool does not make.
+    #[error("device {id}: cannot change state {from} → {to}")]
+    StateChange {
+        /// The device.
+        id: u32,
+        /// Its state.
+        from: &'static str,
+        /// The state asked for.
+        to: &'static str,
+    },
+    /// A device could not be resized.
+    #[error("device {id}: resize: {source}")]
+    Resize {
+        /// The device.
+        id: u32,
+        /// Why (the core's error).
+        source: crate::error::CoreError,
+    },
+    /// A device failed to open.
+    #[error("device {index}: {source}")]
+    Device {
+        /// Its position (in `open`'s list, or the pool's length for an add).
+        index: usize,
+        /// Why.
+        source: OpenError,
+    },
+    /// A worker thread could not be started.
+    #[error("cannot start a worker thread: {0}")]
+    Spawn(std::io::Error),
+    /// An eventfd could not be created.
+    #[error("eventfd: {0}")]
+    EventFd(std::io::Error),
+}
+
+/// The text of a panic payload (empty if it is not a string).
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
+/// The engine's state, shared by the facade, [`Submitter`]s and workers.
+struct Inner {
+    opts: EngineOptions,
+    slot_bytes: usize,
+    hotplug_enabled: bool,
+    pool: DevicePool,
+    tasks: TaskTable,
+    /// Store records whose completion a by-id waiter popped, result still
+    /// inside (`records` module doc): the global pop collects them.
+    ready: ReadySet,
+    /// The worker pools (store, lookup, load); `None` once closed.
+    workers: ArcSwapOption<[WorkerPool; 3]>,
+    /// The consumer ends of each kind's completion rings: kept here, not
+    /// with the workers, so results outlive `close`.
+    cqs: [Mutex<Vec<Consumer<Cqe>>>; 3],
+    /// Tasks submitted and not yet finished (close waits for zero).
+    inflight: [AtomicUsize; 3],
+    /// Set by `close` (or requested by a listener): submits are refused.
+    closing: AtomicBool,
+    /// Set by `close` once nothing is in flight: workers exit, waiters
+    /// return.
+    stop: AtomicBool,
+    /// Serializes `close`; true once it finished.
+    close_lock: Mutex<bool>,
+    /// Per kind: its eventfd was handed out (with `Signal::WhenWaiting`,
+    /// the poller counts as a waiter for good).
+    fd_pollers: [AtomicBool; 3],
+    /// Per kind: completion eventfd writes (status).
+    signals: [AtomicU64; 3],
+    panics: AtomicU64,
+    listener_panics: AtomicU64,
+    listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
+}
+
+impl Inner {
+    /// Call every listener with `f`, each isolated like a task part: a
+    /// panic is logged and counted (`status().listener_panics`), and the
+    /// next listener still runs.
+    fn tell_listeners(&self, what: &str, f: impl Fn(&dyn Listener)) {
+        for l in self.listeners.load().iter() {
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&**l))) {
+                eprintln!(
+                    "daxkv: a listener panicked in {what}: {}; ignored",
+                    panic_message(&*p)
+                );
+                // ORDERING: Relaxed — a statistic.
+                self.listener_panics.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The engine. `Send + Sync`; all methods take `&self`.
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Map the devices and start the worker pools. Any failure releases
+    /// everything opened so far. (`crate::config::EngineConfig::open` opens
+    /// one from LMCache's adapter JSON.)
+    pub fn open(
+        devices: Vec<DeviceSpec>,
+        slot_bytes: usize,
+        hotplug_enabled: bool,
+        opts: EngineOptions,
+    ) -> Result<Engine, EngineError> {
+        for (field, v) in [
+            ("slot_bytes", slot_bytes),
+            ("num_store_workers", opts.num_store_workers),
+            ("num_lookup_workers", opts.num_lookup_workers),
+            ("num_load_workers", opts.num_load_workers),
+            ("task_slots", opts.task_slots),
+            ("task_keys", opts.task_keys),
+        ] {
+            if v == 0 {
+                return Err(EngineError::Invalid { field, value: v });
+            }
+        }
+        let keys = opts.task_slots.saturating_mul(opts.task_keys);
+        if keys > MAX_TABLE_KEYS {
+            return Err(EngineError::TableTooLarge {
+                task_slots: opts.task_slots,
+                task_keys: opts.task_keys,
+                max: MAX_TABLE_KEYS,
+            });
+        }
+        if devices.is_empty() && !hotplug_enabled {
+            return Err(EngineError::NoDevices);
+        }
+        let pool = DevicePool::open(devices, slot_bytes)?;
+        let inner = Arc::new(Inner {
+            slot_bytes,
+            hotplug_enabled,
+            pool,
+            tasks: TaskTable::new(opts.task_slots, opts.task_keys),
+            ready: ReadySet::new(opts.task_slots),
+            workers: ArcSwapOption::empty(),
+            cqs: Default::default(),
+            inflight: Default::default(),
+            closing: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            close_lock: Mutex::new(false),
+            fd_pollers: Default::default(),
+            signals: Default::default(),
+            panics: AtomicU64::new(0),
+            listener_panics: AtomicU64::new(0),
+            listeners: ArcSwap::from_pointee(Vec::new()),
+            opts,
+        });
+        let started = [
+            start_pool(&inner, TaskKind::Store, inner.opts.num_store_workers),
+            start_pool(&inner, TaskKind::Lookup, inner.opts.num_lookup_workers),
+            start_pool(&inner, TaskKind::Load, inner.opts.num_load_workers),
+        ];
+        let mut ok = Vec::new();
+        let mut err = None;
+        for (k, p) in started.into_iter().enumerate() {
+            match p {
+                Ok((p, cqs)) => {
+                    *inner.cqs[k].lock().unwrap_or_else(PoisonError::into_inner) = cqs;
+                    ok.push(p);
+                }
+                Err(e) => err = Some(e),
+            }
+        }
+        if let Some(e) = err {
+            // ORDERING: Release — the started workers' Acquire in
+            // `worker_loop` sees it and exits; pairs with `worker_loop`.
+            inner.stop.store(true, Ordering::Release);
+            for p in &ok {
+                stop_pool(p);
+            }
+            inner.pool.close_cores();
+            return Err(e);
+        }
+        let pools: [WorkerPool; 3] = ok
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("three pools"));
+        inner.workers.store(Some(Arc::new(pools)));
+        Ok(Engine { inner })
+    }
+
+    /// Bytes per slot (the largest payload a key holds).
+    pub fn slot_bytes(&self) -> usize {
+        self.inner.slot_bytes
+    }
+
+    /// The options the engine runs with.
+    pub fn options(&self) -> &EngineOptions {
+        &self.inner.opts
+    }
+
+    /// Add a listener (called for every later event).
+    pub fn register_listener(&self, l: &Arc<dyn Listener>) {
+        self.inner.listeners.rcu(|cur| {
+            let mut v = Vec::clone(cur);
+            v.push(l.clone());
+            v
+        });
+    }
+
+    /// The completion eventfds (store, lookup, load): distinct,
+    /// non-blocking, close-on-exec; owned by the engine (do not close
+    /// them). -1 after close. With [`Signal::WhenWaiting`] a handed-out
+    /// fd's poller counts as a waiter for good (see [`Signal`]).
+    pub fn event_fds(&self) -> [i32; 3] {
+        [
+            self.event_fd(TaskKind::Store),
+            self.event_fd(TaskKind::Lookup),
+            self.event_fd(TaskKind::Load),
+        ]
+    }
+
+    /// The completion eventfd of one kind of task (see
+    /// [`Engine::event_fds`]).
+    pub fn event_fd(&self, kind: TaskKind) -> i32 {
+        use std::os::fd::AsRawFd;
+        let Some(w) = self.inner.workers.load_full() else {
+            return -1;
+        };
+        let pool = &w[kind.idx()];
+        // ORDERING: Relaxed — the flag is read by workers running tasks
+        // submitted after this call, which the submission's own
+        // Release / Acquire orders after this store.
+        if !self.inner.fd_pollers[kind.idx()].swap(true, Ordering::Relaxed)
+            && self.inner.opts.signal == Signal::WhenWaiting
+        {
+            // Results finished before the handout were not signalled.
+            let _ = pool.fd.notify();
+        }
+        pool.fd.as_raw_fd()
+    }
+
+    /// The store completion eventfd.
+    pub fn store_event_fd(&self) -> i32 {
+        self.event_fd(TaskKind::Store)
+    }
+
+    /// The lookup completion eventfd.
+    pub fn lookup_event_fd(&self) -> i32 {
+        self.event_fd(TaskKind::Lookup)
+    }
+
+    /// The load completion eventfd.
+    pub fn load_event_fd(&self) -> i32 {
+        self.event_fd(TaskKind::Load)
+    }
+
+    /// Release one lookup lock per key on every device (a key may have moved
+    /// between lookup and unlock). Never fails.
+    pub fn submit_unlock(&self, keys: &[Key]) {
+        for d in self.inner.pool.list().iter() {
+            d.core().unlock_many(keys);
+        }
+    }
+
+    /// Delete unlocked, committed keys from every device; returns the keys
+    /// deleted (each once) and tells the listeners.
+    pub fn delete(&self, keys: &[Key]) -> Vec<Key> {
+        let mut out = Vec::new();
+        self.delete_into(keys, &mut out);
+        out
+    }
+
+    /// [`Engine::delete`] appending the deleted keys to `out` (a reused
+    /// vector: nothing is allocated); returns how many.
+    pub fn delete_into(&self, keys: &[Key], out: &mut Vec<Key>) -> usize {
+        // ORDERING: Acquire — observes `close`'s store (a racing delete
+        // is also kept safe by each core's own closing gate); pairs with
+        // `request_close`.
+        if keys.is_empty() || self.inner.closing.load(Ordering::Acquire) {
+            return 0;
+        }
+        let before = out.len();
+        let devs = self.inner.pool.list();
+        for &k in keys {
+            // Every device: a key being migrated may sit on two.
+            let mut hit = false;
+            for d in devs.iter() {
+                hit |= d.core().delete(k, false);
+            }
+            if hit {
+                out.push(k);
+            }
+        }
+        let deleted = &out[before..];
+        if !deleted.is_empty() {
+            self.inner
+                .tell_listeners("on_keys_deleted", |l| l.on_keys_deleted(deleted));
+        }
+        deleted.len()
+    }
+
+    /// `(bytes used, capacity bytes)` over the devices that count capacity,
+    /// by slots (docs/lmcache-dax-behavior.md §3.10).
+    pub fn usage(&self) -> (u64, u64) {
+        self.inner.pool.usage()
+    }
+
+    /// Status fields (docs/lmcache-dax-behavior.md §3.10), as a JSON value.
+    pub fn status(&self) -> serde_json::Value {
+        let devs = self.inner.pool.list();
+        // ORDERING: Acquire — a snapshot for status; pairs with
+        // `request_close`.
+        let closing = self.inner.closing.load(Ordering::Acquire);
+        let inflight: Vec<usize> = self
+            .inner
+            .inflight
+            .iter()
+            // ORDERING: Relaxed — a statistic.
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let mut devices = Vec::new();
+        let (mut live, mut locked, mut borrowed) = (0, 0, 0);
+        let mut healthy = !closing;
+        for (i, d) in devs.iter().enumerate() {
+            let st = d.core().status();
+            let state = d.state();
+            if state.counts_capacity() {
+                live += st.live_slot_count;
+                locked += st.locked_key_count;
+                borrowed += st.borrowed_slot_count;
+                healthy &= st.is_healthy;
+            }
+            // Closed and removed entries are tombstones, not failures
+            // (upstream counts them unhealthy forever, docs/lmcache-dax-behavior.md §9.4).
+            healthy &= state != DeviceState::Failed;
+            devices.push(serde_json::json!({
+                "index": i,
+                "device_id": d.id().0,
+                "device_path": d.path(),
+                "state": state.name(),
+                "is_healthy": st.is_healthy,
+                "max_dax_size_bytes": st.max_dax_size_bytes,
+                "slot_bytes": st.slot_bytes,
+                "max_slots": st.max_slots,
+                "live_slot_count": st.live_slot_count,
+                "locked_key_count": st.locked_key_count,
+                "borrowed_slot_count": st.borrowed_slot_count,
+                "active_read_count": st.active_read_count,
+                "active_write_count": st.active_write_count,
+                "closing": st.closing,
+                "inflight_store_tasks": inflight[0],
+                "inflight_lookup_tasks": inflight[1],
+                "inflight_load_tasks": inflight[2],
+                "supports_restart_recovery": false,
+            }));
+        }
+        let (used, cap) = self.usage();
+        let parts = |c: usize| -> Vec<u64> {
+            self.inner
+                .workers
+                .load()
+                .as_ref()
+                .map_or_else(Vec::new, |p| {
+                    // ORDERING: Relaxed — statistics.
+                    p[c].parts
+                        .iter()
+                        .map(|n| n.load(Ordering::Relaxed))
+                        .collect()
+                })
+        };
+        serde_json::json!({
+            "is_healthy": healthy,
+            "type": "dax",
+            "device_path": devs.first().map(|d| d.path().to_string()).unwrap_or_default(),
+            "max_dax_size_bytes": cap,
+            "total_used_bytes": used,
+            "slot_bytes": self.inner.slot_bytes,
+            "live_slot_count": live,
+            "locked_key_count": locked,
+            "borrowed_slot_count": borrowed,
+            "inflight_store_tasks": inflight[0],
+            "inflight_lookup_tasks": inflight[1],
+            "inflight_load_tasks": inflight[2],
+            "closing": closing,
+            "supports_restart_recovery": false,
+            "hotplug_enabled": self.inner.hotplug_enabled,
+            // ORDERING: Relaxed — statistics.
+            "worker_panics": self.inner.panics.load(Ordering::Relaxed),
+            "listener_panics": self.inner.listener_panics.load(Ordering::Relaxed),
+            "task_records_in_use": self.inner.tasks.in_use(),
+            "signals": {
+                // ORDERING: Relaxed — statistics.
+                "store": self.inner.signals[0].load(Ordering::Relaxed),
+                "lookup": self.inner.signals[1].load(Ordering::Relaxed),
+                "load": self.inner.signals[2].load(Ordering::Relaxed),
+            },
+            "parts_run": {"store": parts(0), "lookup": parts(1), "load": parts(2)},
+            "num_devices": devs.len(),
+            "devices": devices,
+        })
+    }
+
+    /// Refuse new tasks, wait for the ones in flight, stop the workers,
+    /// wake every `wait_*` caller, close the eventfds and every device.
+    /// Idempotent. When it returns the fds are closed.
+    ///
+    /// Called on one of this engine's worker threads (from a listener) it
+    /// cannot wait for the task that worker is running: it only *requests*
+    /// the close (new submits are refused with [`EngineError::Closing`],
+    /// the tasks in flight finish and can be collected), logs that, and
+    /// returns; the owner's next `close` (or drop) finishes it.
+    pub fn close(&self) {
+        if self.on_own_worker() {
+            self.request_close();
+            eprintln!(
+                "daxkv: Engine::close called on one of its own worker threads (from a \
+                 listener): new tasks are refused; the close finishes on the next close \
+                 or drop outside the workers"
+            );
+            return;
+        }
+        let mut closed = self
+            .inner
+            .close_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *closed {
+            return;
+        }
+        let inner = &self.inner;
+        self.request_close();
+        // ORDERING: SeqCst — the read half of the Dekker handshake with
+        // `enqueue_with` (module doc of that fn); a zero count also
+        // observes, through the workers' Release decrements in `publish`,
+        // everything those tasks did; pairs with `enqueue_with`, `publish`.
+        while inner.inflight.iter().any(|c| c.load(Ordering::SeqCst) > 0) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // ORDERING: Release — workers (Acquire in `worker_loop`) and
+        // waiters (Acquire in `wait`) see it with everything before it;
+        // pairs with `worker_loop` and `wait`.
+        inner.stop.store(true, Ordering::Release);
+        if let Some(pools) = inner.workers.swap(None) {
+            for p in pools.iter() {
+                stop_pool(p);
+            }
+            // The workers are joined; what else holds the pools is a
+            // `wait_*` caller (or a collector between two loads). Wake the
+            // waiters until they have let go, so that dropping our
+            // reference below is the last one and closes the fds. Bounded:
+            // a woken waiter sees `stop` and returns without sleeping
+            // again (`swap` turned every outstanding borrow into a counted
+            // reference, so the count is exact).
+            while Arc::strong_count(&pools) > 1 {
+                for p in pools.iter() {
+                    let _ = p.fd.notify();
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            drop(pools);
+        }
+        inner.pool.close_all();
+        *closed = true;
+    }
+
+    /// Refuse new submits from now on.
+    fn request_close(&self) {
+        // ORDERING: SeqCst — the write half of the Dekker handshake with
+        // `enqueue_with` (count, then check `closing`); pairs with
+        // `enqueue_with`.
+        self.inner.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// True on one of this engine's worker threads.
+    fn on_own_worker(&self) -> bool {
+        worker::WORKER_OF.with(std::cell::Cell::get) == Arc::as_ptr(&self.inner) as usize
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if self.on_own_worker() {
+            // The last handle dropped by a listener: this worker cannot be
+            // joined from itself, nor can close wait for its task. Refuse
+            // new work, tell every worker to stop, and let them go; the
+            // devices close when the last worker lets go of the engine's
+            // state (a `DaxCore` closes on drop), the fds when the pools do.
+            self.request_close();
+            // ORDERING: Release — as in `close`; pairs with `worker_loop`.
+            self.inner.stop.store(true, Ordering::Release);
+            if let Some(pools) = self.inner.workers.swap(None) {
+                for p in pools.iter() {
+                    for w in &p.wakes {
+                        let _ = w.notify();
+                    }
+                    // Detach (not join) the workers.
+                    p.detach();
+                }
+            }
+            eprintln!(
+                "daxkv: the engine was dropped on one of its own worker threads (from a \
+                 listener): its workers stop and are detached, tasks not yet run are dropped"
+            );
+            return;
+        }
+        self.close();
+    }
+}

@@ -1,0 +1,781 @@
+//! # The device pool: devices, their states, and where a key goes
+//!
+//! The pool is the list of mapped devices behind the engine. The data path
+//! reads it lock-free (an [`ArcSwap`] snapshot per task part); the control
+//! plane changes it under one admin mutex, and nothing outside this module
+//! mutates a device. Its public face is small and typed: add a device
+//! ([`Engine::add_device`]), change a device's state
+//! ([`Engine::set_device_state`]), list the devices with their usage
+//! ([`Engine::devices`]). The hotplug control plane wraps these.
+//!
+//! Placement ([`store_one`]) follows the key-ownership protocol of the
+//! parent module: a key is decided under its claim, stays where it is if a
+//! readable device holds it, and otherwise goes to the writable device with
+//! the lowest slot usage.
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use arc_swap::{ArcSwap, Guard};
+
+use super::claims::ClaimTable;
+use super::{Engine, EngineError};
+use crate::arena::{ArenaSource, DeviceIdentity, TryEnterError};
+use crate::core::{CoreConfig, DaxCore, Session};
+use crate::error::PutError;
+use crate::key::Key;
+
+/// A device id: from 0, never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(pub u32);
+
+/// A device's state in the pool (the hotplug state machine: LMCache's
+/// device states).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DeviceState {
+    /// Serves lookups and loads, takes new keys.
+    Active = 0,
+    /// Serves reads; takes no new keys (being emptied by eviction).
+    Draining = 1,
+    /// Serves reads; takes no new keys (its keys are moving elsewhere).
+    Migrating = 2,
+    /// Serves reads; takes no new keys while its mapping changes size.
+    Resizing = 3,
+    /// Being removed: serves nothing, its slots still count in capacity.
+    Removing = 4,
+    /// Closed by the engine's close: a tombstone.
+    Closed = 5,
+    /// Failed: serves nothing; the pool reports unhealthy.
+    Failed = 6,
+    /// Removed: a tombstone kept so ids are never reused.
+    Removed = 7,
+}
+
+impl DeviceState {
+    fn from_u8(v: u8) -> DeviceState {
+        match v {
+            0 => DeviceState::Active,
+            1 => DeviceState::Draining,
+            2 => DeviceState::Migrating,
+            3 => DeviceState::Resizing,
+            4 => DeviceState::Removing,
+            5 => DeviceState::Closed,
+            6 => DeviceState::Failed,
+            _ => DeviceState::Removed,
+        }
+    }
+
+    /// Lower-case name, as in `status()`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceState::Active => "active",
+            DeviceState::Draining => "draining",
+            DeviceState::Migrating => "migrating",
+            DeviceState::Resizing => "resizing",
+            DeviceState::Removing => "removing",
+            DeviceState::Closed => "closed",
+            DeviceState::Failed => "failed",
+            DeviceState::Removed => "removed",
+        }
+    }
+
+    /// Lookups and loads may use it.
+    pub fn is_readable(self) -> bool {
+        matches!(
+            self,
+            DeviceState::Active
+                | DeviceState::Draining
+                | DeviceState::Migrating
+                | DeviceState::Resizing
+        )
+    }
+
+    /// New keys may go to it.
+    pub fn is_writable(self) -> bool {
+        self == DeviceState::Active
+    }
+
+    /// Its slots count in capacity and usage.
+    pub fn counts_capacity(self) -> bool {
+        self.is_readable() || self == DeviceState::Removing
+    }
+
+    /// A tombstone: closed or removed, never serves again.
+    pub fn is_tombstone(self) -> bool {
+        matches!(self, DeviceState::Closed | DeviceState::Removed)
+    }
+}
+
+/// One device of the pool. Read-only outside the pool.
+#[derive(Debug)]
+pub struct Device {
+    id: DeviceId,
+    path: String,
+    state: AtomicU8,
+    core: DaxCore,
+}
+
+impl Device {
+    /// Its id.
+    pub fn id(&self) -> DeviceId {
+        self.id
+    }
+
+    /// The path it was opened from (`"memfd"` for an anonymous one).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Its state now.
+    pub fn state(&self) -> DeviceState {
+        // ORDERING: Acquire — pairs with `set_state`.
+        DeviceState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// Change its state (the pool's control plane only).
+    fn set_state(&self, s: DeviceState) {
+        // ORDERING: Release — a state change is seen with what preceded it.
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// Its core (for the engine's workers and the bench's raw limit).
+    pub(crate) fn core(&self) -> &DaxCore {
+        &self.core
+    }
+
+    /// Slot usage in [0, 1] (1 for a device of no slots).
+    fn usage(&self) -> f64 {
+        let max = self.core.max_slots();
+        if max == 0 {
+            1.0
+        } else {
+            self.core.live_slot_count() as f64 / max as f64
+        }
+    }
+
+    /// A snapshot of its id, state and usage.
+    pub fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            id: self.id,
+            path: self.path.clone(),
+            state: self.state(),
+            arena_bytes: self.core.arena_bytes(),
+            slot_bytes: self.core.slot_bytes(),
+            max_slots: self.core.max_slots(),
+            live_slots: self.core.live_slot_count(),
+        }
+    }
+}
+
+/// A device as listed by [`Engine::devices`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Its id.
+    pub id: DeviceId,
+    /// The path it was opened from.
+    pub path: String,
+    /// Its state.
+    pub state: DeviceState,
+    /// Bytes mapped now.
+    pub arena_bytes: usize,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// Slots it can hold at its current size.
+    pub max_slots: usize,
+    /// Slots holding a key, in flight or pending free.
+    pub live_slots: usize,
+}
+
+/// A device's mapping, for raw-copy baselines (the benchmarks compare the
+/// engine with plain copies into the very same mapping) and diagnostics.
+/// Read-only with respect to the pool: it cannot change the device's
+/// state; writing through its guard is `unsafe` and bypasses the store.
+#[derive(Debug, Clone)]
+pub struct RawDevice(Arc<Device>);
+
+impl RawDevice {
+    /// A guard over the whole mapping that bypasses the slot states
+    /// (`None` once the device is closed). See
+    /// [`DaxCore::raw_guard`](crate::core::DaxCore::raw_guard).
+    pub fn raw_guard(&self) -> Option<crate::arena::ArenaGuard<'_>> {
+        self.0.core.raw_guard()
+    }
+
+    /// Its id.
+    pub fn id(&self) -> DeviceId {
+        self.0.id
+    }
+}
+
+/// How a device is opened.
+#[derive(Clone, Debug)]
+pub struct DeviceSpec {
+    /// Shown in status; for a file or device, its path.
+    pub path: String,
+    /// The arena and slot layout (the engine's `slot_bytes` wins).
+    pub core: CoreConfig,
+}
+
+/// The device list and the state the control plane changes under one
+/// mutex.
+pub(super) struct DevicePool {
+    /// The device list: read lock-free by the data path; replaced only
+    /// under `admin`.
+    devices: ArcSwap<Vec<Arc<Device>>>,
+    /// Serializes the control plane's changes (add, state changes, close):
+    /// an identity check and the append are one step.
+    admin: Mutex<()>,
+    /// Next device id; advanced only under `admin`.
+    next_id: AtomicU32,
+    slot_bytes: usize,
+    /// Key ownership: a store holds its key's stripe while it decides
+    /// which device gets the key (parent module doc, "Key ownership").
+    pub(super) claims: ClaimTable,
+}
+
+impl DevicePool {
+    /// Map `specs` (ids from 0). Any failure releases what was opened.
+    pub(super) fn open(specs: Vec<DeviceSpec>, slot_bytes: usize) -> Result<Self, EngineError> {
+        let mut devs: Vec<Arc<Device>> = Vec::new();
+        for (i, spec) in specs.into_iter().enumerate() {
+            let mut cfg = spec.core.clone();
+            cfg.slot_bytes = slot_bytes;
+            let core =
+                DaxCore::open(&cfg).map_err(|source| EngineError::Device { index: i, source })?;
+            if let Some(id) = core.identity() {
+                if devs.iter().any(|d| d.core.identity() == Some(id)) {
+                    return Err(EngineError::AlreadyMapped { path: spec.path });
+                }
+            }
+            devs.push(Arc::new(Device {
+                id: DeviceId(i as u32),
+                path: spec.path,
+                state: AtomicU8::new(DeviceState::Active as u8),
+                core,
+            }));
+        }
+        let n = devs.len() as u32;
+        Ok(DevicePool {
+            devices: ArcSwap::from_pointee(devs),
+            admin: Mutex::new(()),
+            next_id: AtomicU32::new(n),
+            slot_bytes,
+            claims: ClaimTable::default(),
+        })
+    }
+
+    /// The device list now (lock-free; cheap).
+    pub(super) fn list(&self) -> Guard<Arc<Vec<Arc<Device>>>> {
+        self.devices.load()
+    }
+
+    /// The device list now, as an owned snapshot.
+    pub(super) fn snapshot(&self) -> Arc<Vec<Arc<Device>>> {
+        self.devices.load_full()
+    }
+
+    fn admin(&self) -> MutexGuard<'_, ()> {
+        self.admin.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Append a device unless the pool maps it already (see
+    /// [`Engine::add_device`]). Refused once `closing` is set.
+    pub(super) fn add(
+        &self,
+        spec: &DeviceSpec,
+        closing: &AtomicBool,
+    ) -> Result<DeviceId, EngineError> {
+        let _admin = self.admin();
+        // ORDERING: Acquire — observes `request_close`; `close` takes
+        // `admin` before it closes the devices, so an add that passed this
+        // check has appended before that; pairs with `close`.
+        if closing.load(Ordering::Acquire) {
+            return Err(EngineError::Closing);
+        }
+        let requested = spec.core.arena.size_bytes;
+        // A path we can stat is checked before it is mapped a second time.
+        let by_path = match &spec.core.arena.source {
+            ArenaSource::Path(p) | ArenaSource::CreateFile(p) => DeviceIdentity::of_path(p),
+            _ => None,
+        };
+        if let Some(found) = self.mapped_as(by_path, &spec.path, requested) {
+            return found;
+        }
+        let mut cfg = spec.core.clone();
+        cfg.slot_bytes = self.slot_bytes;
+        let core = DaxCore::open(&cfg).map_err(|source| EngineError::Device {
+            index: self.list().len(),
+            source,
+        })?;
+        // The identity of what was opened (a path that appeared meanwhile,
+        // or one reached through another name).
+        if let Some(found) = self.mapped_as(core.identity(), &spec.path, core.arena_bytes()) {
+            return found;
+        }
+        // ORDERING: Relaxed — advanced only under `admin`, which orders it.
+        let id = DeviceId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let mut v = Vec::clone(&self.list());
+        v.push(Arc::new(Device {
+            id,
+            path: spec.path.clone(),
+            state: AtomicU8::new(DeviceState::Active as u8),
+            core,
+        }));
+        // Under `admin`: nobody else replaces the list meanwhile.
+        self.devices.store(Arc::new(v));
+        Ok(id)
+    }
+
+    /// The answer for a device of identity `id` the pool already maps (and
+    /// serves: tombstones don't count): its id at the same size, a conflict
+    /// at another. `None` if not mapped. Called under `admin`.
+    fn mapped_as(
+        &self,
+        id: Option<DeviceIdentity>,
+        path: &str,
+        requested_bytes: usize,
+    ) -> Option<Result<DeviceId, EngineError>> {
+        let id = id?;
+        let devs = self.list();
+        let d = devs
+            .iter()
+            .find(|d| !d.state().is_tombstone() && d.core.identity() == Some(id))?;
+        let existing_bytes = d.core.arena_bytes();
+        Some(if existing_bytes == requested_bytes {
+            Ok(d.id)
+        } else {
+            Err(EngineError::SizeConflict {
+                path: path.to_string(),
+                id: d.id.0,
+                existing_bytes,
+                requested_bytes,
+            })
+        })
+    }
+
+    /// Move device `id` to `to`; returns its previous state. A tombstone
+    /// (closed, removed) never changes again, and no device becomes
+    /// `Closed` this way (that is `close`'s).
+    pub(super) fn set_state(
+        &self,
+        id: DeviceId,
+        to: DeviceState,
+        closing: &AtomicBool,
+    ) -> Result<DeviceState, EngineError> {
+        let _admin = self.admin();
+        // ORDERING: Acquire — as in `add`.
+        if closing.load(Ordering::Acquire) {
+            return Err(EngineError::Closing);
+        }
+        let devs = self.list();
+        let d = devs
+            .iter()
+            .find(|d| d.id == id)
+            .ok_or(EngineError::NoSuchDevice { id: id.0 })?;
+        let from = d.state();
+        if from.is_tombstone() || to == DeviceState::Closed {
+            return Err(EngineError::StateChange {
+                id: id.0,
+                from: from.name(),
+                to: to.name(),
+            });
+        }
+        d.set_state(to);
+        Ok(from)
+    }
+
+    /// Remap device `id` to `bytes` (grow, or shrink above its highest
+    /// live slot). Under `admin`, so it never races another control-plane
+    /// change; task parts let it in between keys.
+    pub(super) fn resize(
+        &self,
+        id: DeviceId,
+        bytes: usize,
+        closing: &AtomicBool,
+    ) -> Result<(), EngineError> {
+        let _admin = self.admin();
+        // ORDERING: Acquire — as in `add`.
+        if closing.load(Ordering::Acquire) {
+            return Err(EngineError::Closing);
+        }
+        let devs = self.list();
+        let d = devs
+            .iter()
+            .find(|d| d.id == id && !d.state().is_tombstone())
+            .ok_or(EngineError::NoSuchDevice { id: id.0 })?;
+        d.core
+            .remap(bytes)
+            .map_err(|source| EngineError::Resize { id: id.0, source })
+    }
+
+    /// `(bytes used, capacity bytes)` over the devices that count
+    /// capacity, by slots.
+    pub(super) fn usage(&self) -> (u64, u64) {
+        let sb = self.slot_bytes as u64;
+        self.list()
+            .iter()
+            .filter(|d| d.state().counts_capacity() && !d.core.is_closing())
+            .fold((0, 0), |(u, c), d| {
+                (
+                    u + sb * d.core.live_slot_count() as u64,
+                    c + sb * d.core.max_slots() as u64,
+                )
+            })
+    }
+
+    /// Close every device (the engine's close, after its workers stopped).
+    /// Under `admin`: a racing `add` either appended before this (and its
+    /// device is closed here) or sees `closing` and refuses.
+    pub(super) fn close_all(&self) {
+        let _admin = self.admin();
+        for d in self.list().iter() {
+            d.core.close();
+            d.set_state(DeviceState::Closed);
+        }
+    }
+
+    /// Close every device's mapping without the admin mutex (a failed
+    /// `open`, before anyone else saw the pool).
+    pub(super) fn close_cores(&self) {
+        for d in self.list().iter() {
+            d.core.close();
+        }
+    }
+}
+
+impl Engine {
+    /// The devices with their state and usage (a snapshot; allocates).
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        self.inner.pool.list().iter().map(|d| d.info()).collect()
+    }
+
+    /// Remap device `id` to `bytes` of mapping: grow, or shrink when no
+    /// live slot lies past the new end (the hotplug resize builds on
+    /// this). Task parts running on the device let the remap in between
+    /// keys. Errors: [`EngineError::NoSuchDevice`], [`EngineError::Resize`]
+    /// (with the core's reason), [`EngineError::Closing`].
+    pub fn resize_device(&self, id: DeviceId, bytes: usize) -> Result<(), EngineError> {
+        self.inner.pool.resize(id, bytes, &self.inner.closing)
+    }
+
+    /// The devices that hold `key` committed now (a diagnostic: with the
+    /// engine's key ownership there is at most one).
+    pub fn devices_holding(&self, key: Key) -> Vec<DeviceId> {
+        self.inner
+            .pool
+            .list()
+            .iter()
+            .filter(|d| !d.state().is_tombstone() && d.core.exists(key, false))
+            .map(|d| d.id)
+            .collect()
+    }
+
+    /// Check every device's bookkeeping invariants (tests and
+    /// diagnostics; see [`DaxCore::check_invariants`]). Only meaningful
+    /// while no task is in flight.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for d in self.inner.pool.list().iter() {
+            if !d.state().is_tombstone() {
+                d.core
+                    .check_invariants()
+                    .map_err(|e| format!("device {}: {e}", d.id.0))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Device `id`'s mapping, for raw-copy baselines (see [`RawDevice`]).
+    pub fn raw_device(&self, id: DeviceId) -> Option<RawDevice> {
+        self.inner
+            .pool
+            .list()
+            .iter()
+            .find(|d| d.id == id)
+            .map(|d| RawDevice(d.clone()))
+    }
+
+    /// The device list itself, for in-crate users that need a device's
+    /// core (the bench's raw-copy limit).
+    pub(crate) fn device_list(&self) -> Arc<Vec<Arc<Device>>> {
+        self.inner.pool.snapshot()
+    }
+
+    /// Append a device (the control plane's add). Returns its id.
+    ///
+    /// Never two cores over one device: a device (or file) the pool already
+    /// maps — same `st_rdev`, or same `(st_dev, st_ino)` — is answered with
+    /// its existing id when the size matches (idempotent) and with
+    /// [`EngineError::SizeConflict`] otherwise. The check and the append are
+    /// one step under the pool's admin mutex (the data path never takes
+    /// it: it reads the list through an `ArcSwap`), so two racing adds of
+    /// one device map it once.
+    pub fn add_device(&self, spec: &DeviceSpec) -> Result<DeviceId, EngineError> {
+        self.inner.pool.add(spec, &self.inner.closing)
+    }
+
+    /// Move device `id` to state `to` (the control plane's drain, migrate,
+    /// resize and remove steps build on this); returns the state it had.
+    /// Errors: [`EngineError::NoSuchDevice`], [`EngineError::StateChange`]
+    /// for a tombstone or a move to `Closed`, [`EngineError::Closing`].
+    /// A state change takes effect for task parts that start after it;
+    /// parts already running finish with the list they began with.
+    pub fn set_device_state(
+        &self,
+        id: DeviceId,
+        to: DeviceState,
+    ) -> Result<DeviceState, EngineError> {
+        self.inner.pool.set_state(id, to, &self.inner.closing)
+    }
+}
+
+/// Devices a task part opens an arena session on up front.
+pub(super) const SESSION_DEVICES: usize = 4;
+
+/// Rounds of "a device was being remapped: drop the sessions, wait for
+/// it, retry" one store part may take before its remaining keys fail.
+pub(super) const STORE_ROUNDS_MAX: usize = 64;
+
+/// What `store_one` did.
+pub(super) enum Stored {
+    /// The key is in the pool (stored now, or already there).
+    Yes,
+    /// Not stored (every writable device full, or the put failed).
+    No,
+    /// A device it needed has a remap pending; entering would have waited
+    /// while holding the key's claim. Nothing was stored; the claim is
+    /// released; retry once that device's remap is over.
+    WouldWait(Arc<Device>),
+}
+
+/// Run `f` under device `i`'s session: the part's own if it has one, else
+/// a session for this call (a device beyond the first few, or a device
+/// list that changed since the part began). `Ok(None)` if the device is
+/// closing; `Err` if a remap is pending on it: the caller holds a claim
+/// and must not wait (parent module doc, "Key ownership", and
+/// `tests::a_claim_holder_never_waits_for_a_remap`).
+fn in_session<R>(
+    devs: &[Arc<Device>],
+    sessions: &[Option<Session<'_>>],
+    i: usize,
+    f: impl FnOnce(&Session<'_>) -> R,
+) -> Result<Option<R>, Arc<Device>> {
+    match sessions.get(i).and_then(Option::as_ref) {
+        Some(s) => Ok(Some(f(s))),
+        None => match devs[i].core.try_session() {
+            Ok(s) => Ok(Some(f(&s))),
+            Err(TryEnterError::Closed) => Ok(None),
+            Err(TryEnterError::Busy) => Err(devs[i].clone()),
+        },
+    }
+}
+
+/// Store one key under its claim (parent module doc, "Key ownership"): a
+/// key already on a readable device stays there (success, no copy); a new
+/// key goes to the active device with the lowest slot usage, then the next
+/// on a full device.
+pub(super) fn store_one(
+    pool: &DevicePool,
+    part_devs: &Arc<Vec<Arc<Device>>>,
+    part_sessions: &[Option<Session<'_>>],
+    key: Key,
+    data: &[u8],
+) -> Stored {
+    // Held until we return: no other store of this key decides meanwhile.
+    let _claim = pool.claims.claim(key);
+    // The device list as of now, not as of the part's start: a device
+    // added since may hold the key (stored there under an earlier claim,
+    // whose Release our claim's Acquire observed, and with it that store's
+    // list). The part's sessions serve when the list is unchanged.
+    let cur = pool.list();
+    let (devs, sessions): (&[Arc<Device>], &[Option<Session<'_>>]) = if Arc::ptr_eq(&cur, part_devs)
+    {
+        (part_devs, part_sessions)
+    } else {
+        (&cur, &[])
+    };
+    for (i, d) in devs.iter().enumerate() {
+        if d.state().is_readable() {
+            match in_session(devs, sessions, i, |s| s.contains_live(key)) {
+                Ok(Some(true)) => return Stored::Yes,
+                Ok(_) => {}
+                Err(dev) => return Stored::WouldWait(dev),
+            }
+        }
+    }
+    // Try writable devices in ascending usage: pick the least used one not
+    // yet tried, each round (devices are few; no allocation per key).
+    let mut tried: u64 = 0;
+    for _ in 0..devs.len().min(64) {
+        let Some((i, _)) = devs
+            .iter()
+            .enumerate()
+            .take(64)
+            .filter(|(i, d)| tried & (1 << i) == 0 && d.state().is_writable())
+            .min_by(|a, b| a.1.usage().total_cmp(&b.1.usage()))
+        else {
+            return Stored::No;
+        };
+        tried |= 1 << i;
+        match in_session(devs, sessions, i, |s| s.put(key, data, 0)) {
+            Ok(Some(Ok(_))) => return Stored::Yes,
+            Ok(Some(Err(PutError::Full | PutError::IndexFull | PutError::Closed)) | None) => {}
+            Ok(Some(Err(_))) => return Stored::No,
+            Err(dev) => return Stored::WouldWait(dev),
+        }
+    }
+    Stored::No
+}
+
+#[cfg(all(test, not(daxkv_loom)))]
+mod tests {
+    use super::super::EngineOptions;
+    use super::*;
+    use crate::arena::ArenaSpec;
+    use std::time::Duration;
+
+    /// Key claims met the arena gate: a store holding key K's claim entered
+    /// a device per call (the device list had changed since its part
+    /// began) while that device's remap was pending; the remap waited for
+    /// another worker's part session on the device, and that worker waited
+    /// for K's claim: a cycle, broken only when the remap gave up after the
+    /// drain timeout. A claim holder must never wait on an arena: here a
+    /// remap of device 0 is pending (held up by a session standing in for
+    /// the other worker's part), and `store_one` with a stale device list
+    /// must come back at once with `WouldWait`, having stored nothing and
+    /// released the claim. Checked once with `in_session` entering through
+    /// the blocking `session()`: `store_one` did not return while the
+    /// remap was pending (the watchdog fired).
+    #[test]
+    fn a_claim_holder_never_waits_for_a_remap() {
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(16 * SLOT).max_size_bytes(32 * SLOT), SLOT),
+        };
+        let e = Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap();
+        let inner = e.inner.clone();
+        let dev0 = inner.pool.list()[0].clone();
+        let other_part = dev0.core.session().unwrap();
+        let remap = {
+            let dev0 = dev0.clone();
+            std::thread::spawn(move || dev0.core.remap(32 * SLOT))
+        };
+        while !dev0.core.remap_pending() {
+            std::thread::yield_now();
+        }
+        let key = Key::digest(b"claimed");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let storer = {
+            let inner = inner.clone();
+            std::thread::spawn(move || {
+                let stale = Arc::new(Vec::new()); // "the list changed since the part began"
+                let r = store_one(&inner.pool, &stale, &[], key, &[1; 64]);
+                let _ = tx.send(matches!(r, Stored::WouldWait(_)));
+            })
+        };
+        let would_wait = rx.recv_timeout(Duration::from_secs(3));
+        drop(other_part); // let the remap (and a blocked storer) go
+        remap.join().unwrap().unwrap();
+        storer.join().unwrap();
+        assert_eq!(
+            would_wait,
+            Ok(true),
+            "store_one waited for a remap while holding a claim"
+        );
+        assert_eq!(inner.pool.claims.held(), 0, "the claim was released");
+        assert!(!dev0.core.exists(key, false), "nothing was stored");
+    }
+
+    /// Reference §8.1 item 14: deleting a borrowed slot keeps usage until
+    /// the read ends (a borrowed read needs the device's core, so this
+    /// lives beside the pool).
+    #[test]
+    fn delete_of_a_borrowed_slot_keeps_usage_until_the_read_ends() {
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(2 * SLOT), SLOT),
+        };
+        let e = Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap();
+        let k = Key::digest(b"borrowed");
+        let id = e
+            .submit_store(vec![k], vec![vec![7u8; 100].into()])
+            .unwrap();
+        assert!(
+            e.wait_store(id, Duration::from_secs(10))
+                .ready()
+                .unwrap()
+                .success
+        );
+        let dev = e.device_list()[0].clone();
+        let set = dev.core().reserve_reads(&[k], false);
+        assert_eq!(e.delete(&[k]), vec![k]);
+        assert_eq!(e.usage(), (SLOT as u64, 2 * SLOT as u64), "usage stays 0.5");
+        let st = e.status();
+        assert_eq!(
+            (
+                st["live_slot_count"].as_u64(),
+                st["borrowed_slot_count"].as_u64()
+            ),
+            (Some(1), Some(1))
+        );
+        assert!(
+            dev.core().usage().1.abs() < f64::EPSILON,
+            "usage after pending frees is 0"
+        );
+        drop(set);
+        assert_eq!(e.usage().0, 0);
+    }
+
+    #[test]
+    fn state_changes_are_typed_and_tombstones_stay() {
+        const SLOT: usize = 4096;
+        let dev = || DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(4 * SLOT), SLOT),
+        };
+        let e = Engine::open(vec![dev(), dev()], SLOT, false, EngineOptions::default()).unwrap();
+        assert_eq!(
+            e.set_device_state(DeviceId(1), DeviceState::Draining)
+                .unwrap(),
+            DeviceState::Active
+        );
+        let states: Vec<_> = e.devices().iter().map(|d| d.state).collect();
+        assert_eq!(states, [DeviceState::Active, DeviceState::Draining]);
+        // A draining device takes no new keys: both go to device 0.
+        let keys = vec![Key::digest(b"a"), Key::digest(b"b")];
+        let id = e
+            .submit_store(keys, vec![vec![1u8; 10].into(), vec![2u8; 10].into()])
+            .unwrap();
+        assert!(
+            e.wait_store(id, Duration::from_secs(10))
+                .ready()
+                .unwrap()
+                .success
+        );
+        let live: Vec<_> = e.devices().iter().map(|d| d.live_slots).collect();
+        assert_eq!(live, [2, 0]);
+        let err = e
+            .set_device_state(DeviceId(9), DeviceState::Active)
+            .unwrap_err();
+        assert!(err.to_string().contains("no device 9"), "{err}");
+        let err = e
+            .set_device_state(DeviceId(0), DeviceState::Closed)
+            .unwrap_err();
+        assert!(err.to_string().contains("active → closed"), "{err}");
+        e.set_device_state(DeviceId(1), DeviceState::Removed)
+            .unwrap();
+        let err = e
+            .set_device_state(DeviceId(1), DeviceState::Active)
+            .unwrap_err();
+        assert!(err.to_string().contains("removed → active"), "{err}");
+        e.close();
+        assert!(matches!(
+            e.set_device_state(DeviceId(0), DeviceState::Draining),
+            Err(EngineError::Closing)
+        ));
+    }
+}

@@ -1,0 +1,623 @@
+//! # Results: what a task hands back, and how callers collect it
+//!
+//! A finished task's result stays in its record until one caller takes it.
+//! Three ways to take it, all lock-free for the caller (nobody waits on a
+//! lock: the completion rings of a class are drained by whoever wins a
+//! `try_lock`, and a caller that loses simply looks at the records):
+//!
+//! - **by id**: [`Engine::query_store`] / [`Engine::query_lookup`] /
+//!   [`Engine::query_load`] answer at once; the `wait_*` forms spin, then
+//!   park on the class's eventfd. Each answers with an [`Answer`]: ready,
+//!   pending, unknown id, wrong kind, or closed.
+//! - **all finished stores** ([`Engine::pop_completed_stores`], LMCache's
+//!   contract): every store result not yet taken, each exactly once.
+//! - Mixing the two for stores is allowed: each result goes to whoever
+//!   takes it first (so a thread waiting by id for a store that another
+//!   thread's global pop took gets [`Answer::Unknown`]). A server picks one
+//!   style per engine.
+//!
+//! After [`Engine::close`] every result of a task that `close` waited for
+//! can still be taken, and a waiter returns at once: with its result, or
+//! [`Answer::Closed`] for a task that will never finish (only an engine
+//! dropped on its own worker thread leaves such tasks).
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use super::records::pop_released;
+use super::task::{TaskId, TaskKind};
+use super::worker::spin_pause;
+use super::{Engine, Signal};
+use crate::ring::Cqe;
+
+/// Completions a collector pops (and hands the ring space back for) before
+/// it frees their records; on the stack, so collecting allocates nothing.
+const POP_BATCH: usize = 32;
+
+/// Result of a store task (LMCache's `L2StoreResult`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreResult {
+    /// Every key was stored (or was already present).
+    pub success: bool,
+    /// Slot bytes of the keys that succeeded (LMCache counts whole chunks).
+    pub bytes_transferred: u64,
+}
+
+/// Words a [`Bitmap`] keeps inline: tasks of up to 256 keys hand their
+/// result back without allocating.
+const INLINE_WORDS: usize = 4;
+
+/// A per-key result bitmap (LMCache's `Bitmap`): bit `i` says key `i` of
+/// the task succeeded (stored, found and locked, loaded).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Bitmap {
+    /// Bits of tasks of up to `64 * INLINE_WORDS` keys (zero otherwise).
+    inline: [u64; INLINE_WORDS],
+    /// Bits of larger tasks (empty otherwise).
+    heap: Vec<u64>,
+    len: usize,
+}
+
+impl Bitmap {
+    pub(super) fn from_words(len: usize, words: impl ExactSizeIterator<Item = u64>) -> Bitmap {
+        let mut b = Bitmap {
+            inline: [0; INLINE_WORDS],
+            heap: Vec::new(),
+            len,
+        };
+        if len.div_ceil(64) <= INLINE_WORDS {
+            for (dst, w) in b.inline.iter_mut().zip(words) {
+                *dst = w;
+            }
+        } else {
+            b.heap.extend(words);
+        }
+        b
+    }
+
+    fn words(&self) -> &[u64] {
+        let n = self.len.div_ceil(64);
+        if n <= INLINE_WORDS {
+            &self.inline[..n]
+        } else {
+            &self.heap
+        }
+    }
+
+    /// Number of keys (bits).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a task of no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether key `i` succeeded (false past the end).
+    pub fn test(&self, i: usize) -> bool {
+        i < self.len && self.words()[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Keys that succeeded.
+    pub fn count_ones(&self) -> usize {
+        self.words().iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// Hits before the first miss (LMCache's prefix lookups).
+    pub fn count_leading_ones(&self) -> usize {
+        (0..self.len).take_while(|&i| self.test(i)).count()
+    }
+
+    /// One `bool` per key.
+    pub fn to_vec(&self) -> Vec<bool> {
+        (0..self.len).map(|i| self.test(i)).collect()
+    }
+}
+
+impl std::fmt::Debug for Bitmap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s: String = self
+            .to_vec()
+            .iter()
+            .map(|&b| if b { '1' } else { '0' })
+            .collect();
+        write!(f, "Bitmap({s})")
+    }
+}
+
+/// Lengths a [`Lens`] keeps inline: tasks of up to 64 keys (the default
+/// `task_keys`) hand them back without allocating.
+const INLINE_LENS: usize = 64;
+
+/// Each key's payload length in bytes after a load (0 for a miss): a tail
+/// chunk is shorter than the slot, and the bytes past its length in the
+/// destination are untouched.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Lens {
+    inline: [u32; INLINE_LENS],
+    heap: Vec<u32>,
+    len: usize,
+}
+
+impl Lens {
+    pub(super) fn from_iter(len: usize, lens: impl Iterator<Item = usize>) -> Lens {
+        let mut l = Lens {
+            inline: [0; INLINE_LENS],
+            heap: Vec::new(),
+            len,
+        };
+        let lens = lens.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        if len <= INLINE_LENS {
+            for (dst, n) in l.inline.iter_mut().zip(lens) {
+                *dst = n;
+            }
+        } else {
+            l.heap.extend(lens.take(len));
+        }
+        l
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        if self.len <= INLINE_LENS {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a task of no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Key `i`'s payload length (0 for a miss, and past the end).
+    pub fn get(&self, i: usize) -> usize {
+        self.as_slice().get(i).map_or(0, |&n| n as usize)
+    }
+
+    /// Every key's payload length, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.as_slice().iter().map(|&n| n as usize)
+    }
+
+    /// The lengths as a vector.
+    pub fn to_vec(&self) -> Vec<usize> {
+        self.iter().collect()
+    }
+}
+
+impl std::fmt::Debug for Lens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Result of a load task.
+#[derive(Debug)]
+pub struct LoadResult {
+    /// Which keys were loaded.
+    pub bitmap: Bitmap,
+    /// The owned destinations, handed back in key order (empty when the
+    /// task used raw buffers). Each keeps its length; the payload is its
+    /// first `lens.get(i)` bytes.
+    pub bufs: Vec<Vec<u8>>,
+    /// Each key's payload length (0 for a miss).
+    pub lens: Lens,
+}
+
+impl LoadResult {
+    /// Key `i`'s payload in its owned destination, `None` for a miss (or a
+    /// task with raw destinations).
+    pub fn payload(&self, i: usize) -> Option<&[u8]> {
+        if !self.bitmap.test(i) {
+            return None;
+        }
+        self.bufs
+            .get(i)
+            .map(|b| &b[..self.lens.get(i).min(b.len())])
+    }
+}
+
+/// The answer to "where is task `id`'s result?".
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Answer<T> {
+    /// Finished; here is its result (taken: the next call says `Unknown`).
+    Ready(T),
+    /// Still running (for a `wait_*`: the timeout passed first).
+    Pending,
+    /// No task with this id is pending or ready here: never handed out by
+    /// this engine, or its result was already taken.
+    Unknown,
+    /// The id names a task of another kind (asked a lookup for a load id).
+    WrongKind(TaskKind),
+    /// The engine is closed and this task will never finish.
+    Closed,
+}
+
+impl<T> Answer<T> {
+    /// The result, if ready.
+    pub fn ready(self) -> Option<T> {
+        match self {
+            Answer::Ready(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// True while the task runs.
+    pub fn is_pending(&self) -> bool {
+        matches!(self, Answer::Pending)
+    }
+
+    /// Apply `f` to a ready result; every other answer is kept.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Answer<U> {
+        match self {
+            Answer::Ready(r) => Answer::Ready(f(r)),
+            Answer::Pending => Answer::Pending,
+            Answer::Unknown => Answer::Unknown,
+            Answer::WrongKind(k) => Answer::WrongKind(k),
+            Answer::Closed => Answer::Closed,
+        }
+    }
+}
+
+/// Lock `m` if nobody holds it; never waits.
+pub(super) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+impl Engine {
+    /// Every finished store task not taken before, each exactly once
+    /// (LMCache's `pop_completed_store_tasks`). Allocates the returned
+    /// vector; [`Engine::pop_completed_stores_into`] reuses one.
+    pub fn pop_completed_stores(&self) -> Vec<(TaskId, StoreResult)> {
+        let mut out = Vec::new();
+        self.pop_completed_stores_into(&mut out);
+        out
+    }
+
+    /// Append every finished store task not taken before to `out` (each
+    /// exactly once); returns how many were appended. When another thread
+    /// is collecting stores at the same moment, this call may append none
+    /// (that thread pops the ring; results it does not take stay for the
+    /// next call).
+    pub fn pop_completed_stores_into(&self, out: &mut Vec<(TaskId, StoreResult)>) -> usize {
+        self.harvest_stores(Some(out))
+    }
+
+    /// The store result of task `id`, if finished (one-shot).
+    pub fn query_store(&self, id: TaskId) -> Answer<StoreResult> {
+        self.harvest_stores(None);
+        self.closed_if_pending(self.take_store(id.0))
+    }
+
+    /// Wait for store `id` (spin for `wait_spin`, then park on the store
+    /// eventfd), up to `timeout`. Several threads may each wait for their
+    /// own stores; see the module doc for mixing with the global pop.
+    pub fn wait_store(&self, id: TaskId, timeout: Duration) -> Answer<StoreResult> {
+        self.wait(TaskKind::Store, timeout, || self.query_store(id))
+    }
+
+    /// The lookup bitmap once the task is done (one-shot). Allocates
+    /// nothing for tasks of up to 256 keys.
+    pub fn query_lookup(&self, id: TaskId) -> Answer<Bitmap> {
+        self.drain_cqs(TaskKind::Lookup);
+        let a = self.inner.tasks.take(id.0, TaskKind::Lookup, |rec| {
+            let b = rec.bitmap();
+            rec.clear();
+            b
+        });
+        self.closed_if_pending(a)
+    }
+
+    /// The load result once done (one-shot, like `query_lookup`). The owned
+    /// destinations come back in `bufs` (the caller's vector, moved back),
+    /// each key's payload length in `lens`.
+    pub fn query_load(&self, id: TaskId) -> Answer<LoadResult> {
+        self.drain_cqs(TaskKind::Load);
+        let a = self.inner.tasks.take(id.0, TaskKind::Load, |rec| {
+            let bitmap = rec.bitmap();
+            let lens = rec.lens();
+            let bufs = rec.dsts.take_back();
+            rec.clear();
+            LoadResult { bitmap, bufs, lens }
+        });
+        self.closed_if_pending(a)
+    }
+
+    /// Wait for a lookup: spin for `wait_spin`, then sleep on the eventfd,
+    /// up to `timeout` (then `Pending`).
+    pub fn wait_lookup(&self, id: TaskId, timeout: Duration) -> Answer<Bitmap> {
+        self.wait(TaskKind::Lookup, timeout, || self.query_lookup(id))
+    }
+
+    /// Wait for a load (see `wait_lookup`).
+    pub fn wait_load(&self, id: TaskId, timeout: Duration) -> Answer<LoadResult> {
+        self.wait(TaskKind::Load, timeout, || self.query_load(id))
+    }
+
+    /// Wait until at least one store finishes (or `timeout`), then pop
+    /// them all (see [`Engine::pop_completed_stores`]).
+    pub fn wait_stores(&self, timeout: Duration) -> Vec<(TaskId, StoreResult)> {
+        let mut out = Vec::new();
+        self.wait_stores_into(&mut out, timeout);
+        out
+    }
+
+    /// [`Engine::wait_stores`] appending to `out`; returns how many.
+    pub fn wait_stores_into(
+        &self,
+        out: &mut Vec<(TaskId, StoreResult)>,
+        timeout: Duration,
+    ) -> usize {
+        let r = self.wait(TaskKind::Store, timeout, || {
+            match self.pop_completed_stores_into(out) {
+                0 => Answer::Pending,
+                n => Answer::Ready(n),
+            }
+        });
+        r.ready().unwrap_or(0)
+    }
+
+    /// Take store `id`'s result out of its record.
+    fn take_store(&self, id: u64) -> Answer<StoreResult> {
+        let slot_bytes = self.inner.slot_bytes as u64;
+        let a = self.inner.tasks.take(id, TaskKind::Store, |rec| {
+            let ok = rec.ok_count();
+            let n = rec.keys.len();
+            rec.clear();
+            StoreResult {
+                success: ok == n,
+                bytes_transferred: ok as u64 * slot_bytes,
+            }
+        });
+        if matches!(a, Answer::Ready(_)) {
+            self.inner.ready.unmark(self.inner.tasks.record_of(id));
+        }
+        a
+    }
+
+    /// Pop the store completion rings (if no other thread is popping them)
+    /// and hand the ring space back, then mark each popped task harvested
+    /// (`records` module doc). With `out` (the global pop), take each
+    /// popped result and every result another caller's harvest left
+    /// marked, appending them; without (a caller waiting by id), leave the
+    /// results in their records, marked for the global pop. Returns how
+    /// many were appended.
+    fn harvest_stores(&self, mut out: Option<&mut Vec<(TaskId, StoreResult)>>) -> usize {
+        let inner = &self.inner;
+        let Some(mut cqs) = try_lock(&inner.cqs[TaskKind::Store.idx()]) else {
+            return 0;
+        };
+        let mut got = 0;
+        let mut batch = [Cqe {
+            task: 0,
+            ok: 0,
+            keys_ok: 0,
+        }; POP_BATCH];
+        for cq in cqs.iter_mut() {
+            // Pop a batch and hand its ring space back *before* any of the
+            // batch's records can be freed: a refilled record's completion
+            // then always finds room (`records` module doc; issue 8,
+            // defect 4).
+            loop {
+                let (n, err) = pop_released(cq, &mut batch);
+                if let Some(e) = err {
+                    eprintln!("daxkv: store completion ring: {e}");
+                }
+                for c in &batch[..n] {
+                    if let Some(out) = out.as_deref_mut() {
+                        if let Answer::Ready(r) = self.take_store(c.task) {
+                            out.push((TaskId(c.task), r));
+                            got += 1;
+                        }
+                    }
+                    if inner.tasks.harvested(c.task) {
+                        inner.ready.mark(inner.tasks.record_of(c.task));
+                    }
+                }
+                if n < POP_BATCH {
+                    break;
+                }
+            }
+        }
+        if let Some(out) = out {
+            inner.ready.drain(|r| {
+                if let Some(id) = inner.tasks.id_at(r) {
+                    if let Answer::Ready(res) = self.take_store(id) {
+                        out.push((TaskId(id), res));
+                        got += 1;
+                    }
+                }
+            });
+        }
+        got
+    }
+
+    /// `Closed` for a pending task of an engine whose workers are gone.
+    fn closed_if_pending<T>(&self, a: Answer<T>) -> Answer<T> {
+        // ORDERING: Acquire — pairs with the Release store of `stop` in
+        // `close` (everything finished before it is visible).
+        if a.is_pending() && self.inner.stop.load(Ordering::Acquire) {
+            Answer::Closed
+        } else {
+            a
+        }
+    }
+
+    /// Poll until `poll` answers anything but `Pending`: spin for
+    /// `wait_spin`, then park on `kind`'s eventfd (re-checking every 50 ms
+    /// and on every wake), up to `timeout`.
+    fn wait<R>(
+        &self,
+        kind: TaskKind,
+        timeout: Duration,
+        mut poll: impl FnMut() -> Answer<R>,
+    ) -> Answer<R> {
+        let start = Instant::now();
+        // Spin first: a cross-vCPU eventfd wake costs 100-200 µs here.
+        let mut spins = 0u32;
+        while start.elapsed() < self.inner.opts.wait_spin {
+            let r = poll();
+            if !r.is_pending() {
+                return r;
+            }
+            spin_pause(&mut spins);
+        }
+        // Holding the workers keeps their eventfds open while we sleep on
+        // one: `close` waits for every such holder to let go (waking us
+        // until we do) before it drops them, so it closes the fds before it
+        // returns (issue 8, defect 13) and never under a sleeper.
+        let Some(workers) = self.inner.workers.load_full() else {
+            return self.closed_if_pending(poll());
+        };
+        let pool = &workers[kind.idx()];
+        let on_demand = self.inner.opts.signal == Signal::WhenWaiting;
+        loop {
+            // ORDERING: Acquire — observes `close`'s Release store of
+            // `stop` (everything is finished; answer with what is there).
+            // A waiter that misses it is woken by `close`, which writes our
+            // eventfd until we have let go of the workers; pairs with
+            // `close`.
+            if self.inner.stop.load(Ordering::Acquire) {
+                drop(workers);
+                return self.closed_if_pending(poll());
+            }
+            // Announce the wait, then re-check before sleeping: a worker
+            // publishes, then checks `waiters` (each side writes, fences,
+            // reads the other: no lost wakeup, as in the ring's handshake).
+            if on_demand {
+                // ORDERING: Relaxed — ordered by the SeqCst fence below,
+                // the Dekker pair of the fence in `WorkerCtx::publish`:
+                // either that worker sees our count, or we see its done id.
+                pool.waiters.fetch_add(1, Ordering::Relaxed);
+                // ORDERING: SeqCst fence — sleep / wake handshake (see
+                // above); pairs with the fence in `WorkerCtx::publish`.
+                fence(Ordering::SeqCst);
+            }
+            let r = poll();
+            if r.is_pending() {
+                if let Some(left) = timeout.checked_sub(start.elapsed()) {
+                    let _ = pool.fd.wait(left.min(Duration::from_millis(50)));
+                }
+            }
+            if on_demand {
+                // ORDERING: Relaxed — leaving only ends wake-ups; a worker
+                // that still counts us makes one spurious (coalesced) write.
+                pool.waiters.fetch_sub(1, Ordering::Relaxed);
+            }
+            if !r.is_pending() {
+                return r;
+            }
+            let _ = pool.fd.drain();
+            if start.elapsed() >= timeout {
+                return self.closed_if_pending(poll());
+            }
+        }
+    }
+
+    /// Drain a class's completion rings (lookup and load entries only wake
+    /// waiters; the record's `done` id is the result), unless another
+    /// thread is draining them now.
+    fn drain_cqs(&self, kind: TaskKind) {
+        if let Some(mut cqs) = try_lock(&self.inner.cqs[kind.idx()]) {
+            for cq in cqs.iter_mut() {
+                while let Ok(Some(_)) = cq.pop() {}
+                cq.sync();
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(daxkv_loom)))]
+mod tests {
+    use super::*;
+    use crate::arena::ArenaSpec;
+    use crate::buf::Buf;
+    use crate::core::CoreConfig;
+    use crate::engine::{DeviceSpec, EngineError, EngineOptions};
+    use crate::key::Key;
+
+    /// A store result taken by id while its completion entry is still in
+    /// the ring keeps its record until the entry is popped: freeing it at
+    /// the take would let the refilled record's completion meet a ring
+    /// still holding the old entry (`records` module doc). Here the
+    /// completion rings are held (as by a popper that won the `try_lock`)
+    /// while four results are taken by id. Checked once with the take
+    /// freeing the record at once: 0 records in use, the submit accepted.
+    #[test]
+    fn a_store_taken_by_id_keeps_its_record_until_its_entry_is_popped() {
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(16 * SLOT), SLOT),
+        };
+        let opts = EngineOptions {
+            task_slots: 4,
+            num_store_workers: 1,
+            ..EngineOptions::default()
+        };
+        let e = Engine::open(vec![dev], SLOT, false, opts).unwrap();
+        let ids: Vec<TaskId> = (0..4u8)
+            .map(|i| {
+                let key = Key::digest(&[i]);
+                e.submit_store(vec![key], vec![Buf::from(vec![i; 10])])
+                    .unwrap()
+            })
+            .collect();
+        while e.status()["inflight_store_tasks"] != 0 {
+            std::thread::yield_now();
+        }
+        let held = e.inner.cqs[TaskKind::Store.idx()].lock().unwrap();
+        for &id in &ids {
+            assert!(e.query_store(id).ready().unwrap().success);
+        }
+        assert_eq!(e.inner.tasks.in_use(), 4, "records wait for their entries");
+        let refused = e
+            .submit_store(vec![Key::digest(b"x")], vec![Buf::from(vec![1u8])])
+            .unwrap_err();
+        assert!(matches!(refused.error, EngineError::TooManyInFlight { .. }));
+        drop(held);
+        assert_eq!(e.query_store(ids[0]), Answer::Unknown);
+        assert_eq!(e.inner.tasks.in_use(), 0, "popping freed them");
+        assert!(
+            e.pop_completed_stores().is_empty(),
+            "nothing delivered twice"
+        );
+    }
+
+    #[test]
+    fn lens_inline_and_on_the_heap() {
+        for n in [0, 1, 64, 65, 300] {
+            let l = Lens::from_iter(n, (0..n).map(|i| i * 3));
+            assert_eq!(l.len(), n);
+            assert_eq!(l.to_vec(), (0..n).map(|i| i * 3).collect::<Vec<_>>());
+            assert_eq!(l.get(n), 0, "past the end");
+        }
+    }
+
+    #[test]
+    fn answer_helpers() {
+        assert_eq!(Answer::Ready(3).ready(), Some(3));
+        assert_eq!(Answer::<u8>::Pending.ready(), None);
+        assert!(Answer::<u8>::Pending.is_pending());
+        assert_eq!(Answer::Ready(2).map(|x| x * 2), Answer::Ready(4));
+        assert_eq!(
+            Answer::<u8>::WrongKind(TaskKind::Load).map(u16::from),
+            Answer::WrongKind(TaskKind::Load)
+        );
+    }
+}

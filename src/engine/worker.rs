@@ -1,0 +1,669 @@
+//! # Workers: one pool per task kind, each worker a loop over its queues
+//!
+//! Each worker consumes one shared queue (the `&self` submit methods) plus
+//! one SPSC ring per [`Submitter`](super::Submitter) (polled round-robin),
+//! runs the task parts it pops, and produces one completion ring. An idle
+//! worker spins for `spin`, then sets NEED_WAKEUP on all its queues and
+//! sleeps on its own eventfd, which a submitter writes only when that flag
+//! is set.
+//!
+//! A part runs against the device pool: a store part places each key under
+//! its claim ([`store_one`]); a lookup part asks each readable device in
+//! one batch for the keys still missing; a load part copies from each
+//! readable device in one arena session. The last part to finish tells the
+//! listeners, lets go of the record, then publishes: done id (Release) →
+//! completion entry → in-flight count → eventfd.
+//!
+//! A panic inside a task part fails that task (all keys false), is logged
+//! and counted in `status().worker_panics`, and the worker keeps serving.
+//! A panic inside a listener is logged and counted in
+//! `status().listener_panics`; the task is published as it finished.
+
+#![forbid(unsafe_code)]
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::pool::{store_one, Device, Stored, SESSION_DEVICES, STORE_ROUNDS_MAX};
+use super::submit::SharedSq;
+use super::task::{TaskKind, TaskRec, TaskSlot};
+use super::{panic_message, EngineError, Inner, Signal};
+use crate::core::Session;
+use crate::key::Key;
+use crate::notify::EventFd;
+use crate::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe};
+
+/// Keys a worker's lookup scratch holds without growing.
+const SCRATCH_KEYS: usize = 4096;
+
+std::thread_local! {
+    /// On an engine worker thread: the address of its engine's `Inner`
+    /// (0 elsewhere). `close` and `drop` on a worker of their own engine
+    /// (a listener calling them) must not wait for that worker.
+    pub(super) static WORKER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Submission rings a worker has not adopted yet (from new `Submitter`s).
+#[derive(Default)]
+pub(super) struct Inbox {
+    pub(super) pending: Mutex<Vec<Consumer<Sqe>>>,
+    pub(super) has_new: AtomicBool,
+}
+
+/// The workers of one task kind, and what submitters and waiters need of
+/// them. Dropped (closing its eventfds) by `close` once nobody uses it.
+pub(super) struct WorkerPool {
+    name: &'static str,
+    /// Per worker, the queue the shared `&self` submit methods push to.
+    pub(super) shared: Vec<Arc<SharedSq>>,
+    pub(super) inboxes: Vec<Arc<Inbox>>,
+    pub(super) ring_capacity: u32,
+    pub(super) wakes: Vec<Arc<EventFd>>,
+    /// `wait_*` callers about to park on `fd` (with `Signal::WhenWaiting`
+    /// workers signal only while this is non-zero).
+    pub(super) waiters: Arc<AtomicUsize>,
+    /// The kind's completion eventfd.
+    pub(super) fd: Arc<EventFd>,
+    /// Round-robin cursor over the workers.
+    pub(super) rr: AtomicUsize,
+    /// Task parts each worker has run (status; shows how work spread).
+    pub(super) parts: Vec<Arc<AtomicU64>>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+/// Start `n` workers of kind `class`. Returns the pool and the consumer
+/// ends of its completion rings (kept by the engine: results outlive the
+/// workers).
+pub(super) fn start_pool(
+    inner: &Arc<Inner>,
+    class: TaskKind,
+    n: usize,
+) -> Result<(WorkerPool, Vec<Consumer<Cqe>>), EngineError> {
+    let name = match class {
+        TaskKind::Store => "daxkv-store",
+        TaskKind::Lookup => "daxkv-lookup",
+        TaskKind::Load => "daxkv-load",
+    };
+    let fd = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
+    let waiters = Arc::new(AtomicUsize::new(0));
+    let cap = (inner.opts.task_slots as u32)
+        .next_power_of_two()
+        .clamp(64, crate::ring::CAPACITY_MAX);
+    let mut shareds = Vec::new();
+    let mut parts = Vec::new();
+    let mut inboxes = Vec::new();
+    let mut wakes = Vec::new();
+    let mut cqs = Vec::new();
+    let mut handles = Vec::new();
+    // Workers report once pinned, so `open` returns with placement done.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    for w in 0..n {
+        let shared = Arc::new(SharedSq::new(cap as usize));
+        let (cq_p, cq_c) = Ring::<Cqe>::heap(cap)
+            .expect("power-of-two capacity")
+            .split();
+        let wake = Arc::new(EventFd::new().map_err(EngineError::EventFd)?);
+        let inbox = Arc::new(Inbox::default());
+        let ran = Arc::new(AtomicU64::new(0));
+        let ctx = WorkerCtx {
+            inner: inner.clone(),
+            shared: shared.clone(),
+            parts: ran.clone(),
+            sqs: Vec::new(),
+            cursor: 0,
+            inbox: inbox.clone(),
+            cq: cq_p,
+            wake: wake.clone(),
+            done_fd: fd.clone(),
+            waiters: waiters.clone(),
+            cpu: (!inner.opts.cpus.is_empty()).then(|| inner.opts.cpus[w % inner.opts.cpus.len()]),
+            name: format!("{name}-{w}"),
+            class,
+            scratch: Scratch::with_capacity(SCRATCH_KEYS),
+        };
+        let ready = ready_tx.clone();
+        let h = std::thread::Builder::new()
+            .name(ctx.name.clone())
+            .spawn(move || {
+                if let Some(cpu) = ctx.cpu {
+                    pin_to(cpu);
+                }
+                let _ = ready.send(());
+                worker_loop(ctx);
+            })
+            .map_err(EngineError::Spawn)?;
+        shareds.push(shared);
+        parts.push(ran);
+        inboxes.push(inbox);
+        wakes.push(wake);
+        cqs.push(cq_c);
+        handles.push(h);
+    }
+    for _ in 0..n {
+        let _ = ready_rx.recv();
+    }
+    let pool = WorkerPool {
+        name,
+        shared: shareds,
+        inboxes,
+        ring_capacity: cap,
+        wakes,
+        waiters,
+        fd,
+        rr: AtomicUsize::new(0),
+        parts,
+        handles: Mutex::new(handles),
+    };
+    Ok((pool, cqs))
+}
+
+impl WorkerPool {
+    /// Let the workers go without joining them (the engine dropped on one
+    /// of its own workers).
+    pub(super) fn detach(&self) {
+        self.handles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}
+
+/// Wake every worker of `p` and join them (they exit once `stop` is set).
+pub(super) fn stop_pool(p: &WorkerPool) {
+    for w in &p.wakes {
+        let _ = w.notify();
+    }
+    for h in std::mem::take(&mut *p.handles.lock().unwrap_or_else(PoisonError::into_inner)) {
+        if h.join().is_err() {
+            eprintln!("daxkv: a {} worker exited by panic", p.name);
+        }
+    }
+}
+
+struct WorkerCtx {
+    inner: Arc<Inner>,
+    /// The queue of the shared `&self` submit methods.
+    shared: Arc<SharedSq>,
+    /// One SPSC ring per `Submitter`.
+    sqs: Vec<Consumer<Sqe>>,
+    /// Parts run (status).
+    parts: Arc<AtomicU64>,
+    /// Where the next pop starts (round-robin over the shared queue, then
+    /// `sqs`, so no submitter starves another).
+    cursor: usize,
+    inbox: Arc<Inbox>,
+    cq: Producer<Cqe>,
+    wake: Arc<EventFd>,
+    done_fd: Arc<EventFd>,
+    waiters: Arc<AtomicUsize>,
+    cpu: Option<usize>,
+    name: String,
+    /// The pool's task kind.
+    class: TaskKind,
+    /// Scratch for batched lookups, sized at start-up (grown only by a task
+    /// larger than any before), so a worker allocates nothing per task.
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    left: Vec<usize>,
+    keys: Vec<Key>,
+    hits: Vec<bool>,
+}
+
+impl Scratch {
+    fn with_capacity(n: usize) -> Scratch {
+        Scratch {
+            left: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
+            hits: Vec::with_capacity(n),
+        }
+    }
+}
+
+fn pin_to(cpu: usize) {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    if let Some(id) = ids.into_iter().find(|c| c.id == cpu) {
+        core_affinity::set_for_current(id);
+    }
+}
+
+/// One step of a bounded spin. Every 32nd step yields the CPU: when the
+/// scheduler has put the waiter and the thread it waits for on the same
+/// (v)CPU, a pure spin would hold that CPU for the whole spin window while
+/// the other thread cannot run (seen here: each task then cost about twice
+/// the spin time). A yield costs well under a microsecond when nothing else
+/// is runnable.
+pub(super) fn spin_pause(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    if spins.is_multiple_of(32) {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+fn worker_loop(mut w: WorkerCtx) {
+    WORKER_OF.with(|c| c.set(Arc::as_ptr(&w.inner) as usize));
+    loop {
+        // ORDERING: Acquire — pairs with the Release in `Engine::submitter`.
+        if w.inbox.has_new.load(Ordering::Acquire) {
+            w.adopt();
+        }
+        if let Some(sqe) = w.pop_any() {
+            w.run(sqe);
+            continue;
+        }
+        for sq in &mut w.sqs {
+            sq.sync();
+        }
+        // ORDERING: Acquire — observes `close`'s Release store (made once
+        // nothing is in flight); pairs with `Engine::close`.
+        if w.inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        // Spin, then park on our eventfd.
+        let start = Instant::now();
+        let mut got = false;
+        let mut spins = 0u32;
+        while start.elapsed() < w.inner.opts.spin {
+            // ORDERING: Relaxed — only ends the spin early; the checks at
+            // the top of the loop are the ones that act.
+            if !w.shared.q.is_empty()
+                || w.sqs.iter_mut().any(|sq| sq.available().unwrap_or(0) > 0)
+                || w.inner.stop.load(Ordering::Relaxed)
+                || w.inbox.has_new.load(Ordering::Relaxed)
+            {
+                got = true;
+                break;
+            }
+            spin_pause(&mut spins);
+        }
+        if got {
+            continue;
+        }
+        // Arm every queue; sleep only if all are still empty.
+        // ORDERING: Relaxed — ordered by the SeqCst fence below: the sleep
+        // / wake (Dekker) handshake with `SharedSq::push`, which pushes,
+        // fences, then reads this flag: either it sees the flag and writes
+        // our eventfd, or we see its entry below and do not sleep.
+        w.shared.need_wakeup.store(true, Ordering::Relaxed);
+        // ORDERING: SeqCst fence — see above; pairs with the fence in
+        // `SharedSq::push`.
+        fence(Ordering::SeqCst);
+        let mut empty = w.shared.q.is_empty();
+        for sq in &mut w.sqs {
+            empty &= sq.prepare_wait().unwrap_or(false);
+        }
+        if empty {
+            let _ = w.wake.wait(Duration::from_millis(100));
+            let _ = w.wake.drain();
+        }
+        // ORDERING: Relaxed — clearing only saves a submitter an eventfd
+        // write; one that still sees the flag makes a spurious (coalesced)
+        // wake-up.
+        w.shared.need_wakeup.store(false, Ordering::Relaxed);
+        for sq in &mut w.sqs {
+            sq.end_wait();
+        }
+    }
+}
+
+impl WorkerCtx {
+    /// Take the rings of new submitters; drop rings whose submitter is
+    /// gone and which are drained.
+    fn adopt(&mut self) {
+        let mut pending = self
+            .inbox
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // ORDERING: Relaxed — under the inbox mutex, which orders it with
+        // `Engine::submitter`'s push and Release store.
+        self.inbox.has_new.store(false, Ordering::Relaxed);
+        self.sqs.append(&mut pending);
+        drop(pending);
+        let mut i = 0;
+        while i < self.sqs.len() {
+            // A ring whose producer is gone and which is drained is dropped.
+            // `is_orphaned` reads the producer's CLOSED flag (Acquire; set
+            // with Release after its last publish) before `tail`, and is
+            // true only with nothing left to pop (see its contract).
+            if self.sqs[i].is_orphaned() {
+                self.sqs.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// The next entry from any queue, round-robin (position 0 is the
+    /// shared queue, then the submitters' rings).
+    fn pop_any(&mut self) -> Option<Sqe> {
+        let n = self.sqs.len() + 1;
+        for k in 0..n {
+            let i = (self.cursor + k) % n;
+            let got = if i == 0 {
+                self.shared.q.pop()
+            } else {
+                match self.sqs[i - 1].pop() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        eprintln!("daxkv: {}: submission ring {i}: {e}", self.name);
+                        None
+                    }
+                }
+            };
+            if got.is_some() {
+                self.cursor = i + 1;
+                return got;
+            }
+        }
+        None
+    }
+
+    fn run(&mut self, sqe: Sqe) {
+        let inner = self.inner.clone();
+        // Validate everything read from the ring before use.
+        let Some(slot) = inner.tasks.slot(sqe.task) else {
+            eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
+            return;
+        };
+        let Some(task) = slot.rec.read().filter(|t| t.id == sqe.task) else {
+            eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
+            return;
+        };
+        let (start, len) = (sqe.start as usize, sqe.len as usize);
+        if start
+            .checked_add(len)
+            .is_none_or(|end| end > task.keys.len())
+        {
+            eprintln!(
+                "daxkv: {}: SQE range {start}+{len} outside task {}",
+                self.name, sqe.task
+            );
+            return;
+        }
+        // ORDERING: Relaxed — a statistic.
+        self.parts.fetch_add(1, Ordering::Relaxed);
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_part(&task, start, len)));
+        if let Err(p) = r {
+            eprintln!(
+                "daxkv: {} panicked in task {}: {}; the task fails",
+                self.name,
+                task.id,
+                panic_message(&*p)
+            );
+            // ORDERING: Release — ordered before our AcqRel countdown
+            // below, through which the last part (and, via `done`, the
+            // collector) observes it; pairs with the Acquire in `ok_count`
+            // / `bitmap`.
+            task.panicked.store(true, Ordering::Release);
+            // ORDERING: Relaxed — a statistic.
+            inner.panics.fetch_add(1, Ordering::Relaxed);
+        }
+        // ORDERING: AcqRel — the last part sees every part's result bits.
+        let last = task.parts_left.fetch_sub(1, Ordering::AcqRel) == 1;
+        let cqe = last.then(|| self.finish(&task));
+        // Let go of the record before publishing: a collector that sees
+        // the task done can take it at once, without waiting for us.
+        drop(task);
+        if let Some(cqe) = cqe {
+            self.publish(slot, cqe);
+        }
+    }
+
+    fn run_part(&mut self, task: &TaskRec, start: usize, len: usize) {
+        let inner = &self.inner;
+        let devs = inner.pool.snapshot();
+        let keys = &task.keys[start..start + len];
+        if let Some(bad) = inner.opts.panic_on_key {
+            assert!(!keys.contains(&bad), "injected panic");
+        }
+        match task.kind {
+            TaskKind::Store => store_part(inner, &devs, task, start, len),
+            TaskKind::Lookup => {
+                // One batched call per readable device over the keys still
+                // missing (upstream's grouping, reference §3.6 step 3).
+                let Scratch {
+                    left,
+                    keys: batch,
+                    hits,
+                } = &mut self.scratch;
+                left.clear();
+                left.extend(0..len);
+                for d in devs.iter().filter(|d| d.state().is_readable()) {
+                    if left.is_empty() {
+                        break;
+                    }
+                    batch.clear();
+                    batch.extend(left.iter().map(|&i| keys[i]));
+                    hits.clear();
+                    hits.resize(batch.len(), false);
+                    if d.core().exists_many_into(batch, true, hits).is_err() {
+                        continue;
+                    }
+                    let mut j = 0;
+                    left.retain(|&i| {
+                        let hit = hits[j];
+                        j += 1;
+                        if hit {
+                            task.set(start + i);
+                        }
+                        !hit
+                    });
+                }
+            }
+            TaskKind::Load => {
+                // Parts cover disjoint index ranges; the claim checks it (a
+                // duplicated part gets `None` and loads nothing).
+                let Some(mut dsts) = task.dsts.claim(start, len) else {
+                    return;
+                };
+                // Device by device, one arena session each, over the keys
+                // not found yet (the result bits say which).
+                for d in devs.iter().filter(|d| d.state().is_readable()) {
+                    let Some(mut sess) = d.core().session() else {
+                        continue;
+                    };
+                    let mut missing = false;
+                    for (i, k) in keys.iter().enumerate() {
+                        if task.is_set(start + i) {
+                            continue;
+                        }
+                        if d.core().remap_pending() && i > 0 {
+                            // Let a pending remap in instead of holding it
+                            // off for the rest of a long part: re-entering
+                            // waits for it (review finding).
+                            drop(sess);
+                            let Some(again) = d.core().session() else {
+                                missing = true;
+                                break;
+                            };
+                            sess = again;
+                        }
+                        if let Some(n) = sess.load_into(*k, dsts.get_mut(i)) {
+                            task.set_loaded(start + i, n);
+                        } else {
+                            missing = true;
+                        }
+                    }
+                    if !missing {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The last part is done: tell the listeners, and build the CQE.
+    fn finish(&mut self, task: &TaskRec) -> Cqe {
+        let ok = task.ok_count();
+        // Tell the listeners before publishing, so a caller that sees the
+        // result also sees the events. (Nothing is built when no listener
+        // is registered: the common embedded case allocates nothing here.)
+        // A listener that panics is isolated like a task part: logged,
+        // counted, the task still published (issue 8, defect 5).
+        let has_listeners = !self.inner.listeners.load().is_empty();
+        if ok > 0 && has_listeners && task.kind != TaskKind::Lookup {
+            let bitmap = task.bitmap();
+            let hits: Vec<Key> = task
+                .keys
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| bitmap.test(*i))
+                .map(|(_, k)| *k)
+                .collect();
+            match task.kind {
+                TaskKind::Store => {
+                    let sizes = vec![self.inner.slot_bytes; hits.len()];
+                    self.inner
+                        .tell_listeners("on_keys_stored", |l| l.on_keys_stored(&hits, &sizes));
+                }
+                TaskKind::Load => self
+                    .inner
+                    .tell_listeners("on_keys_accessed", |l| l.on_keys_accessed(&hits)),
+                TaskKind::Lookup => {}
+            }
+        }
+        Cqe {
+            task: task.id,
+            ok: u32::from(ok == task.keys.len()),
+            keys_ok: ok as u32,
+        }
+    }
+
+    /// Publish a finished task: done id, CQE, in-flight count, eventfd.
+    fn publish(&mut self, slot: &TaskSlot, cqe: Cqe) {
+        let op = self.class;
+        // ORDERING: Release — publishes the result bits, the destination
+        // bytes and our guard's release to `TaskTable::take`'s Acquire.
+        slot.done.store(cqe.task, Ordering::Release);
+        if op == TaskKind::Store {
+            // A store's CQE is its only report: never dropped. It always
+            // fits: each unreleased entry of this ring belongs to a record
+            // still taken, and collectors release ring space before they
+            // free records (`records` module doc), so entries ≤ records ≤
+            // capacity. The loop is that argument's safety net, bounded by
+            // the collector's next pop.
+            let mut e = cqe;
+            let mut spins = 0u32;
+            loop {
+                match self.cq.push(e) {
+                    Ok(()) => break,
+                    Err(PushError::Full(back)) => {
+                        // Not a panic (it would kill this worker and leave
+                        // the task in flight forever): say it once, wait
+                        // for the collector.
+                        if spins == 0 {
+                            eprintln!(
+                                "daxkv: bug: store completion ring full (records invariant); waiting for the collector"
+                            );
+                        }
+                        e = back;
+                        self.cq.sync();
+                        spin_pause(&mut spins);
+                    }
+                    Err(PushError::Corrupt(c)) => unreachable!("in-process ring corrupt: {c}"),
+                }
+            }
+        } else {
+            // Lookup / load CQEs only wake a collector (the done id is the
+            // result), so one that meets a full ring is not needed.
+            let _ = self.cq.push(cqe);
+        }
+        self.cq.sync();
+        // ORDERING: Release — our publication (done id, CQE) happens
+        // before `close` sees the count reach zero and stops the workers;
+        // pairs with the SeqCst (hence Acquire) loads in `Engine::close`.
+        self.inner.inflight[op.idx()].fetch_sub(1, Ordering::Release);
+        let wake = match self.inner.opts.signal {
+            Signal::Always => true,
+            Signal::WhenWaiting => {
+                // ORDERING: SeqCst fence — sleep / wake (Dekker) handshake
+                // with `Engine::wait`: either we see its `waiters` count, or
+                // it sees our done id (and the CQE) before it sleeps; pairs
+                // with the fence in `Engine::wait`.
+                fence(Ordering::SeqCst);
+                // ORDERING: Relaxed — ordered by the fence above. An fd
+                // handed out counts as a waiter for good (its poller is
+                // not counted in `waiters`): the flag was set before the
+                // task was submitted, so this load sees it.
+                self.waiters.load(Ordering::Relaxed) > 0
+                    || self.inner.fd_pollers[op.idx()].load(Ordering::Relaxed)
+            }
+        };
+        if wake {
+            // ORDERING: Relaxed — a statistic.
+            self.inner.signals[op.idx()].fetch_add(1, Ordering::Relaxed);
+            let _ = self.done_fd.notify();
+        }
+    }
+}
+
+/// Run a store part: its keys one by one under one arena session per
+/// device (the first few), each stored under its key's claim; a pending
+/// remap is let in between keys (sessions dropped, the remap waited for
+/// claim-free, sessions reopened).
+fn store_part(
+    inner: &Inner,
+    devs: &Arc<Vec<Arc<Device>>>,
+    task: &TaskRec,
+    start: usize,
+    len: usize,
+) {
+    let keys = &task.keys[start..start + len];
+    let mut i = 0;
+    let mut rounds = 0;
+    while i < len {
+        // One arena session per device for the whole part (the
+        // first few devices; others enter per key), opened
+        // while this worker holds no claim: waiting here for a
+        // pending remap is fine (module doc, "Key ownership").
+        let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
+            std::array::from_fn(|d| devs.get(d).and_then(|d| d.core().session()));
+        let mut blocked = None;
+        let round_start = i;
+        while i < len {
+            // A remap pending on a device this part holds a
+            // session on waits for the part: let it in between
+            // keys instead (drop the sessions, wait, reopen),
+            // after at least one key per round so a remapper
+            // that never pauses cannot starve the part either.
+            if i > round_start {
+                if let Some(d) = sessions
+                    .iter()
+                    .position(|s| s.as_ref().is_some_and(Session::remap_pending))
+                {
+                    blocked = Some((devs[d].clone(), false));
+                    break;
+                }
+            }
+            let src = task.srcs[start + i].as_slice();
+            match store_one(&inner.pool, devs, &sessions, keys[i], src) {
+                Stored::Yes => task.set(start + i),
+                Stored::No => {}
+                Stored::WouldWait(dev) => {
+                    blocked = Some((dev, true));
+                    break;
+                }
+            }
+            i += 1;
+        }
+        drop(sessions);
+        if let Some((dev, no_progress)) = blocked {
+            // Only rounds that stored nothing count towards the
+            // bound (a key that keeps meeting remaps fails).
+            rounds += usize::from(no_progress);
+            if rounds > STORE_ROUNDS_MAX {
+                break; // the rest of the part fails
+            }
+            // Claim-free now: wait for the device's remap here
+            // (entering waits for it), then go on.
+            drop(dev.core().session());
+        }
+    }
+}
