@@ -226,8 +226,8 @@ pub enum ArenaKind {
     Anonymous,
 }
 
-/// Physical identity of a device (reference §3.2): a character device by its
-/// `st_rdev`, a regular file by `(st_dev, st_ino)`.
+/// Physical identity of a device (docs/lmcache-dax-behavior.md §3.2): a
+/// character device by its `st_rdev`, a regular file by `(st_dev, st_ino)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeviceIdentity {
     Char { rdev: u64 },

@@ -1,8 +1,8 @@
 //! # DaxCore: one device's slots, index and copies
 //!
-//! The operations of LMCache's `DaxCore` (reference §2.4) with the same
-//! results, without its lock: every data-path operation is a few CASes on a
-//! slot's state word and an index bucket, plus the copy.
+//! The operations of LMCache's `DaxCore` (docs/lmcache-dax-behavior.md §2.4)
+//! with the same results, without its lock: every data-path operation is a few
+//! CASes on a slot's state word and an index bucket, plus the copy.
 //!
 //! ## Protocol
 //!
@@ -70,8 +70,8 @@
 // their safety (no other thread touching the bytes) is what the slot state
 // machine in this module provides, so the obligation is discharged where it
 // is known. Each such block is allowed one by one, with its SAFETY note
-// naming the state that makes the range exclusive (DESIGN lists the unsafe
-// modules; this is the one addition, for that reason).
+// naming the state that makes the range exclusive (docs/design.md §3.1
+// lists the unsafe modules; this is the one addition, for that reason).
 #![deny(unsafe_code)]
 
 use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
@@ -119,7 +119,8 @@ pub enum PutOutcome {
     AlreadyPresent,
 }
 
-/// `put_reserved_from` results (reference §2.4 `DaxPutFromPtrResult`).
+/// `put_reserved_from` results (docs/lmcache-dax-behavior.md
+/// §2.4 `DaxPutFromPtrResult`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PutFromPtrResult {
     Inserted,
@@ -130,7 +131,7 @@ pub enum PutFromPtrResult {
     Invalid,
     CopyFailed,
     /// A forced delete of the key on this device canceled the copy while it
-    /// ran (daxkv's addition: the reference folds this into `CopyFailed`,
+    /// ran (daxkv's addition: upstream folds this into `CopyFailed`,
     /// which would make a migration treat a racing delete as an I/O error).
     Canceled,
 }
@@ -157,7 +158,7 @@ pub struct Reservation {
 }
 
 /// Reserved reads plus the arena guard that keeps their bytes mapped.
-/// Dropping it finalizes the reads (reference `finalize_reads`).
+/// Dropping it finalizes the reads (upstream's `finalize_reads`).
 pub struct ReadSet<'a> {
     core: &'a DaxCore,
     guard: Option<ArenaGuard<'a>>,
@@ -300,7 +301,7 @@ struct SlotMeta {
 
 const _: () = assert!(std::mem::size_of::<SlotMeta>() == 32);
 
-/// Status fields (reference §2.4 `report_status`).
+/// Status fields (docs/lmcache-dax-behavior.md §2.4 `report_status`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreStatus {
     pub is_healthy: bool,
@@ -825,7 +826,7 @@ impl DaxCore {
         })
     }
 
-    /// Store a payload written by `writer` (reference `put_one(writer=...)`):
+    /// Store a payload written by `writer` (upstream's `put_one(writer=...)`):
     /// the slot is reserved and the key in flight while `writer` runs;
     /// returning false fails the store and frees the slot.
     pub fn put_with_writer(
@@ -846,7 +847,7 @@ impl DaxCore {
     }
 
     /// Store a payload read from another device's reservation (migration;
-    /// reference `put_reserved_from_ptr`). `src` must be a live read set of
+    /// upstream's `put_reserved_from_ptr`). `src` must be a live read set of
     /// the source core that contains `r`.
     pub fn put_reserved_from(
         &self,
@@ -1297,7 +1298,8 @@ impl DaxCore {
         });
     }
 
-    /// Status fields (reference §2.4). Scans the slot table: cold path.
+    /// Status fields (docs/lmcache-dax-behavior.md §2.4). Scans the slot table:
+    /// cold path.
     pub fn status(&self) -> CoreStatus {
         let closing = self.is_closing();
         let (mut committed, mut locked, mut borrowed, mut writing) = (0, 0, 0, 0);

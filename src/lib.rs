@@ -4,7 +4,7 @@
 //! chunks in CXL / DAX memory (device-dax, fsdax or tmpfs files, memfds, or
 //! anonymous memory for tests).
 //!
-//! The layers, bottom to top (one concept per module, see `DESIGN.md`):
+//! The layers, bottom to top (one concept per module; docs/design.md §3):
 //!
 //! | module | owns |
 //! |---|---|

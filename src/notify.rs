@@ -1,9 +1,9 @@
 //! # Eventfd notifier
 //!
-//! A non-blocking, close-on-exec eventfd: the pollable completion signal of
-//! the engine (LMCache's adapter contract, reference §1.4). Signalling is
-//! binary and coalescing: `notify` adds one, `drain` reads the counter back
-//! to zero. Both are safe to call from any thread.
+//! A non-blocking, close-on-exec eventfd: the pollable completion signal of the
+//! engine (LMCache's adapter contract, docs/lmcache-dax-behavior.md §1.4).
+//! Signalling is binary and coalescing: `notify` adds one, `drain` reads the
+//! counter back to zero. Both are safe to call from any thread.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};

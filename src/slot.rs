@@ -33,11 +33,11 @@
 //! | free | PENDING_FREE + UNLINKED, not WRITING, borrow 0 | FREE(g) |
 //!
 //! A slot goes back to FREE exactly once per generation, by whichever
-//! transition completes the free condition (the last reader's `release`,
-//! the deleter's `unlink`, or the writer's `commit` / `abort`); that caller
-//! then clears its bitmap bit. This is DESIGN.md's rule: a slot is reusable
-//! only when it is out of the index (UNLINKED), unlocked, not WRITING and not
-//! borrowed.
+//! transition completes the free condition (the last reader's `release`, the
+//! deleter's `unlink`, or the writer's `commit` / `abort`); that caller then
+//! clears its bitmap bit. This is the reuse rule of docs/design.md §4.2: a slot
+//! is reusable only when it is out of the index (UNLINKED), unlocked, not
+//! WRITING and not borrowed.
 //!
 //! Every op names the generation it saw and fails with [`SlotError::Stale`]
 //! if the slot moved on. Counts saturate with an error, never wrap.
@@ -478,9 +478,10 @@ fn unpinned(s: State) -> Result<State, SlotError> {
     Ok(State(s.0 - BORROW_ONE))
 }
 
-/// An atomic free bitmap: bit set = slot taken (or beyond the current
-/// slot count). Allocation prefers the lowest free slot, which keeps live
-/// slots packed low and makes shrink cheap (reference §9.4 item 11).
+/// An atomic free bitmap: bit set = slot taken (or beyond the current slot
+/// count). Allocation prefers the lowest free slot, which keeps live slots
+/// packed low and makes shrink cheap (docs/lmcache-dax-behavior.md
+/// §9.4 item 11).
 #[derive(Debug)]
 pub struct Bitmap {
     words: Box<[AtomicU64]>,

@@ -1,9 +1,9 @@
 //! # DaxStore: the synchronous facade (LMCache's non-MP `DaxBackend`)
 //!
-//! put / get / contains / pin / unpin / remove over one [`DaxCore`], plus
-//! what the non-MP backend adds (reference §6): optional asynchronous puts
-//! on worker threads with a completion callback, batched gets with
-//! positional holes or prefix-only, a batched restore through a bounded
+//! put / get / contains / pin / unpin / remove over one [`DaxCore`], plus what
+//! the non-MP backend adds (docs/lmcache-dax-behavior.md §6): optional
+//! asynchronous puts on worker threads with a completion callback, batched gets
+//! with positional holes or prefix-only, a batched restore through a bounded
 //! staging slab, optional auto-eviction by CLOCK, and a close that waits for
 //! in-flight work.
 //!
@@ -392,9 +392,9 @@ impl DaxStore {
         Ok(n)
     }
 
-    /// Batched restore through the staging slab (reference §6.4): the
-    /// reservations are sorted by device offset, packed into regions of at
-    /// most `slab / restore_max_regions` bytes with adjacent device spans
+    /// Batched restore through the staging slab (docs/lmcache-dax-behavior.md
+    /// §6.4): the reservations are sorted by device offset, packed into regions
+    /// of at most `slab / restore_max_regions` bytes with adjacent device spans
     /// merged into one copy, each wave's regions copied in parallel, then
     /// scattered to the outputs. Same result shape as `batched_get`.
     pub fn batched_restore(
