@@ -16,6 +16,10 @@ pub struct EventFd {
 }
 
 impl EventFd {
+    /// A fresh eventfd with its counter at 0.
+    ///
+    /// # Errors
+    /// The OS error of `eventfd(2)` (e.g. `EMFILE` when out of fds).
     pub fn new() -> io::Result<EventFd> {
         // SAFETY: eventfd takes no pointers; a negative return is an error.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
