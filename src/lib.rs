@@ -60,3 +60,10 @@ pub use crate::key::Key;
 pub use crate::slot::{Generation, SlotId};
 
 pub use crate::store::{DaxStore, StoreConfig, StoreError};
+
+/// The README's Rust examples, compiled and run by `cargo test --doc` so
+/// they cannot drift from the API. Exists only while rustdoc collects
+/// doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
