@@ -168,6 +168,7 @@ pub enum ArenaSource {
 /// How to map it.
 #[derive(Clone, Debug)]
 pub struct ArenaSpec {
+    /// What to map.
     pub source: ArenaSource,
     /// Bytes to map now.
     pub size_bytes: usize,
@@ -183,6 +184,9 @@ pub struct ArenaSpec {
 }
 
 impl ArenaSpec {
+    /// Map `size_bytes` of `source`, not pre-faulted, with sysfs at `/sys`
+    /// and the largest size defaulting as [`ArenaSpec::max_size_bytes`]
+    /// says.
     pub fn new(source: ArenaSource, size_bytes: usize) -> ArenaSpec {
         ArenaSpec {
             source,
@@ -198,18 +202,24 @@ impl ArenaSpec {
         ArenaSpec::new(ArenaSource::Memfd, size_bytes)
     }
 
+    /// Pre-fault the mapping (`MAP_POPULATE`) when `yes`.
     #[must_use]
     pub fn populate(mut self, yes: bool) -> ArenaSpec {
         self.populate = yes;
         self
     }
 
+    /// Allow a later grow up to `max` bytes (also the size the core's
+    /// tables are allocated for). For a device or existing file it is
+    /// capped at what the device or file holds.
     #[must_use]
     pub fn max_size_bytes(mut self, max: usize) -> ArenaSpec {
         self.max_size_bytes = Some(max);
         self
     }
 
+    /// Read device-dax attributes under `root` instead of `/sys` (tests use
+    /// a fake tree).
     #[must_use]
     pub fn sysfs_root(mut self, root: impl Into<PathBuf>) -> ArenaSpec {
         self.sysfs_root = root.into();
@@ -220,18 +230,32 @@ impl ArenaSpec {
 /// The kind of mapping, as detected at open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArenaKind {
+    /// A device-dax character device (size and alignment from sysfs).
     DevDax,
+    /// A regular file (fsdax, tmpfs, or any file system).
     File,
+    /// A memfd.
     Memfd,
+    /// Anonymous memory.
     Anonymous,
 }
 
-/// Physical identity of a device (reference §3.2): a character device by its
-/// `st_rdev`, a regular file by `(st_dev, st_ino)`.
+/// Physical identity of a device (docs/lmcache-dax-behavior.md §3.2): a
+/// character device by its `st_rdev`, a regular file by `(st_dev, st_ino)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeviceIdentity {
-    Char { rdev: u64 },
-    File { dev: u64, ino: u64 },
+    /// A character device (device-dax).
+    Char {
+        /// Its device number (`st_rdev`).
+        rdev: u64,
+    },
+    /// A regular file.
+    File {
+        /// The file system's device number (`st_dev`).
+        dev: u64,
+        /// The inode number (`st_ino`).
+        ino: u64,
+    },
 }
 
 impl DeviceIdentity {
@@ -590,14 +614,18 @@ impl Arena {
         &self.describe
     }
 
+    /// What kind of mapping this is.
     pub fn kind(&self) -> ArenaKind {
         self.kind
     }
 
+    /// The mapped path (`None` for a memfd or anonymous memory).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
 
+    /// The physical identity of the mapped device or file, taken from the
+    /// open fd (`None` for a memfd or anonymous memory).
     pub fn identity(&self) -> Option<DeviceIdentity> {
         self.identity
     }
@@ -607,10 +635,14 @@ impl Arena {
         self.max_len
     }
 
+    /// The granularity a mapping length must be a multiple of: the
+    /// device-dax `align` (default [`DEFAULT_DEVDAX_ALIGN_BYTES`]), else 1.
     pub fn align_bytes(&self) -> usize {
         self.align_bytes
     }
 
+    /// True once [`Arena::close`] has started (advisory: a guard can still
+    /// be refused or admitted a moment later).
     pub fn is_closed(&self) -> bool {
         // ORDERING: Relaxed — advisory; `enter` re-checks with Acquire.
         self.gate.load(Ordering::Relaxed) & CLOSED != 0
@@ -836,7 +868,12 @@ pub enum GateError {
     Closed,
     /// Guards were still alive when the drain timeout ran out.
     #[error("{guards} users still held the mapping after {waited:?}; nothing was changed")]
-    Busy { guards: usize, waited: Duration },
+    Busy {
+        /// Guards alive when it gave up.
+        guards: usize,
+        /// How long it waited.
+        waited: Duration,
+    },
 }
 
 /// The arena refused a guard because it is closing or closed.
@@ -850,11 +887,13 @@ pub struct Exclusive<'a> {
 }
 
 impl Exclusive<'_> {
+    /// Current mapping length, bytes.
     pub fn len(&self) -> usize {
         // SAFETY: we run inside `exclusive`: no guard exists.
         unsafe { (*self.arena.mapped.get()).len }
     }
 
+    /// True for a zero-length mapping (never, once opened).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -958,8 +997,11 @@ impl Drop for ArenaGuard<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("access of {len} bytes at offset {offset} is outside the {mapped} byte mapping")]
 pub struct OutOfBounds {
+    /// Start of the access, bytes from the start of the mapping.
     pub offset: usize,
+    /// Length of the access, bytes.
     pub len: usize,
+    /// Mapping length the guard sees, bytes.
     pub mapped: usize,
 }
 
@@ -984,14 +1026,17 @@ impl<'a> ArenaGuard<'a> {
         }
     }
 
+    /// Mapping length this guard sees, bytes (stable while it lives).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// True for a zero-length mapping.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The arena this guard holds open.
     pub fn arena(&self) -> &Arena {
         self.arena
     }

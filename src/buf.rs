@@ -74,10 +74,12 @@ impl RawBuf {
         RawBuf { ptr, len }
     }
 
+    /// Length of the buffer, bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// True for a zero-length buffer.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -128,6 +130,7 @@ pub enum Dsts {
 }
 
 impl Dsts {
+    /// Number of destinations (one per key).
     pub fn len(&self) -> usize {
         match self {
             Dsts::Raw(r) => r.len(),
@@ -135,6 +138,7 @@ impl Dsts {
         }
     }
 
+    /// True when there are no destinations.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -251,6 +255,7 @@ impl Lent {
         self.views.len()
     }
 
+    /// True when nothing is lent.
     pub fn is_empty(&self) -> bool {
         self.views.is_empty()
     }
@@ -316,10 +321,12 @@ pub struct LentPart<'a> {
 }
 
 impl LentPart<'_> {
+    /// Destinations in this part.
     pub fn len(&self) -> usize {
         self.views.len()
     }
 
+    /// True for an empty part.
     pub fn is_empty(&self) -> bool {
         self.views.is_empty()
     }

@@ -1,6 +1,6 @@
 //! # Engine configuration: LMCache's `dax` adapter JSON, plus daxkv's keys
 //!
-//! Accepted (reference §3.1):
+//! Accepted (docs/lmcache-dax-behavior.md §3.1):
 //!
 //! ```json
 //! {"type": "dax", "slot_bytes": 2097152,

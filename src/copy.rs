@@ -31,13 +31,18 @@ pub const NT_THRESHOLD_BYTES: usize = 2048;
 /// A copy kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
+    /// AVX-512F streaming stores (64-byte `vmovntdq`).
     Avx512,
+    /// AVX2 streaming stores (32 bytes at a time).
     Avx2,
+    /// SSE2 streaming stores (16-byte `movntdq`).
     Sse2,
+    /// `copy_nonoverlapping`: plain stores, any CPU.
     Portable,
 }
 
 impl Kernel {
+    /// Every kernel, widest first (the order dispatch tries them in).
     pub const ALL: [Kernel; 4] = [Kernel::Avx512, Kernel::Avx2, Kernel::Sse2, Kernel::Portable];
 
     /// Whether this CPU can run the kernel.
@@ -55,6 +60,7 @@ impl Kernel {
         }
     }
 
+    /// Short lowercase name (`"avx512"`, …), as benchmark ids use it.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Avx512 => "avx512",

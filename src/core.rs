@@ -1,8 +1,8 @@
 //! # DaxCore: one device's slots, index and copies
 //!
-//! The operations of LMCache's `DaxCore` (reference §2.4) with the same
-//! results, without its lock: every data-path operation is a few CASes on a
-//! slot's state word and an index bucket, plus the copy.
+//! The operations of LMCache's `DaxCore` (docs/lmcache-dax-behavior.md §2.4)
+//! with the same results, without its lock: every data-path operation is a few
+//! CASes on a slot's state word and an index bucket, plus the copy.
 //!
 //! ## Protocol
 //!
@@ -70,8 +70,8 @@
 // their safety (no other thread touching the bytes) is what the slot state
 // machine in this module provides, so the obligation is discharged where it
 // is known. Each such block is allowed one by one, with its SAFETY note
-// naming the state that makes the range exclusive (DESIGN lists the unsafe
-// modules; this is the one addition, for that reason).
+// naming the state that makes the range exclusive (docs/design.md §3.1
+// lists the unsafe modules; this is the one addition, for that reason).
 #![deny(unsafe_code)]
 
 use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
@@ -100,11 +100,14 @@ const RETRY_MAX: usize = 64;
 /// How to open a core.
 #[derive(Clone, Debug)]
 pub struct CoreConfig {
+    /// The mapping.
     pub arena: ArenaSpec,
+    /// Size of every slot, bytes: the largest object the core stores.
     pub slot_bytes: usize,
 }
 
 impl CoreConfig {
+    /// `arena` cut into slots of `slot_bytes`.
     pub fn new(arena: ArenaSpec, slot_bytes: usize) -> CoreConfig {
         CoreConfig { arena, slot_bytes }
     }
@@ -119,18 +122,27 @@ pub enum PutOutcome {
     AlreadyPresent,
 }
 
-/// `put_reserved_from` results (reference §2.4 `DaxPutFromPtrResult`).
+/// `put_reserved_from` results (docs/lmcache-dax-behavior.md
+/// §2.4 `DaxPutFromPtrResult`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PutFromPtrResult {
+    /// Copied and committed on this core.
     Inserted,
+    /// The key is already committed here; nothing copied.
     AlreadyExists,
+    /// A store of the key is in flight here; nothing copied.
     InFlight,
+    /// No free slot (or index bucket) here: try another target.
     NoSpace,
+    /// This core is closing or closed.
     Closed,
+    /// The reservation is not one of `src`'s, is empty, or does not fit a
+    /// slot of this core.
     Invalid,
+    /// The copy failed; the slot was freed.
     CopyFailed,
     /// A forced delete of the key on this device canceled the copy while it
-    /// ran (daxkv's addition: the reference folds this into `CopyFailed`,
+    /// ran (daxkv's addition: upstream folds this into `CopyFailed`,
     /// which would make a migration treat a racing delete as an I/O error).
     Canceled,
 }
@@ -141,8 +153,11 @@ pub enum PutFromPtrResult {
 pub struct Reservation {
     /// Position of the key in the caller's list.
     pub index: usize,
+    /// The key read.
     pub key: Key,
+    /// The slot holding it.
     pub slot: SlotId,
+    /// The slot's generation when it was borrowed.
     pub generation: Generation,
     /// Byte offset of the slot in the device.
     pub offset: usize,
@@ -157,7 +172,7 @@ pub struct Reservation {
 }
 
 /// Reserved reads plus the arena guard that keeps their bytes mapped.
-/// Dropping it finalizes the reads (reference `finalize_reads`).
+/// Dropping it finalizes the reads (upstream's `finalize_reads`).
 pub struct ReadSet<'a> {
     core: &'a DaxCore,
     guard: Option<ArenaGuard<'a>>,
@@ -165,14 +180,17 @@ pub struct ReadSet<'a> {
 }
 
 impl ReadSet<'_> {
+    /// The reservations, in the order of the keys asked for (hits only).
     pub fn items(&self) -> &[Reservation] {
         &self.items
     }
 
+    /// True when no key was reserved.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
+    /// Reservations in the set.
     pub fn len(&self) -> usize {
         self.items.len()
     }
@@ -271,6 +289,7 @@ impl SlotWriter<'_> {
         self.len
     }
 
+    /// True for an empty payload.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -300,24 +319,42 @@ struct SlotMeta {
 
 const _: () = assert!(std::mem::size_of::<SlotMeta>() == 32);
 
-/// Status fields (reference §2.4 `report_status`).
+/// Status fields (docs/lmcache-dax-behavior.md §2.4 `report_status`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreStatus {
+    /// Not closing or closed.
     pub is_healthy: bool,
+    /// The arena's description: its path, `"memfd"` or `"anonymous"`.
     pub device_path: String,
+    /// Bytes currently addressable as slots (`max_slots × slot_bytes`).
     pub max_dax_size_bytes: usize,
+    /// Slot size, bytes.
     pub slot_bytes: usize,
+    /// Slots at the current size.
     pub max_slots: usize,
+    /// Slots the tables are sized for (the largest size a grow can reach).
     pub capacity_slots: usize,
+    /// Slots in use: in flight, committed or pending free.
     pub live_slot_count: usize,
+    /// Readable (committed, not detached) slots.
     pub committed_key_count: usize,
+    /// Slots with at least one lookup lock (distinct keys, not the sum of
+    /// the counts, as upstream).
     pub locked_key_count: usize,
+    /// Slots with at least one reader (or pin).
     pub borrowed_slot_count: usize,
+    /// Slots detached from their key, waiting for their last reader.
     pub pending_free_slot_count: usize,
+    /// Read sets and sessions that have reserved or loaded something and
+    /// are still alive.
     pub active_read_count: usize,
+    /// Stores in flight (WRITING slots).
     pub active_write_count: usize,
+    /// Closing or closed.
     pub closing: bool,
+    /// Always false: nothing survives a restart.
     pub supports_restart_recovery: bool,
+    /// DRAM held by the slot table, index and bitmap, bytes.
     pub dram_bytes: usize,
 }
 
@@ -425,10 +462,12 @@ impl DaxCore {
         })
     }
 
+    /// Slot size, bytes.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
     }
 
+    /// Slots at the current size (changes with `remap`).
     pub fn max_slots(&self) -> usize {
         // ORDERING: Relaxed — changes only inside `Arena::exclusive`, whose
         // gate Release/Acquire orders it for every guarded operation.
@@ -440,14 +479,18 @@ impl DaxCore {
         self.max_slots() * self.slot_bytes
     }
 
+    /// The arena's description: its path, `"memfd"` or `"anonymous"`.
     pub fn describe(&self) -> &str {
         self.arena.describe()
     }
 
+    /// What kind of mapping the core is on.
     pub fn kind(&self) -> ArenaKind {
         self.arena.kind()
     }
 
+    /// The physical identity of the mapped device or file (`None` for a
+    /// memfd or anonymous memory): two cores must never share one.
     pub fn identity(&self) -> Option<DeviceIdentity> {
         self.arena.identity()
     }
@@ -459,6 +502,7 @@ impl DaxCore {
             && DeviceIdentity::of_path(path) == self.identity()
     }
 
+    /// True once `close` has started; operations then refuse or miss.
     pub fn is_closing(&self) -> bool {
         self.arena.is_closed()
     }
@@ -825,7 +869,7 @@ impl DaxCore {
         })
     }
 
-    /// Store a payload written by `writer` (reference `put_one(writer=...)`):
+    /// Store a payload written by `writer` (upstream's `put_one(writer=...)`):
     /// the slot is reserved and the key in flight while `writer` runs;
     /// returning false fails the store and frees the slot.
     pub fn put_with_writer(
@@ -846,7 +890,7 @@ impl DaxCore {
     }
 
     /// Store a payload read from another device's reservation (migration;
-    /// reference `put_reserved_from_ptr`). `src` must be a live read set of
+    /// upstream's `put_reserved_from_ptr`). `src` must be a live read set of
     /// the source core that contains `r`.
     pub fn put_reserved_from(
         &self,
@@ -1297,7 +1341,8 @@ impl DaxCore {
         });
     }
 
-    /// Status fields (reference §2.4). Scans the slot table: cold path.
+    /// Status fields (docs/lmcache-dax-behavior.md §2.4). Scans the slot table:
+    /// cold path.
     pub fn status(&self) -> CoreStatus {
         let closing = self.is_closing();
         let (mut committed, mut locked, mut borrowed, mut writing) = (0, 0, 0, 0);

@@ -89,7 +89,9 @@ fn is_live(b: u64) -> bool {
 /// Where a key's entry sits (handed back to [`Index::remove`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
+    /// Bucket position in the table.
     pub pos: usize,
+    /// The slot the bucket names.
     pub slot: SlotId,
     word: u64,
 }
@@ -97,6 +99,7 @@ pub struct Entry {
 /// Outcome of an insert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Insert {
+    /// The key now has this entry (OWNED).
     Inserted(Entry),
     /// The key is present (or being inserted by a racer that will win).
     Present,
@@ -121,6 +124,7 @@ impl Index {
         }
     }
 
+    /// Buckets in the table (two per slot, at least 64).
     pub fn buckets(&self) -> usize {
         self.buckets.len()
     }

@@ -36,6 +36,7 @@ impl Key {
         }
     }
 
+    /// The 128-bit digest (never 0).
     #[inline]
     pub const fn as_u128(self) -> u128 {
         ((self.hi as u128) << 64) | self.lo as u128

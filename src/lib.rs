@@ -4,7 +4,7 @@
 //! chunks in CXL / DAX memory (device-dax, fsdax or tmpfs files, memfds, or
 //! anonymous memory for tests).
 //!
-//! The layers, bottom to top (one concept per module, see `DESIGN.md`):
+//! The layers, bottom to top (one concept per module; docs/design.md §3):
 //!
 //! | module | owns |
 //! |---|---|
@@ -60,3 +60,10 @@ pub use crate::key::Key;
 pub use crate::slot::{Generation, SlotId};
 
 pub use crate::store::{DaxStore, StoreConfig, StoreError};
+
+/// The README's Rust examples, compiled and run by `cargo test --doc` so
+/// they cannot drift from the API. Exists only while rustdoc collects
+/// doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,9 +1,9 @@
 //! # Eventfd notifier
 //!
-//! A non-blocking, close-on-exec eventfd: the pollable completion signal of
-//! the engine (LMCache's adapter contract, reference §1.4). Signalling is
-//! binary and coalescing: `notify` adds one, `drain` reads the counter back
-//! to zero. Both are safe to call from any thread.
+//! A non-blocking, close-on-exec eventfd: the pollable completion signal of the
+//! engine (LMCache's adapter contract, docs/lmcache-dax-behavior.md §1.4).
+//! Signalling is binary and coalescing: `notify` adds one, `drain` reads the
+//! counter back to zero. Both are safe to call from any thread.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -16,6 +16,10 @@ pub struct EventFd {
 }
 
 impl EventFd {
+    /// A fresh eventfd with its counter at 0.
+    ///
+    /// # Errors
+    /// The OS error of `eventfd(2)` (e.g. `EMFILE` when out of fds).
     pub fn new() -> io::Result<EventFd> {
         // SAFETY: eventfd takes no pointers; a negative return is an error.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };

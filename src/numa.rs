@@ -18,7 +18,9 @@ use std::path::Path;
 /// One NUMA node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
+    /// The node number (`nodeN`).
     pub id: u32,
+    /// Its CPUs (`cpulist`); empty for a CPU-less (e.g. CXL memory) node.
     pub cpus: Vec<usize>,
     /// Distance to node `i` (the firmware SLIT row), indexed by node id.
     pub distances: Vec<u32>,
@@ -27,6 +29,7 @@ pub struct Node {
 /// The machine's NUMA nodes.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Topology {
+    /// Every node found, in directory order.
     pub nodes: Vec<Node>,
 }
 
@@ -95,6 +98,7 @@ impl Topology {
         Topology { nodes }
     }
 
+    /// Node `id`, if the machine has it.
     pub fn node(&self, id: u32) -> Option<&Node> {
         self.nodes.iter().find(|n| n.id == id)
     }

@@ -121,8 +121,11 @@ unsafe impl Pod for u32 {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct Sqe {
+    /// The task id.
     pub task: u64,
+    /// First key of the part (index into the task's keys).
     pub start: u32,
+    /// Keys in the part.
     pub len: u32,
 }
 
@@ -130,8 +133,11 @@ pub struct Sqe {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct Cqe {
+    /// The task id.
     pub task: u64,
+    /// 1 when every key succeeded, else 0.
     pub ok: u32,
+    /// Keys that succeeded.
     pub keys_ok: u32,
 }
 
@@ -234,20 +240,42 @@ impl Header {
 /// Ring errors (cold path).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RingError {
+    /// The capacity asked for is not a power of two in
+    /// `1..=`[`CAPACITY_MAX`].
     #[error("ring capacity {0} must be a power of two between 1 and {CAPACITY_MAX}")]
     Capacity(u32),
+    /// The peer published an index outside the window this half accepts
+    /// (module doc, "The index window"); the half keeps its last good view.
     #[error("shared ring is corrupt: head {head}, tail {tail}, capacity {capacity}")]
-    Corrupt { head: u32, tail: u32, capacity: u32 },
+    Corrupt {
+        /// The head this half holds (or the one the peer published).
+        head: u32,
+        /// The tail this half holds (or the one the peer published).
+        tail: u32,
+        /// The ring's capacity, entries.
+        capacity: u32,
+    },
+    /// `attach` found a header that does not match (magic, version,
+    /// capacity, entry size, or a file too short for the capacity).
     #[error("shared ring header does not match: {0}")]
     BadHeader(String),
+    /// `attach` of a memfd that is not sealed against shrinking: a peer could
+    /// truncate it under the mapping (SIGBUS).
     #[error(
         "shared ring memfd is not sealed against shrinking (seals {seals:#x}, \
          F_SEAL_SHRINK missing): a peer could truncate it under the mapping; \
          create it with Ring::memfd"
     )]
-    Unsealed { seals: u32 },
+    Unsealed {
+        /// The file's seals (`F_GET_SEALS`).
+        seals: u32,
+    },
+    /// The ring already handed out this half (`"producer"` or
+    /// `"consumer"`).
     #[error("this ring already has a {0} (one producer and one consumer per ring)")]
     HalfTaken(&'static str),
+    /// Creating, sealing or mapping the ring's memfd failed (the OS error,
+    /// as text).
     #[error("ring memory: {0}")]
     Io(String),
 }
@@ -255,7 +283,9 @@ pub enum RingError {
 /// `push` on a full ring hands the entry back (the rtrb habit).
 #[derive(Debug, PartialEq, Eq)]
 pub enum PushError<E> {
+    /// No room: the entry, handed back.
     Full(E),
+    /// The consumer's head is out of its window; nothing was pushed.
     Corrupt(RingError),
 }
 
@@ -444,6 +474,7 @@ impl<E: Pod> Ring<E> {
         Ok(Self::with_storage(Storage::Mapped { map }, capacity))
     }
 
+    /// Entries the ring holds.
     pub fn capacity(&self) -> u32 {
         self.capacity
     }
@@ -602,6 +633,7 @@ impl<E: Pod> Producer<E> {
         );
     }
 
+    /// Entries the ring holds.
     pub fn capacity(&self) -> u32 {
         self.ring.capacity
     }

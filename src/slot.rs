@@ -33,11 +33,11 @@
 //! | free | PENDING_FREE + UNLINKED, not WRITING, borrow 0 | FREE(g) |
 //!
 //! A slot goes back to FREE exactly once per generation, by whichever
-//! transition completes the free condition (the last reader's `release`,
-//! the deleter's `unlink`, or the writer's `commit` / `abort`); that caller
-//! then clears its bitmap bit. This is DESIGN.md's rule: a slot is reusable
-//! only when it is out of the index (UNLINKED), unlocked, not WRITING and not
-//! borrowed.
+//! transition completes the free condition (the last reader's `release`, the
+//! deleter's `unlink`, or the writer's `commit` / `abort`); that caller then
+//! clears its bitmap bit. This is the reuse rule of docs/design.md §4.2: a slot
+//! is reusable only when it is out of the index (UNLINKED), unlocked, not
+//! WRITING and not borrowed.
 //!
 //! Every op names the generation it saw and fails with [`SlotError::Stale`]
 //! if the slot moved on. Counts saturate with an error, never wrap.
@@ -82,18 +82,31 @@ pub struct SlotId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Generation(pub u32);
 
+/// One lookup lock (the lock count is bits 0..16).
 pub const LOCK_ONE: u64 = 1;
+/// The lock count's bits.
 pub const LOCK_MASK: u64 = 0xFFFF;
+/// First bit of the borrow count.
 pub const BORROW_SHIFT: u32 = 16;
+/// One borrow (a reader or a pin).
 pub const BORROW_ONE: u64 = 1 << BORROW_SHIFT;
+/// The borrow count's bits (16..32).
 pub const BORROW_MASK: u64 = 0xFFFF << BORROW_SHIFT;
+/// A store is in flight: reserved, not readable.
 pub const WRITING: u64 = 1 << 32;
+/// Readable (unless also PENDING_FREE).
 pub const COMMITTED: u64 = 1 << 33;
+/// Detached from its key; freed once unlinked and idle.
 pub const PENDING_FREE: u64 = 1 << 34;
+/// CLOCK bit: set on lock and load hits, cleared by the eviction sweep.
 pub const REFERENCED: u64 = 1 << 35;
+/// A forced delete hit the slot while WRITING; the writer frees it.
 pub const CANCELED: u64 = 1 << 36;
+/// The slot's index bucket is gone.
 pub const UNLINKED: u64 = 1 << 37;
+/// First bit of the 24-bit generation.
 pub const GEN_SHIFT: u32 = 40;
+/// The generation's bits (40..64).
 pub const GEN_MASK: u64 = 0xFF_FFFF << GEN_SHIFT;
 /// Largest lock or borrow count.
 pub const COUNT_MAX: u64 = 0xFFFF;
@@ -110,15 +123,19 @@ const _: () = assert!(
 pub struct State(pub u64);
 
 impl State {
+    /// Lookup locks held.
     pub fn lock_count(self) -> u32 {
         (self.0 & LOCK_MASK) as u32
     }
+    /// Readers and pins holding the slot.
     pub fn borrow_count(self) -> u32 {
         ((self.0 & BORROW_MASK) >> BORROW_SHIFT) as u32
     }
+    /// The incarnation's generation tag.
     pub fn generation(self) -> Generation {
         Generation(((self.0 & GEN_MASK) >> GEN_SHIFT) as u32)
     }
+    /// Whether `flag` (one of the flag constants: [`WRITING`], …) is set.
     pub fn has(self, flag: u64) -> bool {
         self.0 & flag != 0
     }
@@ -187,14 +204,19 @@ pub enum SlotError {
 /// What a transition did; `freed` means the caller must clear the bitmap bit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transition {
+    /// The word the CAS replaced.
     pub prev: State,
+    /// The word it wrote (already FREE when `freed`).
     pub next: State,
+    /// This transition completed the free condition: the caller clears the
+    /// slot's bitmap bit.
     pub freed: bool,
 }
 
 /// Outcome of `commit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Commit {
+    /// The slot is COMMITTED (and REFERENCED): readable.
     Committed,
     /// A forced delete canceled the store; the slot is detached (and freed
     /// if `t.freed`).
@@ -206,6 +228,7 @@ pub enum Commit {
 pub struct SlotState(AtomicU64);
 
 impl SlotState {
+    /// A FREE slot at generation 0 (its first reservation is generation 1).
     pub fn new() -> SlotState {
         SlotState(AtomicU64::new(0))
     }
@@ -478,9 +501,10 @@ fn unpinned(s: State) -> Result<State, SlotError> {
     Ok(State(s.0 - BORROW_ONE))
 }
 
-/// An atomic free bitmap: bit set = slot taken (or beyond the current
-/// slot count). Allocation prefers the lowest free slot, which keeps live
-/// slots packed low and makes shrink cheap (reference §9.4 item 11).
+/// An atomic free bitmap: bit set = slot taken (or beyond the current slot
+/// count). Allocation prefers the lowest free slot, which keeps live slots
+/// packed low and makes shrink cheap (docs/lmcache-dax-behavior.md
+/// §9.4 item 11).
 #[derive(Debug)]
 pub struct Bitmap {
     words: Box<[AtomicU64]>,
@@ -503,6 +527,8 @@ impl Bitmap {
         b
     }
 
+    /// Slots the bitmap covers (the largest slot count the arena can grow
+    /// to).
     pub fn capacity(&self) -> usize {
         self.bits
     }

@@ -1,9 +1,9 @@
 //! # DaxStore: the synchronous facade (LMCache's non-MP `DaxBackend`)
 //!
-//! put / get / contains / pin / unpin / remove over one [`DaxCore`], plus
-//! what the non-MP backend adds (reference §6): optional asynchronous puts
-//! on worker threads with a completion callback, batched gets with
-//! positional holes or prefix-only, a batched restore through a bounded
+//! put / get / contains / pin / unpin / remove over one [`DaxCore`], plus what
+//! the non-MP backend adds (docs/lmcache-dax-behavior.md §6): optional
+//! asynchronous puts on worker threads with a completion callback, batched gets
+//! with positional holes or prefix-only, a batched restore through a bounded
 //! staging slab, optional auto-eviction by CLOCK, and a close that waits for
 //! in-flight work.
 //!
@@ -28,6 +28,7 @@ const EVICT_ROUNDS_MAX: usize = 8;
 /// ([`DaxStore::open`]); an error names the field.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
+    /// The device and slot size.
     pub core: CoreConfig,
     /// On a full arena, evict unlocked keys (CLOCK) instead of failing.
     pub auto_evict: bool,
@@ -64,26 +65,56 @@ impl StoreConfig {
 /// Errors of the facade.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The object is larger than a slot (upstream raises `ValueError`).
     #[error("object of {len} bytes exceeds the slot size of {slot_bytes} bytes")]
-    TooLarge { len: usize, slot_bytes: usize },
+    TooLarge {
+        /// Object length, bytes.
+        len: usize,
+        /// Slot size, bytes.
+        slot_bytes: usize,
+    },
+    /// No free slot, and `auto_evict` is off or found nothing to evict.
     #[error("no free slots available; eviction required")]
     Full,
+    /// The store is closing or closed.
     #[error("DaxStore is closing")]
     Closed,
+    /// A batched call got different numbers of keys and buffers.
     #[error("{what}: {keys} keys but {bufs} buffers")]
     LengthMismatch {
+        /// The operation.
         what: &'static str,
+        /// Keys given.
         keys: usize,
+        /// Buffers given.
         bufs: usize,
     },
+    /// The destination buffer is shorter than the stored payload; nothing
+    /// was copied.
     #[error("buffer of {have} bytes is too small for the {need} byte payload")]
-    BufferTooSmall { need: usize, have: usize },
+    BufferTooSmall {
+        /// Payload length, bytes.
+        need: usize,
+        /// Buffer length, bytes.
+        have: usize,
+    },
+    /// A [`StoreConfig`] field is invalid (or its worker threads could not
+    /// be started).
     #[error("invalid config: {field} {rule}")]
-    Config { field: &'static str, rule: String },
+    Config {
+        /// The field's name.
+        field: &'static str,
+        /// What is wrong with it.
+        rule: String,
+    },
+    /// `put_async` with `async_put_workers = 0`.
     #[error("async put is disabled (async_put_workers = 0)")]
     AsyncDisabled,
+    /// Opening the core failed.
     #[error(transparent)]
     Open(#[from] OpenError),
+    /// A put failed for another reason ([`PutError::Canceled`],
+    /// [`PutError::CopyFailed`], [`PutError::IndexFull`]).
     #[error("put failed: {0}")]
     Put(PutError),
 }
@@ -201,6 +232,7 @@ impl DaxStore {
         })
     }
 
+    /// The underlying core (status, usage, snapshots).
     pub fn core(&self) -> &DaxCore {
         &self.core
     }
@@ -392,9 +424,9 @@ impl DaxStore {
         Ok(n)
     }
 
-    /// Batched restore through the staging slab (reference §6.4): the
-    /// reservations are sorted by device offset, packed into regions of at
-    /// most `slab / restore_max_regions` bytes with adjacent device spans
+    /// Batched restore through the staging slab (docs/lmcache-dax-behavior.md
+    /// §6.4): the reservations are sorted by device offset, packed into regions
+    /// of at most `slab / restore_max_regions` bytes with adjacent device spans
     /// merged into one copy, each wave's regions copied in parallel, then
     /// scattered to the outputs. Same result shape as `batched_get`.
     pub fn batched_restore(

@@ -1,6 +1,6 @@
-//! DaxCore scenarios: reference §8.4 (core level) and §8.1 (lock refcount,
-//! borrowed delete, full arena, close blocking on a load, volatile restart),
-//! on real memfd / tmpfs mappings.
+//! DaxCore scenarios: docs/lmcache-dax-behavior.md §8.4 (core level) and §8.1
+//! (lock refcount, borrowed delete, full arena, close blocking on a load,
+//! volatile restart), on real memfd / tmpfs mappings.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};

@@ -1,6 +1,7 @@
-//! Engine scenarios: reference §8.1 items 1 and 12-18 and §8.3 item 1, with
-//! bytes verified on every load, plus concurrency, task splitting, close and
-//! fault injection. Real memfds / tmpfs files, real eventfds, real threads.
+//! Engine scenarios: docs/lmcache-dax-behavior.md §8.1 items 1 and 12-18 and
+//! §8.3 item 1, with bytes verified on every load, plus concurrency, task
+//! splitting, close and fault injection. Real memfds / tmpfs files, real
+//! eventfds, real threads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -83,7 +84,8 @@ impl Listener for Events {
     }
 }
 
-/// §8.1 item 1: three distinct, non-blocking, close-on-exec eventfds.
+/// docs/lmcache-dax-behavior.md §8.1 item 1: three distinct, non-blocking,
+/// close-on-exec eventfds.
 #[test]
 fn three_distinct_nonblocking_event_fds() {
     let e = engine(4);
@@ -106,8 +108,8 @@ fn three_distinct_nonblocking_event_fds() {
     );
 }
 
-/// §8.1 item 12: store, lookup, load round trip with holes, one-shot
-/// queries, untouched miss buffers and listener events.
+/// docs/lmcache-dax-behavior.md §8.1 item 12: store, lookup, load round trip
+/// with holes, one-shot queries, untouched miss buffers and listener events.
 #[test]
 fn store_lookup_load_round_trip() {
     let e = engine(8);
@@ -145,7 +147,8 @@ fn store_lookup_load_round_trip() {
     assert_eq!(*ev.deleted.lock().unwrap(), vec![k(0)]);
 }
 
-/// §8.1 item 13: two lookups need two unlocks before delete succeeds.
+/// docs/lmcache-dax-behavior.md §8.1 item 13: two lookups need two unlocks
+/// before delete succeeds.
 #[test]
 fn lock_refcount_across_tasks() {
     let e = engine(4);
@@ -162,11 +165,12 @@ fn lock_refcount_across_tasks() {
     assert_eq!(e.delete(&[k(1)]), vec![k(1)]);
 }
 
-// §8.1 item 14 (deleting a borrowed slot keeps usage until the read ends)
+// docs/lmcache-dax-behavior.md §8.1 item 14 (deleting a borrowed slot keeps usage until the read ends)
 // needs a borrowed read of a device's core: it is a unit test beside the
 // pool (`engine::pool::tests`).
 
-/// §8.1 item 15: a full arena fails the store task; no internal eviction.
+/// docs/lmcache-dax-behavior.md §8.1 item 15: a full arena fails the store
+/// task; no internal eviction.
 #[test]
 fn full_arena_fails_the_store_task() {
     let e = engine(2);
@@ -180,8 +184,8 @@ fn full_arena_fails_the_store_task() {
     e.submit_unlock(&[k(1), k(2)]);
 }
 
-/// §8.1 item 18 and §8.3 item 1: a reopened engine on the same file starts
-/// empty.
+/// docs/lmcache-dax-behavior.md §8.1 item 18 and §8.3 item 1: a reopened engine
+/// on the same file starts empty.
 #[test]
 fn restart_is_volatile() {
     let dir = tempfile::tempdir().unwrap();

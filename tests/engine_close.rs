@@ -34,8 +34,9 @@ fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
-/// §8.1 item 17: close blocks until in-flight work finishes (here a read
-/// borrowed on the device); §8.3 item 1: the fds are invalid afterwards.
+/// docs/lmcache-dax-behavior.md §8.1 item 17: close blocks until in-flight work
+/// finishes (here a read borrowed on the device); §8.3 item 1: the fds are
+/// invalid afterwards.
 #[test]
 fn close_waits_for_in_flight_work_and_closes_fds() {
     let before = threads();

@@ -1,4 +1,5 @@
-//! DaxStore (the non-MP facade): reference §8.4 scenarios on memfd arenas.
+//! DaxStore (the non-MP facade): docs/lmcache-dax-behavior.md §8.4 scenarios on
+//! memfd arenas.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};

@@ -566,7 +566,8 @@ impl Engine {
                 healthy &= st.is_healthy;
             }
             // Closed and removed entries are tombstones, not failures
-            // (upstream counts them unhealthy forever, docs/lmcache-dax-behavior.md §9.4).
+            // (upstream counts them unhealthy forever,
+            // docs/lmcache-dax-behavior.md §9.4 item 1).
             healthy &= state != DeviceState::Failed;
             devices.push(serde_json::json!({
                 "index": i,

@@ -32,7 +32,7 @@ use crate::key::Key;
 pub struct DeviceId(pub u32);
 
 /// A device's state in the pool (the hotplug state machine: LMCache's
-/// device states).
+/// device states, docs/lmcache-dax-behavior.md §3.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum DeviceState {
@@ -689,7 +689,7 @@ mod tests {
         assert!(!dev0.core.exists(key, false), "nothing was stored");
     }
 
-    /// Reference §8.1 item 14: deleting a borrowed slot keeps usage until
+    /// docs/lmcache-dax-behavior.md §8.1 item 14: deleting a borrowed slot keeps usage until
     /// the read ends (a borrowed read needs the device's core, so this
     /// lives beside the pool).
     #[test]

@@ -427,7 +427,8 @@ impl WorkerCtx {
             TaskKind::Store => store_part(inner, &devs, task, start, len),
             TaskKind::Lookup => {
                 // One batched call per readable device over the keys still
-                // missing (upstream's grouping, reference §3.6 step 3).
+                // missing (upstream's grouping, docs/lmcache-dax-behavior.md
+                // §3.6 step 3).
                 let Scratch {
                     left,
                     keys: batch,
