@@ -69,7 +69,9 @@ const OURS: &[&str] = &[
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("config: {field}: {rule}")]
 pub struct ConfigError {
+    /// The field, as a JSON path (`devices[0].max_dax_size_gb`).
     pub field: String,
+    /// What is wrong with it.
     pub rule: String,
 }
 
@@ -83,26 +85,42 @@ fn err(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
 /// One configured device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceConfig {
+    /// A devdax node, a file (created if missing), or `"memfd"`.
     pub device_path: String,
+    /// Bytes to map (`max_dax_size_gb` × 2³⁰, whole slots).
     pub max_dax_size_bytes: usize,
 }
 
 /// A validated engine configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
+    /// Bytes per slot (LMCache's chunk size), required.
     pub slot_bytes: usize,
+    /// The devices, in order (ids from 0).
     pub devices: Vec<DeviceConfig>,
+    /// Devices may be added at run time (and the list may start empty).
     pub hotplug_enabled: bool,
+    /// Store workers (default 1).
     pub num_store_workers: usize,
+    /// Lookup workers (default 1).
     pub num_lookup_workers: usize,
+    /// Load workers (default `min(4, cpus)`).
     pub num_load_workers: usize,
+    /// Where workers run: `numa` (`"auto"`, `"off"`, a node) or `cpus`.
     pub placement: Placement,
+    /// `spin_us`: how long an idle worker spins before parking.
     pub spin: Duration,
+    /// `wait_spin_us`: how long a `wait_*` caller spins before parking.
     pub wait_spin: Duration,
+    /// `prefault`: touch every page of the mapping at open.
     pub prefault: bool,
+    /// `task_slots`: records in the task table.
     pub task_slots: usize,
+    /// `task_keys`: keys each record is sized for.
     pub task_keys: usize,
+    /// `sysfs_root`: where NUMA topology is read (tests use a fake tree).
     pub sysfs_root: PathBuf,
+    /// `signal`: when workers write the completion eventfds.
     pub signal: crate::engine::Signal,
 }
 
@@ -183,6 +201,7 @@ impl EngineConfig {
         Self::from_value(&v)
     }
 
+    /// Validate an already parsed adapter JSON value.
     #[allow(clippy::too_many_lines)] // one field after another, in order
     pub fn from_value(v: &Value) -> Result<EngineConfig, ConfigError> {
         let obj = v
