@@ -291,6 +291,13 @@ pub struct Report {
     /// What it is, in words.
     pub kernel_description: &'static str,
     pub device: String,
+    /// Share of all CPUs that other processes (and the hypervisor, as
+    /// steal) used while the run went on, from `/proc/stat` less this
+    /// process's own CPU time: interference the ratios cannot cancel.
+    /// `None` where `/proc` is unreadable.
+    pub other_cpu: Option<f64>,
+    /// The same per size, in `sizes` order.
+    pub other_cpu_by_size: Vec<Option<f64>>,
     pub limits: Vec<Limits>,
     pub results: Vec<PhaseResult>,
 }
@@ -380,6 +387,48 @@ pub fn spread(xs: &[f64]) -> f64 {
         0.0
     } else {
         max - min
+    }
+}
+
+/// CPU time counters (in `USER_HZ` ticks, the unit of both files).
+#[derive(Clone, Copy, Debug)]
+struct CpuSample {
+    /// All CPUs, busy (user, nice, system, irq, softirq, steal).
+    busy: u64,
+    /// All CPUs, busy or idle.
+    total: u64,
+    /// This process (all its threads), user and system.
+    own: u64,
+}
+
+impl CpuSample {
+    fn now() -> Option<CpuSample> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let f: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal ...
+        let get = |i: usize| f.get(i).copied().unwrap_or(0);
+        let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+        let total = busy + get(3) + get(4);
+        let me = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name's closing parenthesis; utime and
+        // stime are fields 14 and 15 of the whole line.
+        let rest: Vec<&str> = me.rsplit_once(')')?.1.split_whitespace().collect();
+        let own = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
+        Some(CpuSample { busy, total, own })
+    }
+
+    /// Share of all CPUs used by others between `a` and `b`.
+    fn others_share(a: Option<CpuSample>, b: Option<CpuSample>) -> Option<f64> {
+        let (a, b) = (a?, b?);
+        let total = b.total.checked_sub(a.total).filter(|&t| t > 0)?;
+        let others = (b.busy.saturating_sub(a.busy)).saturating_sub(b.own.saturating_sub(a.own));
+        Some(others as f64 / total as f64)
     }
 }
 
@@ -870,17 +919,25 @@ pub fn run(
                 .collect::<Vec<_>>()
                 .join(",")
         },
+        other_cpu: None,
+        other_cpu_by_size: Vec::new(),
         limits: Vec::new(),
         results: Vec::new(),
     };
+    let run_start = CpuSample::now();
     for (index, &size) in cfg.sizes.iter().enumerate() {
+        let size_start = CpuSample::now();
         let (limits, results) = run_size(cfg, index, size, &sources_of, &mut progress)?;
+        report
+            .other_cpu_by_size
+            .push(CpuSample::others_share(size_start, CpuSample::now()));
         for r in &results {
             progress(Progress::Row(&format_row(r)));
         }
         report.limits.push(limits);
         report.results.extend(results);
     }
+    report.other_cpu = CpuSample::others_share(run_start, CpuSample::now());
     drop(created);
     Ok(report)
 }
@@ -1222,6 +1279,29 @@ fn format_row(r: &PhaseResult) -> String {
 }
 
 impl Report {
+    /// How much of the CPUs other processes took during the run, per size,
+    /// with a warning when that disturbs the ratios.
+    fn other_load_line(&self) -> Option<String> {
+        let o = self.other_cpu?;
+        let by_size: Vec<String> = self
+            .config
+            .sizes
+            .iter()
+            .zip(&self.other_cpu_by_size)
+            .filter_map(|(&sz, o)| o.map(|o| format!("{} {:.0}%", human(sz), o * 100.0)))
+            .collect();
+        Some(format!(
+            "other load: other processes used {:.0}% of the CPUs during the run ({}){}",
+            o * 100.0,
+            by_size.join(", "),
+            if o > 0.05 {
+                "; ratios and their spread are disturbed, rerun on an idle machine"
+            } else {
+                ""
+            }
+        ))
+    }
+
     /// The human-readable table (stdout).
     pub fn table(&self) -> String {
         let c = &self.config;
@@ -1250,6 +1330,9 @@ impl Report {
             s,
             "units: sizes binary (1 KiB = 1024 bytes, 1 MiB = 1024 KiB); throughput decimal GB/s (10^9 bytes/s); latency us per task"
         );
+        if let Some(line) = self.other_load_line() {
+            let _ = writeln!(s, "{line}");
+        }
         let _ = writeln!(
             s,
             "\nlimits, GB/s (raw copies of the same objects on the same mapping, xN = N threads on disjoint parts; median of {} rounds):",
@@ -1421,6 +1504,15 @@ impl Report {
             "rounds": c.rounds,
             "limits": limits,
             "eventfd_ping_pong_us": self.eventfd_ping_pong_us,
+            "other_cpu": {
+                "run": self.other_cpu,
+                "by_size": c
+                    .sizes
+                    .iter()
+                    .zip(&self.other_cpu_by_size)
+                    .map(|(sz, o)| (sz.to_string(), json!(o)))
+                    .collect::<serde_json::Map<_, _>>(),
+            },
             "results": results,
         })
         .to_string()

@@ -299,6 +299,14 @@ fn json_records_version_options_kernel_and_machine() {
         j["machine"]["cores"].as_u64().unwrap() as usize,
         std::thread::available_parallelism().unwrap().get()
     );
+    // Interference: the share of the CPUs other processes used, a
+    // fraction, for the run and per size.
+    let others = j["other_cpu"]["run"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&others), "{others}");
+    for size in ["4096", "65536"] {
+        let o = j["other_cpu"]["by_size"][size].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&o), "{o}");
+    }
     assert_eq!(j["limits"]["4096"]["store_threads"], 2);
     assert_eq!(j["limits"]["65536"]["load_threads"], 2);
     for r in j["results"].as_array().unwrap() {
@@ -336,6 +344,7 @@ fn output_is_once_table_on_stdout_and_no_rows_on_a_piped_stderr() {
         so.contains("GB/s (10^9 bytes/s)") && so.contains("1 KiB = 1024 bytes"),
         "units stated in the header:\n{so}"
     );
+    assert!(so.contains("other load: other processes used"), "{so}");
     let head = so
         .lines()
         .find(|l| l.trim_start().starts_with("size phase"))
