@@ -3,6 +3,7 @@
 # the CPUs of the node nearest the device (CXL nodes have no CPUs), memory
 # for buffers from that node, hardware counters where the machine has them.
 # Usage: perf/pinned.sh /dev/daxX.Y [extra daxkv bench arguments...]
+# It passes --force: the bench overwrites what the device holds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dev="${1:?usage: perf/pinned.sh /dev/daxX.Y [bench args]}"; shift
@@ -20,7 +21,7 @@ if [ "$node" -ge 0 ]; then
 fi
 echo "device $dev: node $node; running on CPU node $best (distance $bestd)"
 cargo build --release --quiet
-cmd=(numactl --cpunodebind="$best" --membind="$best" "${CARGO_TARGET_DIR:-target}"/release/daxkv bench --path "$dev" "$@")
+cmd=(numactl --cpunodebind="$best" --membind="$best" "${CARGO_TARGET_DIR:-target}"/release/daxkv bench --path "$dev" --force "$@")
 if perf stat -e instructions true >/dev/null 2>&1; then
   perf stat -e cycles,instructions,cache-misses "${cmd[@]}"
 else

@@ -4,116 +4,300 @@
 //! go through the phases store → lookup-and-lock → load → unlock → delete
 //! through the public [`Engine`] API (the path a user takes): tasks of 16
 //! keys, up to 8 tasks in flight, on fresh devices (memfds by default) with
-//! one slot per object. Before the phases, the same mapping's raw limits
-//! are measured in the same run: single-thread non-temporal copy in, plain
-//! `memcpy` in, copy out, and a raw eventfd ping-pong between two threads.
-//! Each phase prints its ratio to its limit.
+//! one slot per object.
+//!
+//! Each size runs `rounds` rounds on the same engine and mapping. In every
+//! round the raw limit is measured right before the phase it bounds, on the
+//! same bytes of the same mapping: the non-temporal copy of the N objects
+//! into the mapping (and a plain `memcpy` in) right before the store, the
+//! copy out into the same destination buffers right before the load. With
+//! more than one store (load) worker the limit is also measured with that
+//! many threads copying disjoint parts, and the phase is compared with it.
+//! A phase's ratio is the median of its per-round ratios, reported with
+//! their spread (max − min), so a limit that came out low in one pass no
+//! longer skews the ratio; throughput and objects/s are the medians of the
+//! rounds, the latency percentiles pool every task of every round.
+//!
+//! Units: object sizes are binary (`4K` = `4KiB` = 4096 bytes), throughput
+//! is decimal GB/s (10^9 bytes per second), latency is µs per task.
 // Unsafe only for the raw-copy baselines on the device's own mapping
 // (`ArenaGuard` copies are unsafe: their contract is that no other thread
 // touches the range); each block says why the engine is idle there.
 #![deny(unsafe_code)]
 
-use std::fmt::Write as _;
-use std::time::Instant;
-
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
-use std::time::Duration;
+use std::fmt::Write as _;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
-use crate::arena::{ArenaSource, ArenaSpec};
+use crate::arena::{ArenaGuard, ArenaSource, ArenaSpec};
 use crate::buf::Buf;
 use crate::core::CoreConfig;
-use crate::engine::{DeviceSpec, Engine, EngineOptions, TaskId};
+use crate::engine::{DeviceSpec, Engine, EngineOptions, Signal, TaskId};
 use crate::key::Key;
 use crate::notify::EventFd;
 
 /// Keys per task.
 pub const TASK_KEYS: usize = 16;
 
-/// What to run.
+/// Distinct source objects (a ring the objects cycle through).
+const SOURCE_RING: usize = 64;
+
+/// Engine memory besides the per-slot tables (task table, rings, workers'
+/// stacks), for the memory check.
+const ENGINE_FIXED_BYTES: u64 = 32 << 20;
+
+/// Engine DRAM per slot (index, slot metadata, bitmap; `DaxCore`'s 50 bytes
+/// rounded up) plus the bench's key (16 bytes), for the memory check.
+const PER_OBJECT_BYTES: u64 = 64 + 16;
+
+/// What to run. The defaults are the engine's own (`EngineOptions::default`,
+/// LMCache's worker counts), so a run shows what a user of the defaults
+/// gets.
 #[derive(Clone, Debug)]
+#[allow(clippy::struct_excessive_bools)] // the command line's switches
 pub struct BenchConfig {
+    /// Object sizes in bytes.
     pub sizes: Vec<usize>,
+    /// Bytes of objects per size (`--total-bytes`).
     pub total_bytes: usize,
     pub max_objects: usize,
     /// Devices or files to use instead of memfds (together they must hold
     /// `total_bytes`); empty: `devices` memfds.
-    pub paths: Vec<std::path::PathBuf>,
+    pub paths: Vec<PathBuf>,
+    /// Create a missing `paths` entry as a regular file sized for the run
+    /// (and grow an existing regular file that is too small); a file the
+    /// run created is removed at its end. Without it a missing path is an
+    /// error.
+    pub create: bool,
+    /// Allow a character device (device-dax) in `paths`: the bench
+    /// overwrites what the device holds. Without it such a path is refused.
+    pub force: bool,
     /// Number of memfd devices when `paths` is empty.
     pub devices: usize,
     pub store_workers: usize,
     pub lookup_workers: usize,
     pub load_workers: usize,
-    /// Spin before parking (workers and the waiting caller); zero parks at
-    /// once (eventfd wakes only).
+    /// Spin before parking (workers and the waiting caller).
     pub spin: Duration,
     /// How long the waiting caller spins before parking (`None`: `spin`).
     pub wait_spin: Option<Duration>,
+    /// Park at once (eventfd wakes only): overrides `spin` and `wait_spin`.
+    pub park: bool,
+    /// When the workers write the completion eventfds. The bench waits with
+    /// the `wait_*` helpers, so `WhenWaiting` (signal only a parked waiter)
+    /// is what a Rust caller like it would choose.
+    pub signal: Signal,
     /// Tasks in flight per phase.
     pub inflight_tasks: usize,
+    /// Alternating limit / engine rounds per size.
+    pub rounds: usize,
     /// Pre-fault the mapping (first-touch faults of fresh tmpfs pages would
     /// otherwise dominate; a real DAX device has none).
     pub prefault: bool,
-    /// Every `verify_every`-th loaded object is compared byte for byte.
+    /// Every `verify_every`-th loaded object is compared byte for byte, in
+    /// every round.
     pub verify_every: usize,
+    /// Where the caller writes the JSON document (only recorded in it).
+    pub json: Option<PathBuf>,
 }
 
 impl Default for BenchConfig {
     fn default() -> BenchConfig {
+        let e = EngineOptions::default();
         BenchConfig {
             sizes: vec![4 << 10, 64 << 10, 256 << 10, 2 << 20, 8 << 20],
             total_bytes: 1 << 30,
             max_objects: 20_000,
             paths: Vec::new(),
+            create: false,
+            force: false,
             devices: 1,
-            store_workers: 1,
-            lookup_workers: 1,
-            load_workers: 1,
-            spin: Duration::from_micros(250),
+            store_workers: e.num_store_workers,
+            lookup_workers: e.num_lookup_workers,
+            load_workers: e.num_load_workers,
+            spin: e.spin,
             wait_spin: None,
+            park: false,
+            signal: Signal::WhenWaiting,
             inflight_tasks: 8,
+            rounds: 5,
             prefault: true,
             verify_every: 64,
+            json: None,
         }
     }
 }
 
-/// Raw limits of one mapping for one object size.
+impl BenchConfig {
+    /// The spin the workers get (zero with `park`).
+    pub fn effective_spin(&self) -> Duration {
+        if self.park {
+            Duration::ZERO
+        } else {
+            self.spin
+        }
+    }
+
+    /// The spin the waiting caller gets (zero with `park`).
+    pub fn effective_wait_spin(&self) -> Duration {
+        if self.park {
+            Duration::ZERO
+        } else {
+            self.wait_spin.unwrap_or(self.spin)
+        }
+    }
+
+    fn device_count(&self) -> usize {
+        if self.paths.is_empty() {
+            self.devices.max(1)
+        } else {
+            self.paths.len()
+        }
+    }
+
+    /// How one size is laid out.
+    pub fn plan(&self, size_bytes: usize) -> Plan {
+        let objects = self
+            .max_objects
+            .min(self.total_bytes / size_bytes.max(1))
+            .max(1);
+        let devices = self.device_count();
+        Plan {
+            size_bytes,
+            objects,
+            devices,
+            per_device: objects.div_ceil(devices),
+            sources: objects.min(SOURCE_RING),
+        }
+    }
+}
+
+/// How one size is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub size_bytes: usize,
+    /// Objects stored, looked up, loaded and deleted per round.
+    pub objects: usize,
+    pub devices: usize,
+    /// Slots (objects) per device; each device maps `per_device * size`.
+    pub per_device: usize,
+    /// Distinct source objects.
+    pub sources: usize,
+}
+
+/// What one size allocates in RAM (bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryNeed {
+    pub size_bytes: usize,
+    /// The devices' mappings, where they take RAM (memfds, tmpfs pages not
+    /// yet allocated; a device-dax node takes none).
+    pub mapping: u64,
+    /// One destination buffer per object.
+    pub destinations: u64,
+    /// The ring of source objects.
+    pub sources: u64,
+    /// Engine tables and the bench's keys.
+    pub engine: u64,
+}
+
+impl MemoryNeed {
+    pub fn total(&self) -> u64 {
+        self.mapping + self.destinations + self.sources + self.engine
+    }
+}
+
+/// Raw limits of one mapping for one object size, in one round (GB/s).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LimitRound {
+    /// One thread, non-temporal stores into the mapping.
+    pub nt_copy_in: f64,
+    /// One thread, plain `memcpy` into the mapping.
+    pub memcpy_in: f64,
+    /// One thread, copy out of the mapping.
+    pub copy_out: f64,
+    /// `store_threads` threads, non-temporal stores, disjoint parts.
+    pub nt_copy_in_threads: f64,
+    /// `load_threads` threads, copy out, disjoint parts.
+    pub copy_out_threads: f64,
+}
+
+/// Raw limits of one mapping for one object size: medians of the rounds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Limits {
     pub size_bytes: usize,
     pub nt_copy_in_gb_s: f64,
     pub memcpy_in_gb_s: f64,
     pub copy_out_gb_s: f64,
+    /// Threads of the multi-thread copy-in limit (the store worker count).
+    pub store_threads: usize,
+    pub nt_copy_in_threads_gb_s: f64,
+    /// Threads of the multi-thread copy-out limit (the load worker count).
+    pub load_threads: usize,
+    pub copy_out_threads_gb_s: f64,
+    pub rounds: Vec<LimitRound>,
 }
 
-/// One phase's result.
+/// One phase's result over the rounds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PhaseResult {
     pub size_bytes: usize,
     pub phase: &'static str,
+    /// Objects per round.
     pub objects: usize,
+    pub rounds: usize,
+    /// Median seconds of a round's phase.
     pub seconds: f64,
+    /// Median of the rounds.
     pub objects_per_s: f64,
+    /// Median of the rounds.
     pub gb_per_s: Option<f64>,
+    /// Task latency percentiles over every task of every round.
     pub p50_us: f64,
     pub p99_us: f64,
     pub max_us: f64,
+    /// Threads of the limit the ratio is taken against (the phase's worker
+    /// count).
+    pub limit_threads: Option<usize>,
+    /// Median of the per-round ratios to the same round's limit.
     pub ratio_to_limit: Option<f64>,
+    /// Max − min of the per-round ratios.
+    pub ratio_spread: Option<f64>,
+    /// The per-round ratios, in round order.
+    pub ratio_rounds: Vec<f64>,
+    /// Median ratio to the single-thread limit (equal to `ratio_to_limit`
+    /// with one worker).
+    pub ratio_to_single_thread_limit: Option<f64>,
     pub verified: Option<bool>,
 }
 
 /// A whole run.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Report {
+    pub version: &'static str,
+    pub config: BenchConfig,
     pub eventfd_ping_pong_us: f64,
     pub workers: (usize, usize, usize),
     pub spin_us: u64,
+    pub wait_spin_us: u64,
+    pub signal: &'static str,
     pub cpu: String,
     pub cores: usize,
     pub numa_nodes: usize,
+    /// The copy kernel's name (`copy::Kernel::name`).
     pub kernel: &'static str,
+    /// What it is, in words.
+    pub kernel_description: &'static str,
     pub device: String,
+    /// Share of all CPUs that other processes (and the hypervisor, as
+    /// steal) used while the run went on, from `/proc/stat` less this
+    /// process's own CPU time: interference the ratios cannot cancel.
+    /// `None` where `/proc` is unreadable.
+    pub other_cpu: Option<f64>,
+    /// The same per size, in `sizes` order.
+    pub other_cpu_by_size: Vec<Option<f64>>,
     pub limits: Vec<Limits>,
     pub results: Vec<PhaseResult>,
 }
@@ -123,6 +307,9 @@ pub struct Report {
 pub enum BenchError {
     #[error("{0}")]
     Open(#[from] crate::error::OpenError),
+    /// Refused before anything ran (a check of the options or the machine).
+    #[error("{0}")]
+    Check(String),
     #[error("bench: {0}")]
     Failed(String),
 }
@@ -152,8 +339,25 @@ fn machine() -> (String, usize, usize) {
     (cpu, cores, numa)
 }
 
+/// The copy kernel in words.
+pub fn kernel_description(k: crate::copy::Kernel) -> &'static str {
+    match k {
+        crate::copy::Kernel::Avx512 => "AVX-512 non-temporal stores",
+        crate::copy::Kernel::Avx2 => "AVX2 non-temporal stores",
+        crate::copy::Kernel::Sse2 => "SSE2 non-temporal stores",
+        crate::copy::Kernel::Portable => "portable copy (no streaming stores)",
+    }
+}
+
+fn signal_name(s: Signal) -> &'static str {
+    match s {
+        Signal::Always => "always",
+        Signal::WhenWaiting => "when_waiting",
+    }
+}
+
 fn gb_s(bytes: usize, secs: f64) -> f64 {
-    bytes as f64 / secs / 1e9
+    bytes as f64 / secs.max(1e-9) / 1e9
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -162,6 +366,70 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
+}
+
+/// The median (the mean of the middle two for an even count); 0 if empty.
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => f64::midpoint(v[n / 2 - 1], v[n / 2]),
+    }
+}
+
+/// Max − min; 0 if empty.
+pub fn spread(xs: &[f64]) -> f64 {
+    let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let min = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    if xs.is_empty() {
+        0.0
+    } else {
+        max - min
+    }
+}
+
+/// CPU time counters (in `USER_HZ` ticks, the unit of both files).
+#[derive(Clone, Copy, Debug)]
+struct CpuSample {
+    /// All CPUs, busy (user, nice, system, irq, softirq, steal).
+    busy: u64,
+    /// All CPUs, busy or idle.
+    total: u64,
+    /// This process (all its threads), user and system.
+    own: u64,
+}
+
+impl CpuSample {
+    fn now() -> Option<CpuSample> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let f: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal ...
+        let get = |i: usize| f.get(i).copied().unwrap_or(0);
+        let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+        let total = busy + get(3) + get(4);
+        let me = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name's closing parenthesis; utime and
+        // stime are fields 14 and 15 of the whole line.
+        let rest: Vec<&str> = me.rsplit_once(')')?.1.split_whitespace().collect();
+        let own = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
+        Some(CpuSample { busy, total, own })
+    }
+
+    /// Share of all CPUs used by others between `a` and `b`.
+    fn others_share(a: Option<CpuSample>, b: Option<CpuSample>) -> Option<f64> {
+        let (a, b) = (a?, b?);
+        let total = b.total.checked_sub(a.total).filter(|&t| t > 0)?;
+        let others = (b.busy.saturating_sub(a.busy)).saturating_sub(b.own.saturating_sub(a.own));
+        Some(others as f64 / total as f64)
+    }
 }
 
 /// A source object: distinct bytes per object id.
@@ -176,47 +444,195 @@ fn fill(buf: &mut [u8], id: usize) {
     }
 }
 
-struct Phase {
-    lat_us: Vec<f64>,
-    start: Instant,
+/// A size for messages: binary units, exact when it divides evenly.
+pub fn human(size: usize) -> String {
+    if size >= 1 << 30 && size.is_multiple_of(1 << 30) {
+        format!("{} GiB", size >> 30)
+    } else if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
+        format!("{} MiB", size >> 20)
+    } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
+        format!("{} KiB", size >> 10)
+    } else {
+        format!("{size} B")
+    }
 }
 
-impl Phase {
-    fn start() -> Phase {
-        Phase {
-            lat_us: Vec::new(),
-            start: Instant::now(),
+/// An amount of memory for messages: binary units, rounded.
+pub fn human_amount(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes >= 1 << 40 {
+        format!("{:.2} TiB", b / (1u64 << 40) as f64)
+    } else if bytes >= 1 << 30 {
+        format!("{:.2} GiB", b / f64::from(1u32 << 30))
+    } else if bytes >= 1 << 20 {
+        format!("{:.1} MiB", b / f64::from(1u32 << 20))
+    } else if bytes >= 1 << 10 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// What a `paths` entry is before the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PathKind {
+    Missing,
+    /// A regular file with this many bytes allocated.
+    File {
+        allocated: u64,
+    },
+    CharDevice,
+    Other,
+}
+
+fn path_kind(p: &Path) -> Result<PathKind, BenchError> {
+    match std::fs::metadata(p) {
+        Ok(md) if md.file_type().is_char_device() => Ok(PathKind::CharDevice),
+        Ok(md) if md.is_file() => Ok(PathKind::File {
+            allocated: md.blocks().saturating_mul(512),
+        }),
+        Ok(_) => Ok(PathKind::Other),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PathKind::Missing),
+        Err(e) => Err(BenchError::Check(format!("{}: {e}", p.display()))),
+    }
+}
+
+/// MemAvailable from `/proc/meminfo`, in bytes (`None` where unreadable).
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb.saturating_mul(1024))
+}
+
+impl BenchConfig {
+    /// What one size allocates in RAM: the mappings (for memfds, and for
+    /// files the pages not yet allocated; nothing for a character device),
+    /// one destination buffer per object, the source ring, the engine's
+    /// tables. Sizes run one after another and free everything between, so
+    /// the run needs the largest of these.
+    pub fn memory_need(&self, size_bytes: usize) -> MemoryNeed {
+        let kinds: Vec<PathKind> = self
+            .paths
+            .iter()
+            .map(|p| path_kind(p).unwrap_or(PathKind::Other))
+            .collect();
+        self.memory_need_with(size_bytes, &kinds)
+    }
+
+    fn memory_need_with(&self, size_bytes: usize, kinds: &[PathKind]) -> MemoryNeed {
+        let plan = self.plan(size_bytes);
+        let per_dev = (plan.per_device as u64).saturating_mul(size_bytes as u64);
+        let mapping = if self.paths.is_empty() {
+            per_dev.saturating_mul(plan.devices as u64)
+        } else {
+            kinds
+                .iter()
+                .map(|k| match k {
+                    PathKind::Missing | PathKind::Other => per_dev,
+                    PathKind::File { allocated } => per_dev.saturating_sub(*allocated),
+                    PathKind::CharDevice => 0,
+                })
+                .sum()
+        };
+        let n = plan.objects as u64;
+        MemoryNeed {
+            size_bytes,
+            mapping,
+            destinations: n.saturating_mul(size_bytes as u64),
+            sources: (plan.sources as u64).saturating_mul(size_bytes as u64),
+            engine: ENGINE_FIXED_BYTES
+                + (plan.per_device as u64 * plan.devices as u64).saturating_mul(PER_OBJECT_BYTES),
         }
     }
-    fn task<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let t = Instant::now();
-        let r = f();
-        self.lat_us.push(t.elapsed().as_secs_f64() * 1e6);
-        r
+}
+
+/// The checks that run before anything is allocated or written: the
+/// options (sizes, counts), the sizes against `total_bytes`, the paths
+/// (missing without `create`, a character device without `force`) and the
+/// memory the largest size needs against MemAvailable. Each error is one
+/// sentence naming what it checked.
+pub fn preflight(cfg: &BenchConfig) -> Result<(), BenchError> {
+    let check = |m: String| Err(BenchError::Check(m));
+    if cfg.sizes.is_empty() {
+        return check("--sizes: no object size given".into());
     }
-    fn finish(
-        mut self,
-        size: usize,
-        phase: &'static str,
-        objects: usize,
-        bytes: Option<usize>,
-        limit: Option<f64>,
-    ) -> PhaseResult {
-        let secs = self.start.elapsed().as_secs_f64().max(1e-9);
-        self.lat_us.sort_by(f64::total_cmp);
-        let gb = bytes.map(|b| gb_s(b, secs));
-        PhaseResult {
-            size_bytes: size,
-            phase,
-            objects,
-            seconds: secs,
-            objects_per_s: objects as f64 / secs,
-            gb_per_s: gb,
-            p50_us: percentile(&self.lat_us, 0.5),
-            p99_us: percentile(&self.lat_us, 0.99),
-            max_us: self.lat_us.last().copied().unwrap_or(0.0),
-            ratio_to_limit: gb.zip(limit).map(|(g, l)| g / l),
-            verified: None,
+    for (name, v) in [
+        ("--rounds", cfg.rounds),
+        ("--devices", cfg.devices),
+        ("--store-workers", cfg.store_workers),
+        ("--lookup-workers", cfg.lookup_workers),
+        ("--load-workers", cfg.load_workers),
+        ("--inflight", cfg.inflight_tasks),
+        ("--max-objects", cfg.max_objects),
+        ("--total-bytes", cfg.total_bytes),
+    ] {
+        if v == 0 {
+            return check(format!("{name} must be > 0"));
+        }
+    }
+    for &size in &cfg.sizes {
+        if size == 0 {
+            return check("object size must be > 0".into());
+        }
+        if size > cfg.total_bytes {
+            return check(format!(
+                "--sizes {} is larger than --total-bytes {}: each size stores --total-bytes / size objects; raise --total-bytes or drop that size",
+                human(size),
+                human(cfg.total_bytes)
+            ));
+        }
+    }
+    let mut kinds = Vec::with_capacity(cfg.paths.len());
+    for p in &cfg.paths {
+        let kind = path_kind(p)?;
+        match kind {
+            PathKind::Missing if !cfg.create => {
+                return check(format!(
+                    "{}: no such file or device; pass --create to create it as a file for the run (removed afterwards)",
+                    p.display()
+                ))
+            }
+            PathKind::CharDevice if !cfg.force => {
+                return check(format!(
+                    "{} is a character device (a device-dax node?): the bench overwrites what it holds; pass --force to use it",
+                    p.display()
+                ))
+            }
+            _ => {}
+        }
+        kinds.push(kind);
+    }
+    if let Some(avail) = mem_available() {
+        let need = cfg
+            .sizes
+            .iter()
+            .map(|&s| cfg.memory_need_with(s, &kinds))
+            .max_by_key(MemoryNeed::total)
+            .expect("sizes is not empty");
+        if need.total() > avail {
+            return check(format!(
+                "the bench needs about {} of memory at size {} ({} mapping, {} destination buffers, {} sources, {} engine) but MemAvailable is {}; lower --total-bytes or --max-objects",
+                human_amount(need.total()),
+                human(need.size_bytes),
+                human_amount(need.mapping),
+                human_amount(need.destinations),
+                human_amount(need.sources),
+                human_amount(need.engine),
+                human_amount(avail)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Files the run created (`create`), removed when it ends, also on error.
+struct Created(Vec<PathBuf>);
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
         }
     }
 }
@@ -248,11 +664,165 @@ fn eventfd_ping_pong_us(rounds: usize) -> Result<f64, BenchError> {
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// A raw copy pass over all objects of a size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// Non-temporal stores into the mapping.
+    NtIn,
+    /// Plain `memcpy` into the mapping.
+    MemcpyIn,
+    /// Copy out of the mapping into the destination buffers.
+    Out,
+}
+
+/// Copy every object in (from the source ring) or out (into its
+/// destination buffer) at object `i`'s place: device `i / per_dev`, offset
+/// `(i % per_dev) * size`. `threads` threads copy disjoint contiguous
+/// parts. Returns GB/s.
+///
+/// The caller guarantees that no engine task is in flight (every phase
+/// before has been collected), so no worker touches the mappings. The only
+/// unsafe code of the module: the three raw copies below.
+#[allow(unsafe_code)]
+fn raw_pass(
+    guards: &[ArenaGuard<'_>],
+    per_dev: usize,
+    size: usize,
+    sources: &[Arc<[u8]>],
+    dests: &mut [Option<Vec<u8>>],
+    pass: Pass,
+    threads: usize,
+) -> Result<f64, BenchError> {
+    let n = dests.len();
+    let threads = threads.clamp(1, n.max(1));
+    let copy = |lo: usize, part: &mut [Option<Vec<u8>>]| -> Result<(), BenchError> {
+        for (j, d) in part.iter_mut().enumerate() {
+            let i = lo + j;
+            let g = &guards[i / per_dev];
+            let at = (i % per_dev) * size;
+            let src = &sources[i % sources.len()];
+            let r = match pass {
+                // SAFETY: no engine task is in flight (the caller's
+                // contract), and the threads of this pass copy disjoint
+                // objects, so nothing else touches `at..at + size`.
+                Pass::NtIn => unsafe { g.write(at, src) },
+                // SAFETY: as above.
+                Pass::MemcpyIn => unsafe { g.write_plain(at, src) },
+                // SAFETY: as above; `d` is this thread's own buffer.
+                Pass::Out => unsafe { g.read(at, d.as_mut().expect("buffer home")) },
+            };
+            r.map_err(|e| BenchError::Failed(e.to_string()))?;
+        }
+        Ok(())
+    };
+    if threads == 1 {
+        let t = Instant::now();
+        copy(0, dests)?;
+        return Ok(gb_s(n * size, t.elapsed().as_secs_f64()));
+    }
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let mut rest = dests;
+        let mut lo = 0;
+        let mut handles = Vec::with_capacity(threads);
+        for k in 0..threads {
+            let hi = (k + 1) * n / threads;
+            let (part, tail) = rest.split_at_mut(hi - lo);
+            rest = tail;
+            let (barrier, copy) = (&barrier, &copy);
+            handles.push(s.spawn(move || {
+                barrier.wait();
+                let start = Instant::now();
+                copy(lo, part).map(|()| (start, Instant::now()))
+            }));
+            lo = hi;
+        }
+        // Each thread times itself: the pass runs from the first start to
+        // the last end (the spawning thread may not get a CPU back until the
+        // copies are done, so its own clock would be wrong).
+        let mut first: Option<Instant> = None;
+        let mut last: Option<Instant> = None;
+        for h in handles {
+            let (a, b) = h
+                .join()
+                .map_err(|_| BenchError::Failed("copy thread panicked".into()))??;
+            first = Some(first.map_or(a, |f| f.min(a)));
+            last = Some(last.map_or(b, |l| l.max(b)));
+        }
+        let secs = match (first, last) {
+            (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
+            _ => 0.0,
+        };
+        Ok(gb_s(n * size, secs))
+    })
+}
+
+/// One phase's measurements over the rounds.
+#[derive(Default)]
+struct Acc {
+    secs: Vec<f64>,
+    lat_us: Vec<f64>,
+    /// The limit of each round (GB/s) at the phase's worker count.
+    limit: Vec<f64>,
+    /// The single-thread limit of each round.
+    limit1: Vec<f64>,
+    verified: Option<bool>,
+}
+
+impl Acc {
+    fn finish(
+        mut self,
+        size: usize,
+        phase: &'static str,
+        objects: usize,
+        bytes: Option<usize>,
+        limit_threads: Option<usize>,
+    ) -> PhaseResult {
+        self.lat_us.sort_by(f64::total_cmp);
+        let gbs: Vec<f64> = bytes
+            .map(|b| self.secs.iter().map(|&s| gb_s(b, s)).collect())
+            .unwrap_or_default();
+        let ratio = |lim: &[f64]| -> Vec<f64> {
+            if lim.len() == gbs.len() {
+                gbs.iter().zip(lim).map(|(g, l)| g / l).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        let ratios = ratio(&self.limit);
+        let ratios1 = ratio(&self.limit1);
+        let some = |v: &[f64], x: f64| (!v.is_empty()).then_some(x);
+        let ops: Vec<f64> = self
+            .secs
+            .iter()
+            .map(|&s| objects as f64 / s.max(1e-9))
+            .collect();
+        PhaseResult {
+            size_bytes: size,
+            phase,
+            objects,
+            rounds: self.secs.len(),
+            seconds: median(&self.secs),
+            objects_per_s: median(&ops),
+            gb_per_s: some(&gbs, median(&gbs)),
+            p50_us: percentile(&self.lat_us, 0.5),
+            p99_us: percentile(&self.lat_us, 0.99),
+            max_us: self.lat_us.last().copied().unwrap_or(0.0),
+            limit_threads: limit_threads.filter(|_| !ratios.is_empty()),
+            ratio_to_limit: some(&ratios, median(&ratios)),
+            ratio_spread: some(&ratios, spread(&ratios)),
+            ratio_to_single_thread_limit: some(&ratios1, median(&ratios1)),
+            ratio_rounds: ratios,
+            verified: self.verified,
+        }
+    }
+}
+
 /// Run `tasks` tasks with at most `depth` in flight: `submit(t)` starts task
-/// `t`, `wait(id)` blocks for its completion (oldest first). Returns the
-/// per-task latencies in µs.
+/// `t`, `wait(id)` blocks for its completion (oldest first); each task's
+/// latency in µs goes to `lat_us`.
 fn pipeline<R>(
-    ph: &mut Phase,
+    lat_us: &mut Vec<f64>,
     tasks: usize,
     depth: usize,
     mut submit: impl FnMut(usize) -> Result<TaskId, BenchError>,
@@ -268,7 +838,7 @@ fn pipeline<R>(
         }
         let (t, id, at) = q.pop_front().expect("non-empty");
         let r = wait(id).ok_or_else(|| BenchError::Failed(format!("task {} timed out", id.0)))?;
-        ph.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
+        lat_us.push(at.elapsed().as_secs_f64() * 1e6);
         done(t, r);
     }
     Ok(())
@@ -277,33 +847,69 @@ fn pipeline<R>(
 /// What `run` reports while it works.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Progress<'a> {
-    /// Size `index` of `sizes` starts phase `phase` over `objects` objects.
+    /// Size `index` of `sizes` is being prepared: the engine opens, the
+    /// mapping of `prefault_bytes` is pre-faulted (0 without pre-faulting)
+    /// and the buffers are allocated.
+    Preparing {
+        index: usize,
+        sizes: usize,
+        size_bytes: usize,
+        objects: usize,
+        prefault_bytes: u64,
+    },
+    /// Size `index` of `sizes` starts phase `phase` (with its limit) of
+    /// round `round` of `rounds` over `objects` objects.
     Phase {
         index: usize,
         sizes: usize,
         size_bytes: usize,
         phase: &'static str,
         objects: usize,
+        round: usize,
+        rounds: usize,
     },
-    /// A finished phase's table row.
+    /// A finished phase's table row (every round done).
     Row(&'a str),
 }
 
-/// Run the workload; `progress` hears each phase start and each finished row.
-#[allow(clippy::too_many_lines, clippy::many_single_char_names)] // one phase after another
+/// Run the workload; `progress` hears each size's preparation, each phase
+/// start of each round and each finished row. Runs [`preflight`] first.
 pub fn run(
     cfg: &BenchConfig,
     mut progress: impl FnMut(Progress<'_>),
 ) -> Result<Report, BenchError> {
+    preflight(cfg)?;
     let (cpu, cores, numa_nodes) = machine();
+    let kernel = crate::copy::selected();
+    // How each path is opened, decided once: a file this run creates stays
+    // `CreateFile` for every size (a later, larger size grows it) and is
+    // removed when the run ends; with `create`, an existing regular file
+    // too small for a size is grown.
+    let mut created = Created(Vec::new());
+    let mut sources_of = Vec::with_capacity(cfg.paths.len());
+    for p in &cfg.paths {
+        sources_of.push(match path_kind(p)? {
+            PathKind::Missing => {
+                created.0.push(p.clone());
+                ArenaSource::CreateFile(p.clone())
+            }
+            PathKind::File { .. } if cfg.create => ArenaSource::CreateFile(p.clone()),
+            _ => ArenaSource::Path(p.clone()),
+        });
+    }
     let mut report = Report {
+        version: env!("CARGO_PKG_VERSION"),
+        config: cfg.clone(),
         eventfd_ping_pong_us: eventfd_ping_pong_us(2000)?,
         workers: (cfg.store_workers, cfg.lookup_workers, cfg.load_workers),
-        spin_us: cfg.spin.as_micros() as u64,
+        spin_us: cfg.effective_spin().as_micros() as u64,
+        wait_spin_us: cfg.effective_wait_spin().as_micros() as u64,
+        signal: signal_name(cfg.signal),
         cpu,
         cores,
         numa_nodes,
-        kernel: crate::copy::selected().name(),
+        kernel: kernel.name(),
+        kernel_description: kernel_description(kernel),
         device: if cfg.paths.is_empty() {
             format!("{} memfd", cfg.devices.max(1))
         } else {
@@ -313,124 +919,131 @@ pub fn run(
                 .collect::<Vec<_>>()
                 .join(",")
         },
+        other_cpu: None,
+        other_cpu_by_size: Vec::new(),
         limits: Vec::new(),
         results: Vec::new(),
     };
+    let run_start = CpuSample::now();
     for (index, &size) in cfg.sizes.iter().enumerate() {
-        if size == 0 {
-            return Err(BenchError::Failed("object size must be > 0".into()));
+        let size_start = CpuSample::now();
+        let (limits, results) = run_size(cfg, index, size, &sources_of, &mut progress)?;
+        report
+            .other_cpu_by_size
+            .push(CpuSample::others_share(size_start, CpuSample::now()));
+        for r in &results {
+            progress(Progress::Row(&format_row(r)));
         }
-        let n = cfg.max_objects.min(cfg.total_bytes / size).max(1);
-        let ndev = if cfg.paths.is_empty() {
-            cfg.devices.max(1)
+        report.limits.push(limits);
+        report.results.extend(results);
+    }
+    report.other_cpu = CpuSample::others_share(run_start, CpuSample::now());
+    drop(created);
+    Ok(report)
+}
+
+/// One size: open the engine, then `rounds` rounds of limit / phase pairs.
+#[allow(clippy::too_many_lines)] // one phase after another
+fn run_size(
+    cfg: &BenchConfig,
+    index: usize,
+    size: usize,
+    sources_of: &[ArenaSource],
+    progress: &mut impl FnMut(Progress<'_>),
+) -> Result<(Limits, [PhaseResult; 5]), BenchError> {
+    let fail = |e: &dyn std::fmt::Display| BenchError::Failed(e.to_string());
+    let plan = cfg.plan(size);
+    let (n, per_dev, ndev) = (plan.objects, plan.per_device, plan.devices);
+    progress(Progress::Preparing {
+        index,
+        sizes: cfg.sizes.len(),
+        size_bytes: size,
+        objects: n,
+        prefault_bytes: if cfg.prefault {
+            (per_dev * size * ndev) as u64
         } else {
-            cfg.paths.len()
-        };
-        let per_dev = n.div_ceil(ndev);
-        let specs: Vec<DeviceSpec> = (0..ndev)
-            .map(|i| {
-                let (path, source) = match cfg.paths.get(i) {
-                    Some(p) => (p.display().to_string(), ArenaSource::Path(p.clone())),
-                    None => ("memfd".to_string(), ArenaSource::Memfd),
-                };
-                DeviceSpec {
-                    path,
-                    core: CoreConfig::new(
-                        ArenaSpec::new(source, per_dev * size).populate(cfg.prefault),
-                        size,
-                    ),
-                }
-            })
-            .collect();
-        let opts = EngineOptions {
-            num_store_workers: cfg.store_workers,
-            num_lookup_workers: cfg.lookup_workers,
-            num_load_workers: cfg.load_workers,
-            spin: cfg.spin,
-            wait_spin: cfg.wait_spin.unwrap_or(cfg.spin),
-            // The bench waits with the `wait_*` helpers, so the workers
-            // need to signal only while it is parked.
-            signal: crate::engine::Signal::WhenWaiting,
-            ..EngineOptions::default()
-        };
-        let engine = Engine::open(specs, size, false, opts)
-            .map_err(|e| BenchError::Failed(e.to_string()))?;
-        let devs = engine.device_list();
-        // One submitting thread: it gets rings of its own (no submit lock).
-        let mut sub = engine
-            .submitter()
-            .map_err(|e| BenchError::Failed(e.to_string()))?;
-        if cfg.prefault {
-            for d in devs.iter() {
-                if let Some(g) = d.core().raw_guard() {
-                    #[allow(unsafe_code)]
-                    // SAFETY: nothing has been submitted yet: no worker
-                    // touches the mapping while it is pre-faulted.
-                    unsafe {
-                        g.prefault();
-                    }
+            0
+        },
+    });
+    let specs: Vec<DeviceSpec> = (0..ndev)
+        .map(|i| {
+            let source = sources_of.get(i).cloned().unwrap_or(ArenaSource::Memfd);
+            let path = match &source {
+                ArenaSource::Path(p) | ArenaSource::CreateFile(p) => p.display().to_string(),
+                _ => "memfd".to_string(),
+            };
+            DeviceSpec {
+                path,
+                core: CoreConfig::new(
+                    ArenaSpec::new(source, per_dev * size).populate(cfg.prefault),
+                    size,
+                ),
+            }
+        })
+        .collect();
+    let opts = EngineOptions {
+        num_store_workers: cfg.store_workers,
+        num_lookup_workers: cfg.lookup_workers,
+        num_load_workers: cfg.load_workers,
+        spin: cfg.effective_spin(),
+        wait_spin: cfg.effective_wait_spin(),
+        signal: cfg.signal,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::open(specs, size, false, opts).map_err(|e| fail(&e))?;
+    let devs = engine.device_list();
+    // One submitting thread: it gets rings of its own (no submit lock).
+    let mut sub = engine.submitter().map_err(|e| fail(&e))?;
+    if cfg.prefault {
+        for d in devs.iter() {
+            if let Some(g) = d.core().raw_guard() {
+                #[allow(unsafe_code)]
+                // SAFETY: nothing has been submitted yet: no worker
+                // touches the mapping while it is pre-faulted.
+                unsafe {
+                    g.prefault();
                 }
             }
         }
-        // Sources: a ring of distinct objects (bounded memory); destinations:
-        // one buffer per object, touched before timing.
-        let ring = n.min(64);
-        let sources: Vec<Arc<[u8]>> = (0..ring)
-            .map(|i| {
-                let mut v = vec![0u8; size];
-                fill(&mut v, i);
-                v.into()
+    }
+    // Sources: a ring of distinct objects (bounded memory); destinations:
+    // one buffer per object, touched before timing.
+    let ring = plan.sources;
+    let sources: Vec<Arc<[u8]>> = (0..ring)
+        .map(|i| {
+            let mut v = vec![0u8; size];
+            fill(&mut v, i);
+            v.into()
+        })
+        .collect();
+    let mut dests: Vec<Option<Vec<u8>>> = (0..n).map(|_| Some(vec![1u8; size])).collect();
+    let keys: Vec<Key> = (0..n)
+        .map(|i| Key::digest(format!("bench@0@0@{size:x}@{i:x}").as_bytes()))
+        .collect();
+    let tasks = n.div_ceil(TASK_KEYS);
+    let range = |t: usize| t * TASK_KEYS..((t + 1) * TASK_KEYS).min(n);
+    let verify_ids: Vec<usize> = (0..n).step_by(cfg.verify_every.max(1)).collect();
+    let depth = cfg.inflight_tasks.max(1);
+    let (store_threads, load_threads) = (cfg.store_workers.max(1), cfg.load_workers.max(1));
+    let guards = || {
+        devs.iter()
+            .map(|d| {
+                d.core()
+                    .raw_guard()
+                    .ok_or_else(|| BenchError::Failed("device closed".into()))
             })
-            .collect();
-        let mut dests: Vec<Option<Vec<u8>>> = (0..n).map(|_| Some(vec![1u8; size])).collect();
-        let keys: Vec<Key> = (0..n)
-            .map(|i| Key::digest(format!("bench@0@0@{size:x}@{i:x}").as_bytes()))
-            .collect();
-        let tasks = n.div_ceil(TASK_KEYS);
-        let range = |t: usize| t * TASK_KEYS..((t + 1) * TASK_KEYS).min(n);
+            .collect::<Result<Vec<_>, _>>()
+    };
 
-        // Limits, on the first device's own mapping.
-        let limits = {
-            let g = devs[0]
-                .core()
-                .raw_guard()
-                .ok_or_else(|| BenchError::Failed("device closed".into()))?;
-            let m = per_dev.min(n);
-            let t = Instant::now();
-            for i in 0..m {
-                #[allow(unsafe_code)]
-                // SAFETY: no task is in flight (the engine phases below have
-                // not started, or have all been collected): no worker touches
-                // the mapping while the baseline copies run.
-                unsafe { g.write(i * size, &sources[i % ring]) }
-                    .map_err(|e| BenchError::Failed(e.to_string()))?;
-            }
-            let nt = gb_s(m * size, t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            for i in 0..m {
-                #[allow(unsafe_code)]
-                // SAFETY: as above.
-                unsafe { g.write_plain(i * size, &sources[i % ring]) }
-                    .map_err(|e| BenchError::Failed(e.to_string()))?;
-            }
-            let mc = gb_s(m * size, t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            for (i, d) in dests.iter_mut().take(m).enumerate() {
-                let d = d.as_mut().expect("present");
-                #[allow(unsafe_code)]
-                // SAFETY: as above.
-                unsafe { g.read(i * size, d) }.map_err(|e| BenchError::Failed(e.to_string()))?;
-            }
-            let out = gb_s(m * size, t.elapsed().as_secs_f64());
-            Limits {
-                size_bytes: size,
-                nt_copy_in_gb_s: nt,
-                memcpy_in_gb_s: mc,
-                copy_out_gb_s: out,
-            }
-        };
-        let depth = cfg.inflight_tasks;
-
+    let mut limit_rounds = Vec::with_capacity(cfg.rounds);
+    let (mut store, mut lookup, mut load, mut unlock, mut delete) = (
+        Acc::default(),
+        Acc::default(),
+        Acc::default(),
+        Acc::default(),
+        Acc::default(),
+    );
+    for round in 0..cfg.rounds {
         let mut tell = |phase| {
             progress(Progress::Phase {
                 index,
@@ -438,18 +1051,36 @@ pub fn run(
                 size_bytes: size,
                 phase,
                 objects: n,
+                round,
+                rounds: cfg.rounds,
             });
         };
-        // store: completions come back in batches; match them by id.
+        // The copy-in limits, the one the store is compared with last (right
+        // before the store). No task is in flight: the previous round's
+        // phases have all been collected.
         tell("store");
-        let mut ph = Phase::start();
+        let (memcpy_in, nt_in, nt_in_threads) = {
+            let g = guards()?;
+            let mc = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::MemcpyIn, 1)?;
+            let nt = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::NtIn, 1)?;
+            let ntn = if store_threads > 1 {
+                let p = Pass::NtIn;
+                raw_pass(&g, per_dev, size, &sources, &mut dests, p, store_threads)?
+            } else {
+                nt
+            };
+            (mc, nt, ntn)
+        };
+
+        // store: completions come back in batches; match them by id.
+        let t0 = Instant::now();
         let mut stored_ok = 0usize;
         {
             let mut pending: HashMap<TaskId, Instant> = HashMap::new();
-            let mut got = Vec::with_capacity(depth.max(1));
+            let mut got = Vec::with_capacity(depth);
             let mut next = 0;
             while next < tasks || !pending.is_empty() {
-                while next < tasks && pending.len() < depth.max(1) {
+                while next < tasks && pending.len() < depth {
                     let r = range(next);
                     let bufs = r
                         .clone()
@@ -457,7 +1088,7 @@ pub fn run(
                         .collect();
                     let id = sub
                         .submit_store(keys[r].to_vec(), bufs)
-                        .map_err(|e| BenchError::Failed(e.to_string()))?;
+                        .map_err(|e| fail(&e))?;
                     pending.insert(id, Instant::now());
                     next += 1;
                 }
@@ -467,54 +1098,78 @@ pub fn run(
                 }
                 for &(id, r) in &got {
                     if let Some(at) = pending.remove(&id) {
-                        ph.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
+                        store.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
                     }
                     stored_ok += usize::from(r.success);
                 }
             }
         }
+        store.secs.push(t0.elapsed().as_secs_f64());
+        store.limit.push(nt_in_threads);
+        store.limit1.push(nt_in);
         if stored_ok != tasks {
             return Err(BenchError::Failed(format!(
                 "{} of {tasks} store tasks failed ({size} bytes)",
                 tasks - stored_ok
             )));
         }
-        let store = ph.finish(
-            size,
-            "store",
-            n,
-            Some(n * size),
-            Some(limits.nt_copy_in_gb_s),
-        );
 
         // lookup-and-lock
         tell("lookup");
-        let mut ph = Phase::start();
+        let t0 = Instant::now();
         let mut hits = 0;
         pipeline(
-            &mut ph,
+            &mut lookup.lat_us,
             tasks,
             depth,
             |t| {
                 sub.submit_lookup_and_lock(keys[range(t)].to_vec())
-                    .map_err(|e| BenchError::Failed(e.to_string()))
+                    .map_err(|e| fail(&e))
             },
             |id| engine.wait_lookup(id, WAIT).ready(),
             |_, bm| hits += bm.count_ones(),
         )?;
+        lookup.secs.push(t0.elapsed().as_secs_f64());
         if hits != n {
             return Err(BenchError::Failed(format!("lookup found {hits} of {n}")));
         }
-        let lookup = ph.finish(size, "lookup", n, None, None);
 
-        // load: each task's destinations go in and come back.
+        // The copy-out limits into the same destination buffers (reading
+        // committed slots while no task is in flight), the load's last.
         tell("load");
-        let mut ph = Phase::start();
+        let (out, out_threads) = {
+            let g = guards()?;
+            let o = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::Out, 1)?;
+            let on = if load_threads > 1 {
+                raw_pass(
+                    &g,
+                    per_dev,
+                    size,
+                    &sources,
+                    &mut dests,
+                    Pass::Out,
+                    load_threads,
+                )?
+            } else {
+                o
+            };
+            (o, on)
+        };
+        // The raw pass may have left the right bytes in a buffer (slot i
+        // can hold object i): clear the sampled ones so that the check
+        // below sees what the load wrote.
+        for &i in &verify_ids {
+            if let Some(d) = dests[i].as_mut() {
+                d.fill(0);
+            }
+        }
+        // load: each task's destinations go in and come back.
+        let t0 = Instant::now();
         let mut loaded = 0;
         {
             let dests_cell = std::cell::RefCell::new(&mut dests);
             pipeline(
-                &mut ph,
+                &mut load.lat_us,
                 tasks,
                 depth,
                 |t| {
@@ -522,7 +1177,7 @@ pub fn run(
                         .map(|i| dests_cell.borrow_mut()[i].take().expect("buffer home"))
                         .collect();
                     sub.submit_load(keys[range(t)].to_vec(), bufs)
-                        .map_err(|e| BenchError::Failed(e.to_string()))
+                        .map_err(|e| fail(&e))
                 },
                 |id| engine.wait_load(id, WAIT).ready(),
                 |t, r| {
@@ -533,60 +1188,80 @@ pub fn run(
                 },
             )?;
         }
-        let mut load = ph.finish(size, "load", n, Some(n * size), Some(limits.copy_out_gb_s));
-        let verified = loaded == n
-            && (0..n)
-                .step_by(cfg.verify_every.max(1))
-                .all(|i| dests[i].as_deref() == Some(&sources[i % ring][..]));
-        load.verified = Some(verified);
+        load.secs.push(t0.elapsed().as_secs_f64());
+        load.limit.push(out_threads);
+        load.limit1.push(out);
+        let ok = loaded == n
+            && verify_ids
+                .iter()
+                .all(|&i| dests[i].as_deref() == Some(&sources[i % ring][..]));
+        load.verified = Some(load.verified.unwrap_or(true) && ok);
 
         // unlock and delete are synchronous calls.
         tell("unlock/delete");
-        let mut ph = Phase::start();
+        let t0 = Instant::now();
         for t in 0..tasks {
-            ph.task(|| engine.submit_unlock(&keys[range(t)]));
+            let at = Instant::now();
+            engine.submit_unlock(&keys[range(t)]);
+            unlock.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
         }
-        let unlock = ph.finish(size, "unlock", n, None, None);
-        let mut ph = Phase::start();
+        unlock.secs.push(t0.elapsed().as_secs_f64());
+        let t0 = Instant::now();
         let mut deleted = 0;
         let mut gone = Vec::with_capacity(TASK_KEYS);
         for t in 0..tasks {
             gone.clear();
-            deleted += ph.task(|| engine.delete_into(&keys[range(t)], &mut gone));
+            let at = Instant::now();
+            deleted += engine.delete_into(&keys[range(t)], &mut gone);
+            delete.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
         }
+        delete.secs.push(t0.elapsed().as_secs_f64());
         let live: usize = devs.iter().map(|d| d.core().live_slot_count()).sum();
         if deleted != n || live != 0 {
             return Err(BenchError::Failed(format!(
                 "deleted {deleted} of {n}; {live} slots still live"
             )));
         }
-        let delete = ph.finish(size, "delete", n, None, None);
-        drop(devs);
-        drop(sub);
-        engine.close();
-
-        for r in [&store, &lookup, &load, &unlock, &delete] {
-            progress(Progress::Row(&format_row(r)));
-        }
-        report.limits.push(limits);
-        report.results.extend([store, lookup, load, unlock, delete]);
+        limit_rounds.push(LimitRound {
+            nt_copy_in: nt_in,
+            memcpy_in,
+            copy_out: out,
+            nt_copy_in_threads: nt_in_threads,
+            copy_out_threads: out_threads,
+        });
     }
-    Ok(report)
-}
+    drop(devs);
+    drop(sub);
+    engine.close();
 
-fn human(size: usize) -> String {
-    if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
-        format!("{} MiB", size >> 20)
-    } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
-        format!("{} KiB", size >> 10)
-    } else {
-        format!("{size} B")
-    }
+    let med = |f: fn(&LimitRound) -> f64| median(&limit_rounds.iter().map(f).collect::<Vec<_>>());
+    let limits = Limits {
+        size_bytes: size,
+        nt_copy_in_gb_s: med(|r| r.nt_copy_in),
+        memcpy_in_gb_s: med(|r| r.memcpy_in),
+        copy_out_gb_s: med(|r| r.copy_out),
+        store_threads,
+        nt_copy_in_threads_gb_s: med(|r| r.nt_copy_in_threads),
+        load_threads,
+        copy_out_threads_gb_s: med(|r| r.copy_out_threads),
+        rounds: limit_rounds,
+    };
+    let bytes = Some(n * size);
+    Ok((
+        limits,
+        [
+            store.finish(size, "store", n, bytes, Some(store_threads)),
+            lookup.finish(size, "lookup", n, None, None),
+            load.finish(size, "load", n, bytes, Some(load_threads)),
+            unlock.finish(size, "unlock", n, None, None),
+            delete.finish(size, "delete", n, None, None),
+        ],
+    ))
 }
 
 fn format_row(r: &PhaseResult) -> String {
     format!(
-        "{:>8} {:<7} {:>7} {:>12.0} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>8}",
+        "{:>8} {:<7} {:>7} {:>12.0} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7} {:>8}",
         human(r.size_bytes),
         r.phase,
         r.objects,
@@ -597,48 +1272,108 @@ fn format_row(r: &PhaseResult) -> String {
         r.max_us,
         r.ratio_to_limit
             .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+        r.ratio_spread
+            .map_or("-".into(), |x| format!("{:.1}pt", x * 100.0)),
         r.verified.map_or("-", |v| if v { "ok" } else { "FAILED" }),
     )
 }
 
 impl Report {
-    /// The human-readable table.
+    /// How much of the CPUs other processes took during the run, per size,
+    /// with a warning when that disturbs the ratios.
+    fn other_load_line(&self) -> Option<String> {
+        let o = self.other_cpu?;
+        let by_size: Vec<String> = self
+            .config
+            .sizes
+            .iter()
+            .zip(&self.other_cpu_by_size)
+            .filter_map(|(&sz, o)| o.map(|o| format!("{} {:.0}%", human(sz), o * 100.0)))
+            .collect();
+        Some(format!(
+            "other load: other processes used {:.0}% of the CPUs during the run ({}){}",
+            o * 100.0,
+            by_size.join(", "),
+            if o > 0.05 {
+                "; ratios and their spread are disturbed, rerun on an idle machine"
+            } else {
+                ""
+            }
+        ))
+    }
+
+    /// The human-readable table (stdout).
     pub fn table(&self) -> String {
+        let c = &self.config;
+        let (st, lt) = (c.store_workers.max(1), c.load_workers.max(1));
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "daxkv bench: engine, workers store/lookup/load {}/{}/{}, spin {} us, tasks of {TASK_KEYS} keys, device {}, copy kernel {}",
-            self.workers.0, self.workers.1, self.workers.2, self.spin_us, self.device, self.kernel
+            "daxkv bench {}: engine path, workers store/lookup/load {}/{}/{}, spin {} us, caller wait spin {} us, signal {}, tasks of {TASK_KEYS} keys, {} in flight, {} rounds per size, device {}",
+            self.version,
+            self.workers.0,
+            self.workers.1,
+            self.workers.2,
+            self.spin_us,
+            self.wait_spin_us,
+            self.signal,
+            c.inflight_tasks,
+            c.rounds,
+            self.device,
         );
         let _ = writeln!(
             s,
-            "machine: {}, {} cores, {} NUMA node(s)",
-            self.cpu, self.cores, self.numa_nodes
+            "copy kernel {} ({}); machine: {}, {} cores, {} NUMA node(s); raw eventfd ping-pong {:.1} us",
+            self.kernel, self.kernel_description, self.cpu, self.cores, self.numa_nodes, self.eventfd_ping_pong_us
         );
         let _ = writeln!(
             s,
-            "\nlimits (same mapping, single thread); raw eventfd ping-pong {:.1} us:",
-            self.eventfd_ping_pong_us
+            "units: sizes binary (1 KiB = 1024 bytes, 1 MiB = 1024 KiB); throughput decimal GB/s (10^9 bytes/s); latency us per task"
         );
+        if let Some(line) = self.other_load_line() {
+            let _ = writeln!(s, "{line}");
+        }
         let _ = writeln!(
             s,
-            "{:>8} {:>12} {:>12} {:>12}",
-            "size", "nt_in GB/s", "memcpy GB/s", "out GB/s"
+            "\nlimits, GB/s (raw copies of the same objects on the same mapping, xN = N threads on disjoint parts; median of {} rounds):",
+            c.rounds
         );
+        let mut head = format!(
+            "{:>8} {:>10} {:>12} {:>10}",
+            "size", "nt_in x1", "memcpy_in x1", "out x1"
+        );
+        if st > 1 {
+            let _ = write!(head, " {:>10}", format!("nt_in x{st}"));
+        }
+        if lt > 1 {
+            let _ = write!(head, " {:>10}", format!("out x{lt}"));
+        }
+        let _ = writeln!(s, "{head}");
         for l in &self.limits {
-            let _ = writeln!(
+            let _ = write!(
                 s,
-                "{:>8} {:>12.2} {:>12.2} {:>12.2}",
+                "{:>8} {:>10.2} {:>12.2} {:>10.2}",
                 human(l.size_bytes),
                 l.nt_copy_in_gb_s,
                 l.memcpy_in_gb_s,
                 l.copy_out_gb_s
             );
+            if st > 1 {
+                let _ = write!(s, " {:>10.2}", l.nt_copy_in_threads_gb_s);
+            }
+            if lt > 1 {
+                let _ = write!(s, " {:>10.2}", l.copy_out_threads_gb_s);
+            }
+            s.push('\n');
         }
-        let _ = writeln!(s, "\nphases (ratio: store vs nt_in, load vs out):");
         let _ = writeln!(
             s,
-            "{:>8} {:<7} {:>7} {:>12} {:>8} {:>9} {:>9} {:>9} {:>6} {:>8}",
+            "\nphases (objects/s and GB/s: median of {} rounds; ratio: median of the per-round ratios store / nt_in x{st}, load / out x{lt}, each limit measured in the same round; spread: max - min of those ratios, in percentage points):",
+            c.rounds
+        );
+        let _ = writeln!(
+            s,
+            "{:>8} {:<7} {:>7} {:>12} {:>8} {:>9} {:>9} {:>9} {:>6} {:>7} {:>8}",
             "size",
             "phase",
             "objects",
@@ -648,6 +1383,7 @@ impl Report {
             "p99 us",
             "max us",
             "ratio",
+            "spread",
             "verified"
         );
         for r in &self.results {
@@ -657,82 +1393,134 @@ impl Report {
     }
 
     /// The `--json` document (names fixed by the bench issue; fields may be
-    /// added, never renamed).
+    /// added, never renamed). Non-finite numbers are `null`.
+    #[allow(clippy::too_many_lines)] // one field after another
     pub fn json(&self) -> String {
-        fn num(x: f64) -> String {
-            if x.is_finite() {
-                format!("{x}")
-            } else {
-                "null".into()
-            }
-        }
-        fn opt(x: Option<f64>) -> String {
-            x.map_or("null".into(), num)
-        }
-        fn esc(s: &str) -> String {
-            s.chars()
-                .flat_map(|c| match c {
-                    '"' => vec!['\\', '"'],
-                    '\\' => vec!['\\', '\\'],
-                    c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32).chars().collect(),
-                    c => vec![c],
+        use serde_json::json;
+        let c = &self.config;
+        let options = json!({
+            "sizes": c.sizes,
+            "total_bytes": c.total_bytes,
+            "max_objects": c.max_objects,
+            "paths": c.paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "create": c.create,
+            "force": c.force,
+            "devices": c.devices,
+            "store_workers": c.store_workers,
+            "lookup_workers": c.lookup_workers,
+            "load_workers": c.load_workers,
+            "spin_us": c.spin.as_micros() as u64,
+            "wait_spin_us": c.wait_spin.map(|d| d.as_micros() as u64),
+            "park": c.park,
+            "signal": signal_name(c.signal),
+            "inflight": c.inflight_tasks,
+            "rounds": c.rounds,
+            "prefault": c.prefault,
+            "verify_every": c.verify_every,
+            "json": c.json.as_ref().map(|p| p.display().to_string()),
+        });
+        let limits: serde_json::Map<String, serde_json::Value> = self
+            .limits
+            .iter()
+            .map(|l| {
+                let rounds: Vec<_> = l
+                    .rounds
+                    .iter()
+                    .map(|r| {
+                        json!({
+                            "nt_copy_in_gb_s": r.nt_copy_in,
+                            "memcpy_in_gb_s": r.memcpy_in,
+                            "copy_out_gb_s": r.copy_out,
+                            "nt_copy_in_threads_gb_s": r.nt_copy_in_threads,
+                            "copy_out_threads_gb_s": r.copy_out_threads,
+                        })
+                    })
+                    .collect();
+                (
+                    l.size_bytes.to_string(),
+                    json!({
+                        "nt_copy_in_gb_s": l.nt_copy_in_gb_s,
+                        "memcpy_in_gb_s": l.memcpy_in_gb_s,
+                        "copy_out_gb_s": l.copy_out_gb_s,
+                        "store_threads": l.store_threads,
+                        "nt_copy_in_threads_gb_s": l.nt_copy_in_threads_gb_s,
+                        "load_threads": l.load_threads,
+                        "copy_out_threads_gb_s": l.copy_out_threads_gb_s,
+                        "rounds": rounds,
+                    }),
+                )
+            })
+            .collect();
+        let results: Vec<_> = self
+            .results
+            .iter()
+            .map(|r| {
+                json!({
+                    "size_bytes": r.size_bytes,
+                    "phase": r.phase,
+                    "objects": r.objects,
+                    "rounds": r.rounds,
+                    "seconds": r.seconds,
+                    "objects_per_s": r.objects_per_s,
+                    "gb_per_s": r.gb_per_s,
+                    "p50_us": r.p50_us,
+                    "p99_us": r.p99_us,
+                    "max_us": r.max_us,
+                    "limit_threads": r.limit_threads,
+                    "ratio_to_limit": r.ratio_to_limit,
+                    "ratio_spread": r.ratio_spread,
+                    "ratio_rounds": r.ratio_rounds,
+                    "ratio_to_single_thread_limit": r.ratio_to_single_thread_limit,
+                    "verified": r.verified,
                 })
-                .collect()
-        }
-        let mut s = String::new();
-        let _ = write!(
-            s,
-            "{{\"machine\":{{\"cpu\":\"{}\",\"cores\":{},\"numa_nodes\":{}}},\"mode\":\"engine\",\"workers\":{{\"store\":{},\"lookup\":{},\"load\":{}}},\"spin_us\":{},\"copy_kernel\":\"{}\",\"device\":\"{}\",\"limits\":{{",
-            esc(&self.cpu),
-            self.cores,
-            self.numa_nodes,
-            self.workers.0,
-            self.workers.1,
-            self.workers.2,
-            self.spin_us,
-            self.kernel,
-            esc(&self.device)
-        );
-        for (i, l) in self.limits.iter().enumerate() {
-            let _ = write!(
-                s,
-                "{}\"{}\":{{\"nt_copy_in_gb_s\":{},\"memcpy_in_gb_s\":{},\"copy_out_gb_s\":{}}}",
-                if i > 0 { "," } else { "" },
-                l.size_bytes,
-                num(l.nt_copy_in_gb_s),
-                num(l.memcpy_in_gb_s),
-                num(l.copy_out_gb_s)
-            );
-        }
-        let _ = write!(
-            s,
-            "}},\"eventfd_ping_pong_us\":{},\"results\":[",
-            num(self.eventfd_ping_pong_us)
-        );
-        for (i, r) in self.results.iter().enumerate() {
-            let _ = write!(
-                s,
-                "{}{{\"size_bytes\":{},\"phase\":\"{}\",\"objects\":{},\"seconds\":{},\"objects_per_s\":{},\"gb_per_s\":{},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"ratio_to_limit\":{},\"verified\":{}}}",
-                if i > 0 { "," } else { "" },
-                r.size_bytes,
-                r.phase,
-                r.objects,
-                num(r.seconds),
-                num(r.objects_per_s),
-                opt(r.gb_per_s),
-                num(r.p50_us),
-                num(r.p99_us),
-                num(r.max_us),
-                opt(r.ratio_to_limit),
-                r.verified.map_or("null", |v| if v { "true" } else { "false" })
-            );
-        }
-        s.push_str("]}");
-        s
+            })
+            .collect();
+        json!({
+            "version": self.version,
+            "mode": "engine",
+            "options": options,
+            "units": {
+                "sizes": "bytes (input sizes are binary: 1K = 1KiB = 1024)",
+                "throughput": "GB/s = 10^9 bytes/s",
+                "latency": "us per task",
+                "ratio": "fraction of the limit (median of rounds); ratio_spread: max - min",
+            },
+            "machine": {
+                "cpu": self.cpu,
+                "cores": self.cores,
+                "numa_nodes": self.numa_nodes,
+            },
+            "workers": {
+                "store": self.workers.0,
+                "lookup": self.workers.1,
+                "load": self.workers.2,
+            },
+            "spin_us": self.spin_us,
+            "wait_spin_us": self.wait_spin_us,
+            "signal": self.signal,
+            "copy_kernel": self.kernel,
+            "copy_kernel_description": self.kernel_description,
+            "device": self.device,
+            "rounds": c.rounds,
+            "limits": limits,
+            "eventfd_ping_pong_us": self.eventfd_ping_pong_us,
+            "other_cpu": {
+                "run": self.other_cpu,
+                "by_size": c
+                    .sizes
+                    .iter()
+                    .zip(&self.other_cpu_by_size)
+                    .map(|(sz, o)| (sz.to_string(), json!(o)))
+                    .collect::<serde_json::Map<_, _>>(),
+            },
+            "results": results,
+        })
+        .to_string()
     }
 }
 
-/// Parse a size like `4K`, `64KiB`, `2M`, `1.5GiB` or `4096` (1024-based).
+/// Parse a size like `4K`, `64KiB`, `2M`, `1.5GiB` or `4096`. Every suffix
+/// is binary, with or without the `i`: `K` = `KB` = `KiB` = 1024 bytes.
 pub fn parse_size(s: &str) -> Option<usize> {
     let t = s.trim();
     if t.is_empty() || t.len() > 64 {
@@ -790,5 +1578,88 @@ mod tests {
         ] {
             assert_eq!(parse_size(bad), None, "{bad:?}");
         }
+    }
+
+    /// Every size suffix is binary, with or without the `i`: the units are
+    /// stated once (README, table header) and mean the same everywhere.
+    #[test]
+    fn size_suffixes_are_binary() {
+        for (s, want) in [
+            ("4K", 4 << 10),
+            ("4KiB", 4 << 10),
+            ("4KB", 4 << 10),
+            ("2M", 2 << 20),
+            ("2MiB", 2 << 20),
+            ("2mib", 2 << 20),
+            ("1G", 1 << 30),
+            ("1GiB", 1 << 30),
+            ("8 MiB", 8 << 20),
+            ("512B", 512),
+        ] {
+            assert_eq!(parse_size(s), Some(want), "{s}");
+        }
+        assert_eq!(human(4 << 10), "4 KiB");
+        assert_eq!(human(1 << 30), "1 GiB");
+        assert_eq!(human(3 << 19), "1536 KiB");
+        assert_eq!(human(1000), "1000 B");
+        assert_eq!(human_amount(3 << 29), "1.50 GiB");
+    }
+
+    #[test]
+    fn median_and_spread() {
+        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < 1e-12);
+        assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < 1e-12);
+        assert!((spread(&[0.9, 0.7, 0.95]) - 0.25).abs() < 1e-12);
+        assert!(median(&[]).abs() < 1e-12 && spread(&[]).abs() < 1e-12);
+    }
+
+    /// The memory check counts what the run allocates at its largest size:
+    /// the memfd mapping, a destination buffer per object and the source
+    /// ring (for 8 MiB objects and a 1 GiB total: 1 + 1 + 0.5 GiB).
+    #[test]
+    fn memory_need_counts_mapping_destinations_and_sources() {
+        let cfg = BenchConfig::default();
+        let m = cfg.memory_need(8 << 20);
+        assert_eq!(m.mapping, 1 << 30);
+        assert_eq!(m.destinations, 1 << 30);
+        assert_eq!(m.sources, 64 * (8 << 20));
+        assert!(m.engine >= ENGINE_FIXED_BYTES && m.engine < 64 << 20);
+        let small = cfg.memory_need(4 << 10);
+        assert_eq!(small.destinations, 20_000 * 4096);
+        assert!(small.total() < m.total());
+        // A character device takes no RAM for its mapping.
+        let dev = BenchConfig {
+            paths: vec!["/dev/null".into()],
+            ..BenchConfig::default()
+        };
+        assert_eq!(dev.memory_need(8 << 20).mapping, 0);
+    }
+
+    #[test]
+    fn preflight_refuses_a_size_above_the_total() {
+        let cfg = BenchConfig {
+            sizes: vec![4096, 2 << 30],
+            ..BenchConfig::default()
+        };
+        let e = preflight(&cfg).unwrap_err().to_string();
+        assert!(
+            e.contains("--sizes 2 GiB") && e.contains("--total-bytes 1 GiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_engines() {
+        let (b, e) = (BenchConfig::default(), EngineOptions::default());
+        assert_eq!(
+            (b.store_workers, b.lookup_workers, b.load_workers, b.spin),
+            (
+                e.num_store_workers,
+                e.num_lookup_workers,
+                e.num_load_workers,
+                e.spin
+            )
+        );
+        assert!(b.rounds >= 3);
     }
 }

@@ -16,98 +16,192 @@ struct Cli {
     cmd: Cmd,
 }
 
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum SignalArg {
+    /// Signal every completion (LMCache's default: it polls the fds).
+    Always,
+    /// Signal only a parked `wait_*` caller (what the bench waits with).
+    WhenWaiting,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Store, look up, load, unlock and delete chunks through the engine on
     /// memfds (or the given devices) and print objects/s, GB/s and task
-    /// latency next to the raw copy bandwidth of the same mapping and a raw
-    /// eventfd ping-pong.
+    /// latency next to the raw copy bandwidth of the same mapping, measured
+    /// in alternating rounds, and a raw eventfd ping-pong.
+    ///
+    /// Units: sizes are binary (4K = 4KiB = 4096 bytes, 2M = 2MiB);
+    /// throughput is decimal GB/s (10^9 bytes/s).
     Bench {
         /// Object sizes, comma separated (e.g. 4K,64K,256K,2M,8M).
         #[arg(long, default_value = "4K,64K,256K,2M,8M")]
         sizes: String,
-        /// Bytes of objects per size.
+        /// Bytes of objects per size (each size stores total / size
+        /// objects, at most --max-objects).
         #[arg(long, default_value = "1GiB")]
         total_bytes: String,
         /// Most objects per size.
         #[arg(long, default_value_t = 20_000)]
         max_objects: usize,
-        /// A device-dax node or tmpfs file to use instead of memfds
-        /// (repeat for several devices).
+        /// A device-dax node or (tmpfs) file to use instead of memfds
+        /// (repeat for several devices). The bench overwrites what it holds.
         #[arg(long)]
         path: Vec<PathBuf>,
-        /// Number of memfd devices (without --path).
-        #[arg(long, default_value_t = 1)]
-        devices: usize,
-        /// Store workers.
-        #[arg(long, default_value_t = 1)]
-        store_workers: usize,
-        /// Lookup workers.
-        #[arg(long, default_value_t = 1)]
-        lookup_workers: usize,
-        /// Load workers.
-        #[arg(long, default_value_t = 1)]
-        load_workers: usize,
-        /// Spin this long before parking (workers and the waiting caller).
-        #[arg(long, default_value_t = 250)]
-        spin_us: u64,
+        /// Create a missing --path as a file sized for the run (removed at
+        /// the end; an existing file is kept, and grown if too small).
+        #[arg(long)]
+        create: bool,
+        /// Allow a character device (device-dax) as --path: its contents
+        /// are destroyed.
+        #[arg(long)]
+        force: bool,
+        /// Number of memfd devices (without --path) [default: 1]
+        #[arg(long)]
+        devices: Option<usize>,
+        /// Store workers [default: the engine's, 1]
+        #[arg(long)]
+        store_workers: Option<usize>,
+        /// Lookup workers [default: the engine's, 1]
+        #[arg(long)]
+        lookup_workers: Option<usize>,
+        /// Load workers [default: the engine's, min(4, CPUs)]
+        #[arg(long)]
+        load_workers: Option<usize>,
+        /// Spin this long before parking (workers and the waiting caller)
+        /// [default: the engine's, 250]
+        #[arg(long)]
+        spin_us: Option<u64>,
         /// How long the waiting caller spins before parking (default: the
         /// same as --spin-us). On a machine with fewer CPUs than workers
         /// plus the caller, a short caller spin leaves the CPUs to them.
         #[arg(long)]
         wait_spin_us: Option<u64>,
-        /// Park at once (eventfd wakes only); same as --spin-us 0.
+        /// Park at once (eventfd wakes only); overrides --spin-us and
+        /// --wait-spin-us.
         #[arg(long)]
         park: bool,
+        /// When workers signal completions.
+        #[arg(long, value_enum, default_value_t = SignalArg::WhenWaiting)]
+        signal: SignalArg,
         /// Tasks in flight per phase.
         #[arg(long, default_value_t = 8)]
         inflight: usize,
+        /// Rounds per size, each measuring the raw limit right before the
+        /// phase it bounds; ratios are the median of the rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
         /// Do not pre-fault the mapping.
         #[arg(long)]
         no_prefault: bool,
-        /// Write the results as JSON to this file.
+        /// Write the results as JSON to this file (created before the run).
         #[arg(long)]
         json: Option<PathBuf>,
     },
 }
 
-/// A one-line progress bar on a terminal; plain lines otherwise.
+/// Progress on stderr: a live one-line bar on a terminal; otherwise one
+/// line per size as it starts (the table rows go to stdout only, once).
 fn progress_printer(tty: bool) -> impl FnMut(daxkv::bench::Progress<'_>) {
+    use daxkv::bench::{human, human_amount, Progress};
     let started = std::time::Instant::now();
+    let bar = |done: usize, total: usize| -> String {
+        let width = 30;
+        let filled = done * width / total.max(1);
+        (0..width)
+            .map(|i| if i < filled { '#' } else { '.' })
+            .collect()
+    };
     move |p| match p {
-        daxkv::bench::Progress::Phase {
+        Progress::Preparing {
+            index,
+            sizes,
+            size_bytes,
+            objects,
+            prefault_bytes,
+        } => {
+            let what = if prefault_bytes > 0 {
+                format!("pre-faulting {}", human_amount(prefault_bytes))
+            } else {
+                "allocating".into()
+            };
+            let head = format!(
+                "size {}/{sizes} ({} x {objects})",
+                index + 1,
+                human(size_bytes)
+            );
+            if tty {
+                let line = format!("[{}] {head} preparing ({what})", bar(index, sizes));
+                eprint!("\r{line:<100}");
+            } else {
+                eprintln!("daxkv bench: {head}: preparing ({what})");
+            }
+        }
+        Progress::Phase {
             index,
             sizes,
             size_bytes,
             phase,
             objects,
-        } => {
+            round,
+            rounds,
+        } if tty => {
             let step = ["store", "lookup", "load"]
                 .iter()
                 .position(|x| *x == phase)
                 .unwrap_or(3);
-            let width = 30;
-            let filled = (index * 4 + step) * width / (sizes * 4).max(1);
-            let bar: String = (0..width)
-                .map(|i| if i < filled { '#' } else { '.' })
-                .collect();
+            let per_size = rounds * 4;
             let line = format!(
-                "[{bar}] size {}/{sizes} ({size_bytes} B x {objects}) {phase} {:.1}s",
+                "[{}] size {}/{sizes} ({} x {objects}) round {}/{rounds} {phase} {:.1}s",
+                bar(index * per_size + round * 4 + step, sizes * per_size),
                 index + 1,
+                human(size_bytes),
+                round + 1,
                 started.elapsed().as_secs_f64()
             );
-            if tty {
-                eprint!("\r{line:<90}");
-            } else {
-                eprintln!("{line}");
-            }
+            eprint!("\r{line:<100}");
         }
-        daxkv::bench::Progress::Row(row) => {
-            if !tty {
-                eprintln!("done: {row}");
-            }
+        Progress::Phase { .. } | Progress::Row(_) => {}
+    }
+}
+
+/// Flags another flag overrides or makes moot: one warning line each.
+fn bench_warnings(
+    park: bool,
+    spin_us: Option<u64>,
+    wait_spin_us: Option<u64>,
+    paths: &[PathBuf],
+    devices: Option<usize>,
+    create: bool,
+    force: bool,
+) -> Vec<String> {
+    let mut w = Vec::new();
+    if park {
+        if let Some(v) = spin_us {
+            w.push(format!(
+                "--park overrides --spin-us {v}: workers and the waiting caller park at once"
+            ));
+        }
+        if let Some(v) = wait_spin_us {
+            w.push(format!(
+                "--park overrides --wait-spin-us {v}: the waiting caller parks at once"
+            ));
         }
     }
+    if paths.is_empty() {
+        if create {
+            w.push("--create has no effect without --path".into());
+        }
+        if force {
+            w.push("--force has no effect without --path".into());
+        }
+    } else if let Some(d) = devices {
+        w.push(format!(
+            "--devices {d} is ignored with --path (one device per --path, {} here)",
+            paths.len()
+        ));
+    }
+    w
 }
 
 /// A user error is one clear line on stderr and exit status 1, whatever
@@ -130,6 +224,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             total_bytes,
             max_objects,
             path,
+            create,
+            force,
             devices,
             store_workers,
             lookup_workers,
@@ -137,20 +233,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             spin_us,
             wait_spin_us,
             park,
+            signal,
             inflight,
+            rounds,
             no_prefault,
             json,
         } => {
-            for (name, v) in [
-                ("--devices", devices),
-                ("--store-workers", store_workers),
-                ("--lookup-workers", lookup_workers),
-                ("--load-workers", load_workers),
-                ("--inflight", inflight),
-            ] {
-                if v == 0 {
-                    bail!("{name} must be > 0");
-                }
+            for w in bench_warnings(park, spin_us, wait_spin_us, &path, devices, create, force) {
+                eprintln!("daxkv: warning: {w}");
             }
             let sizes = sizes
                 .split(',')
@@ -162,41 +252,64 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let Some(total_bytes) = daxkv::bench::parse_size(&total_bytes) else {
                 bail!("--total-bytes: {total_bytes:?} is not a size like 1GiB");
             };
-            if max_objects == 0 {
-                bail!("--max-objects must be > 0");
-            }
+            let d = daxkv::bench::BenchConfig::default();
             let cfg = daxkv::bench::BenchConfig {
                 sizes,
                 total_bytes,
                 max_objects,
                 paths: path,
-                devices,
-                store_workers,
-                lookup_workers,
-                load_workers,
-                spin: std::time::Duration::from_micros(if park { 0 } else { spin_us }),
-                wait_spin: if park {
-                    Some(std::time::Duration::ZERO)
-                } else {
-                    wait_spin_us.map(std::time::Duration::from_micros)
+                create,
+                force,
+                devices: devices.unwrap_or(d.devices),
+                store_workers: store_workers.unwrap_or(d.store_workers),
+                lookup_workers: lookup_workers.unwrap_or(d.lookup_workers),
+                load_workers: load_workers.unwrap_or(d.load_workers),
+                spin: spin_us.map_or(d.spin, std::time::Duration::from_micros),
+                wait_spin: wait_spin_us.map(std::time::Duration::from_micros),
+                park,
+                signal: match signal {
+                    SignalArg::Always => daxkv::engine::Signal::Always,
+                    SignalArg::WhenWaiting => daxkv::engine::Signal::WhenWaiting,
                 },
                 inflight_tasks: inflight,
+                rounds,
                 prefault: !no_prefault,
-                ..Default::default()
+                json: json.clone(),
+                ..d
             };
-            eprintln!(
-                "running: sizes {:?}, up to {} objects / {} bytes per size",
-                cfg.sizes, cfg.max_objects, cfg.total_bytes
-            );
+            // Everything that can be checked is checked before the run: the
+            // options, the paths, the memory, and the JSON file (created now,
+            // so a typo in its directory does not cost a whole run).
+            daxkv::bench::preflight(&cfg)?;
+            let json_file = json
+                .as_ref()
+                .map(|p| {
+                    let existed = p.exists();
+                    std::fs::File::create(p)
+                        .map(|f| (p, f, existed))
+                        .with_context(|| format!("--json {}: cannot create it", p.display()))
+                })
+                .transpose()?;
             let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let report = daxkv::bench::run(&cfg, progress_printer(tty))?;
+            let result = daxkv::bench::run(&cfg, progress_printer(tty));
             if tty {
-                eprintln!();
+                eprint!("\r{:100}\r", "");
             }
+            let report = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    // Do not leave an empty JSON file this run created.
+                    if let Some((p, f, false)) = json_file {
+                        drop(f);
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return Err(e.into());
+                }
+            };
             print!("{}", report.table());
-            if let Some(p) = json {
-                std::fs::write(&p, report.json())
-                    .with_context(|| format!("writing {}", p.display()))?;
+            if let Some((p, mut f, _)) = json_file {
+                std::io::Write::write_all(&mut f, report.json().as_bytes())
+                    .with_context(|| format!("--json {}: writing", p.display()))?;
             }
             if report.results.iter().any(|r| r.verified == Some(false)) {
                 bail!("data verification failed");
