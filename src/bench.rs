@@ -63,6 +63,7 @@ pub struct BenchConfig {
     pub sizes: Vec<usize>,
     /// Bytes of objects per size (`--total-bytes`).
     pub total_bytes: usize,
+    /// Most objects per size (`--max-objects`).
     pub max_objects: usize,
     /// Devices or files to use instead of memfds (together they must hold
     /// `total_bytes`); empty: `devices` memfds.
@@ -77,8 +78,11 @@ pub struct BenchConfig {
     pub force: bool,
     /// Number of memfd devices when `paths` is empty.
     pub devices: usize,
+    /// Store workers (`--store-workers`; default the engine's, 1).
     pub store_workers: usize,
+    /// Lookup workers (default the engine's, 1).
     pub lookup_workers: usize,
+    /// Load workers (`--load-workers`; default the engine's, `min(4, cpus)`).
     pub load_workers: usize,
     /// Spin before parking (workers and the waiting caller).
     pub spin: Duration,
@@ -178,9 +182,11 @@ impl BenchConfig {
 /// How one size is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
+    /// Object size.
     pub size_bytes: usize,
     /// Objects stored, looked up, loaded and deleted per round.
     pub objects: usize,
+    /// Devices the objects are spread over.
     pub devices: usize,
     /// Slots (objects) per device; each device maps `per_device * size`.
     pub per_device: usize,
@@ -191,6 +197,7 @@ pub struct Plan {
 /// What one size allocates in RAM (bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryNeed {
+    /// Object size.
     pub size_bytes: usize,
     /// The devices' mappings, where they take RAM (memfds, tmpfs pages not
     /// yet allocated; a device-dax node takes none).
@@ -204,6 +211,7 @@ pub struct MemoryNeed {
 }
 
 impl MemoryNeed {
+    /// All of it.
     pub fn total(&self) -> u64 {
         self.mapping + self.destinations + self.sources + self.engine
     }
@@ -227,26 +235,36 @@ pub struct LimitRound {
 /// Raw limits of one mapping for one object size: medians of the rounds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Limits {
+    /// Object size.
     pub size_bytes: usize,
+    /// One thread, non-temporal stores into the mapping.
     pub nt_copy_in_gb_s: f64,
+    /// One thread, plain `memcpy` into the mapping.
     pub memcpy_in_gb_s: f64,
+    /// One thread, copy out of the mapping.
     pub copy_out_gb_s: f64,
     /// Threads of the multi-thread copy-in limit (the store worker count).
     pub store_threads: usize,
+    /// `store_threads` threads, non-temporal stores, disjoint parts.
     pub nt_copy_in_threads_gb_s: f64,
     /// Threads of the multi-thread copy-out limit (the load worker count).
     pub load_threads: usize,
+    /// `load_threads` threads, copy out, disjoint parts.
     pub copy_out_threads_gb_s: f64,
+    /// Every round's limits, in round order.
     pub rounds: Vec<LimitRound>,
 }
 
 /// One phase's result over the rounds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PhaseResult {
+    /// Object size.
     pub size_bytes: usize,
+    /// `store`, `lookup`, `load`, `unlock` or `delete`.
     pub phase: &'static str,
     /// Objects per round.
     pub objects: usize,
+    /// Rounds measured.
     pub rounds: usize,
     /// Median seconds of a round's phase.
     pub seconds: f64,
@@ -256,7 +274,9 @@ pub struct PhaseResult {
     pub gb_per_s: Option<f64>,
     /// Task latency percentiles over every task of every round.
     pub p50_us: f64,
+    /// 99th percentile task latency.
     pub p99_us: f64,
+    /// Slowest task.
     pub max_us: f64,
     /// Threads of the limit the ratio is taken against (the phase's worker
     /// count).
@@ -270,26 +290,38 @@ pub struct PhaseResult {
     /// Median ratio to the single-thread limit (equal to `ratio_to_limit`
     /// with one worker).
     pub ratio_to_single_thread_limit: Option<f64>,
+    /// Every verified load matched its source (`None`: not a load).
     pub verified: Option<bool>,
 }
 
 /// A whole run.
 #[derive(Clone, Debug)]
 pub struct Report {
+    /// daxkv's version.
     pub version: &'static str,
+    /// The options it ran with.
     pub config: BenchConfig,
+    /// Raw eventfd ping-pong round trip between two threads, µs.
     pub eventfd_ping_pong_us: f64,
+    /// Store, lookup and load workers.
     pub workers: (usize, usize, usize),
+    /// Worker spin before parking, µs.
     pub spin_us: u64,
+    /// Caller spin before parking, µs.
     pub wait_spin_us: u64,
+    /// `always` or `when_waiting`.
     pub signal: &'static str,
+    /// CPU model (`/proc/cpuinfo`).
     pub cpu: String,
+    /// CPUs available to the process.
     pub cores: usize,
+    /// NUMA nodes (sysfs).
     pub numa_nodes: usize,
     /// The copy kernel's name (`copy::Kernel::name`).
     pub kernel: &'static str,
     /// What it is, in words.
     pub kernel_description: &'static str,
+    /// What the devices were (`memfd`, or the paths).
     pub device: String,
     /// Share of all CPUs that other processes (and the hypervisor, as
     /// steal) used while the run went on, from `/proc/stat` less this
@@ -298,7 +330,9 @@ pub struct Report {
     pub other_cpu: Option<f64>,
     /// The same per size, in `sizes` order.
     pub other_cpu_by_size: Vec<Option<f64>>,
+    /// Every size's limits, in `sizes` order.
     pub limits: Vec<Limits>,
+    /// Every phase of every size.
     pub results: Vec<PhaseResult>,
 }
 
@@ -306,11 +340,13 @@ pub struct Report {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("{0}")]
+    /// A device could not be opened.
     Open(#[from] crate::error::OpenError),
     /// Refused before anything ran (a check of the options or the machine).
     #[error("{0}")]
     Check(String),
     #[error("bench: {0}")]
+    /// The run failed (a phase error, a wrong byte).
     Failed(String),
 }
 
@@ -851,21 +887,33 @@ pub enum Progress<'a> {
     /// mapping of `prefault_bytes` is pre-faulted (0 without pre-faulting)
     /// and the buffers are allocated.
     Preparing {
+        /// Position of the size in `sizes`.
         index: usize,
+        /// Number of sizes.
         sizes: usize,
+        /// Object size.
         size_bytes: usize,
+        /// Objects per round.
         objects: usize,
+        /// Bytes pre-faulted (0 without pre-faulting).
         prefault_bytes: u64,
     },
     /// Size `index` of `sizes` starts phase `phase` (with its limit) of
     /// round `round` of `rounds` over `objects` objects.
     Phase {
+        /// Position of the size in `sizes`.
         index: usize,
+        /// Number of sizes.
         sizes: usize,
+        /// Object size.
         size_bytes: usize,
+        /// The phase.
         phase: &'static str,
+        /// Objects per round.
         objects: usize,
+        /// Round, from 1.
         round: usize,
+        /// Rounds per size.
         rounds: usize,
     },
     /// A finished phase's table row (every round done).

@@ -1,7 +1,7 @@
 //! # Caller buffers handed to the engine
 //!
 //! A task's buffers outlive the `submit_*` call, so they are either owned by
-//! the task ([`Buf::Owned`], [`Dsts::Owned`], the safe path: the engine hands
+//! the task ([`Buf::Vec`] and the other owned forms, [`Dsts::Owned`], the safe path: the engine hands
 //! them back with the result) or described by pointer and length
 //! ([`RawBuf`], for callers such as the LMCache plugin whose buffers live in
 //! memory the engine does not own).

@@ -30,6 +30,8 @@
 //! slot protocol in `core` can vouch for); every other module is
 //! `#![forbid(unsafe_code)]`.
 
+#![deny(missing_docs)]
+
 pub mod arena;
 pub mod bench;
 pub mod buf;

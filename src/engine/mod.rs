@@ -63,7 +63,7 @@
 //! inside the engine and takes no lock that anyone waits on, from submit to
 //! collection (`tests/alloc_engine.rs` counts allocations on both sides):
 //! - submit: an id from a counter, one CAS to fill the record, one push per
-//!   part: a CAS on the worker's shared [`ArrayQueue`] for the `&self`
+//!   part: a CAS on the worker's shared `ArrayQueue` for the `&self`
 //!   methods, or a plain store on a [`Submitter`]'s own SPSC ring;
 //! - run: the worker reads the record under a counted guard;
 //! - collect: result bits are read from the record (inline [`Bitmap`]s up
