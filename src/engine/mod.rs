@@ -138,7 +138,7 @@ mod task;
 mod worker;
 
 pub use options::{EngineOptions, Signal};
-pub use pool::{Device, DeviceId, DeviceInfo, DeviceSpec, DeviceState, RawDevice};
+pub use pool::{DeviceId, DeviceInfo, DeviceSpec, DeviceState, RawDevice};
 pub use result::{Answer, Bitmap, Lens, LoadResult, StoreResult};
 pub use submit::{Refused, Submitter, SPLIT_MIN_KEYS};
 pub use task::{TaskId, TaskKind, MAX_TABLE_KEYS};

@@ -111,7 +111,7 @@ impl DeviceState {
 
 /// One device of the pool. Read-only outside the pool.
 #[derive(Debug)]
-pub struct Device {
+pub(crate) struct Device {
     id: DeviceId,
     path: String,
     state: AtomicU8,
