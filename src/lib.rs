@@ -45,6 +45,7 @@ pub mod index;
 pub mod key;
 pub mod notify;
 pub mod numa;
+pub mod reconfigure;
 pub mod ring;
 pub mod slot;
 pub mod store;
