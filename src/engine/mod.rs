@@ -462,10 +462,11 @@ impl Engine {
             return -1;
         };
         let pool = &w[kind.idx()];
-        // ORDERING: Relaxed — the flag is read by workers running tasks
-        // submitted after this call, which the submission's own
-        // Release / Acquire orders after this store.
-        if !self.inner.fd_pollers[kind.idx()].swap(true, Ordering::Relaxed)
+        // ORDERING: SeqCst — workers read the flag after their SeqCst
+        // fence in `publish`; a task submitted after this call (by any
+        // thread) is ordered after it through that fence's total order as
+        // well as through the submission's Release / Acquire.
+        if !self.inner.fd_pollers[kind.idx()].swap(true, Ordering::SeqCst)
             && self.inner.opts.signal == Signal::WhenWaiting
         {
             // Results finished before the handout were not signalled.

@@ -193,6 +193,12 @@ impl Collect {
         self.0.fetch_or(TAKEN, Ordering::AcqRel) & HARVESTED != 0
     }
 
+    /// Whether the completion entry has been popped.
+    pub fn is_harvested(&self) -> bool {
+        // ORDERING: Acquire — pairs with `harvested`.
+        self.0.load(Ordering::Acquire) & HARVESTED != 0
+    }
+
     /// The completion entry was popped and its ring space handed back.
     /// True if the result was taken already: the caller frees the record.
     pub fn harvested(&self) -> bool {

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use super::records::pop_released;
 use super::task::{TaskId, TaskKind};
 use super::worker::spin_pause;
-use super::{Engine, Signal};
+use super::{Engine, Inner, Signal};
 use crate::ring::Cqe;
 
 /// Completions a collector pops (and hands the ring space back for) before
@@ -270,112 +270,34 @@ impl<T> Answer<T> {
     }
 }
 
-/// Lock `m` if nobody holds it; never waits.
-pub(super) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
+/// `Closed` for a task still pending when the engine had already stopped
+/// before the answer was read (`stopped` is loaded *before* the take: a
+/// task that finished while `close` ran is `Ready`, never `Closed`).
+fn closed_if_pending<T>(a: Answer<T>, stopped: bool) -> Answer<T> {
+    if stopped && a.is_pending() {
+        Answer::Closed
+    } else {
+        a
     }
 }
 
-impl Engine {
-    /// Every finished store task not taken before, each exactly once
-    /// (LMCache's `pop_completed_store_tasks`). Allocates the returned
-    /// vector; [`Engine::pop_completed_stores_into`] reuses one.
-    pub fn pop_completed_stores(&self) -> Vec<(TaskId, StoreResult)> {
-        let mut out = Vec::new();
-        self.pop_completed_stores_into(&mut out);
-        out
-    }
-
-    /// Append every finished store task not taken before to `out` (each
-    /// exactly once); returns how many were appended. When another thread
-    /// is collecting stores at the same moment, this call may append none
-    /// (that thread pops the ring; results it does not take stay for the
-    /// next call).
-    pub fn pop_completed_stores_into(&self, out: &mut Vec<(TaskId, StoreResult)>) -> usize {
-        self.harvest_stores(Some(out))
-    }
-
-    /// The store result of task `id`, if finished (one-shot).
-    pub fn query_store(&self, id: TaskId) -> Answer<StoreResult> {
-        self.harvest_stores(None);
-        self.closed_if_pending(self.take_store(id.0))
-    }
-
-    /// Wait for store `id` (spin for `wait_spin`, then park on the store
-    /// eventfd), up to `timeout`. Several threads may each wait for their
-    /// own stores; see the module doc for mixing with the global pop.
-    pub fn wait_store(&self, id: TaskId, timeout: Duration) -> Answer<StoreResult> {
-        self.wait(TaskKind::Store, timeout, || self.query_store(id))
-    }
-
-    /// The lookup bitmap once the task is done (one-shot). Allocates
-    /// nothing for tasks of up to 256 keys.
-    pub fn query_lookup(&self, id: TaskId) -> Answer<Bitmap> {
-        self.drain_cqs(TaskKind::Lookup);
-        let a = self.inner.tasks.take(id.0, TaskKind::Lookup, |rec| {
-            let b = rec.bitmap();
-            rec.clear();
-            b
-        });
-        self.closed_if_pending(a)
-    }
-
-    /// The load result once done (one-shot, like `query_lookup`). The owned
-    /// destinations come back in `bufs` (the caller's vector, moved back),
-    /// each key's payload length in `lens`.
-    pub fn query_load(&self, id: TaskId) -> Answer<LoadResult> {
-        self.drain_cqs(TaskKind::Load);
-        let a = self.inner.tasks.take(id.0, TaskKind::Load, |rec| {
-            let bitmap = rec.bitmap();
-            let lens = rec.lens();
-            let bufs = rec.dsts.take_back();
-            rec.clear();
-            LoadResult { bitmap, bufs, lens }
-        });
-        self.closed_if_pending(a)
-    }
-
-    /// Wait for a lookup: spin for `wait_spin`, then sleep on the eventfd,
-    /// up to `timeout` (then `Pending`).
-    pub fn wait_lookup(&self, id: TaskId, timeout: Duration) -> Answer<Bitmap> {
-        self.wait(TaskKind::Lookup, timeout, || self.query_lookup(id))
-    }
-
-    /// Wait for a load (see `wait_lookup`).
-    pub fn wait_load(&self, id: TaskId, timeout: Duration) -> Answer<LoadResult> {
-        self.wait(TaskKind::Load, timeout, || self.query_load(id))
-    }
-
-    /// Wait until at least one store finishes (or `timeout`), then pop
-    /// them all (see [`Engine::pop_completed_stores`]).
-    pub fn wait_stores(&self, timeout: Duration) -> Vec<(TaskId, StoreResult)> {
-        let mut out = Vec::new();
-        self.wait_stores_into(&mut out, timeout);
-        out
-    }
-
-    /// [`Engine::wait_stores`] appending to `out`; returns how many.
-    pub fn wait_stores_into(
-        &self,
-        out: &mut Vec<(TaskId, StoreResult)>,
-        timeout: Duration,
-    ) -> usize {
-        let r = self.wait(TaskKind::Store, timeout, || {
-            match self.pop_completed_stores_into(out) {
-                0 => Answer::Pending,
-                n => Answer::Ready(n),
-            }
-        });
-        r.ready().unwrap_or(0)
+impl Inner {
+    /// Whether `close` has stopped the workers.
+    pub(super) fn stopped(&self) -> bool {
+        // ORDERING: Acquire — pairs with the Release store of `stop` in
+        // `close` (everything finished before it is visible).
+        self.stop.load(Ordering::Acquire)
     }
 
     /// Take store `id`'s result out of its record.
-    fn take_store(&self, id: u64) -> Answer<StoreResult> {
-        let slot_bytes = self.inner.slot_bytes as u64;
-        let a = self.inner.tasks.take(id, TaskKind::Store, |rec| {
+    pub(super) fn take_store(&self, id: u64) -> Answer<StoreResult> {
+        let slot_bytes = self.slot_bytes as u64;
+        let record = self.tasks.record_of(id);
+        self.tasks.take(id, TaskKind::Store, |rec| {
+            // Unmark while the record is still ours: once `take` frees it,
+            // a mark for the record's next task must not be erased (review
+            // finding: that task's result was never delivered).
+            self.ready.unmark(record);
             let ok = rec.ok_count();
             let n = rec.keys.len();
             rec.clear();
@@ -383,11 +305,7 @@ impl Engine {
                 success: ok == n,
                 bytes_transferred: ok as u64 * slot_bytes,
             }
-        });
-        if matches!(a, Answer::Ready(_)) {
-            self.inner.ready.unmark(self.inner.tasks.record_of(id));
-        }
-        a
+        })
     }
 
     /// Pop the store completion rings (if no other thread is popping them)
@@ -397,8 +315,8 @@ impl Engine {
     /// marked, appending them; without (a caller waiting by id), leave the
     /// results in their records, marked for the global pop. Returns how
     /// many were appended.
-    fn harvest_stores(&self, mut out: Option<&mut Vec<(TaskId, StoreResult)>>) -> usize {
-        let inner = &self.inner;
+    pub(super) fn harvest_stores(&self, mut out: Option<&mut Vec<(TaskId, StoreResult)>>) -> usize {
+        let inner = self;
         let Some(mut cqs) = try_lock(&inner.cqs[TaskKind::Store.idx()]) else {
             return 0;
         };
@@ -436,6 +354,11 @@ impl Engine {
         }
         if let Some(out) = out {
             inner.ready.drain(|r| {
+                // Only a record whose entry was popped: a stale mark must
+                // not take a task whose completion is still in a ring.
+                if !inner.tasks.is_harvested(r) {
+                    return;
+                }
                 if let Some(id) = inner.tasks.id_at(r) {
                     if let Answer::Ready(res) = self.take_store(id) {
                         out.push((TaskId(id), res));
@@ -446,16 +369,111 @@ impl Engine {
         }
         got
     }
+}
 
-    /// `Closed` for a pending task of an engine whose workers are gone.
-    fn closed_if_pending<T>(&self, a: Answer<T>) -> Answer<T> {
-        // ORDERING: Acquire — pairs with the Release store of `stop` in
-        // `close` (everything finished before it is visible).
-        if a.is_pending() && self.inner.stop.load(Ordering::Acquire) {
-            Answer::Closed
-        } else {
-            a
-        }
+/// Lock `m` if nobody holds it; never waits.
+pub(super) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+impl Engine {
+    /// Every finished store task not taken before, each exactly once
+    /// (LMCache's `pop_completed_store_tasks`). Allocates the returned
+    /// vector; [`Engine::pop_completed_stores_into`] reuses one.
+    pub fn pop_completed_stores(&self) -> Vec<(TaskId, StoreResult)> {
+        let mut out = Vec::new();
+        self.pop_completed_stores_into(&mut out);
+        out
+    }
+
+    /// Append every finished store task not taken before to `out` (each
+    /// exactly once); returns how many were appended. When another thread
+    /// is collecting stores at the same moment, this call may append none
+    /// (that thread pops the ring; results it does not take stay for the
+    /// next call).
+    pub fn pop_completed_stores_into(&self, out: &mut Vec<(TaskId, StoreResult)>) -> usize {
+        self.inner.harvest_stores(Some(out))
+    }
+
+    /// The store result of task `id`, if finished (one-shot).
+    pub fn query_store(&self, id: TaskId) -> Answer<StoreResult> {
+        let stopped = self.inner.stopped();
+        self.inner.harvest_stores(None);
+        closed_if_pending(self.inner.take_store(id.0), stopped)
+    }
+
+    /// Wait for store `id` (spin for `wait_spin`, then park on the store
+    /// eventfd), up to `timeout`. Several threads may each wait for their
+    /// own stores; see the module doc for mixing with the global pop.
+    pub fn wait_store(&self, id: TaskId, timeout: Duration) -> Answer<StoreResult> {
+        self.wait(TaskKind::Store, timeout, || self.query_store(id))
+    }
+
+    /// The lookup bitmap once the task is done (one-shot). Allocates
+    /// nothing for tasks of up to 256 keys.
+    pub fn query_lookup(&self, id: TaskId) -> Answer<Bitmap> {
+        let stopped = self.inner.stopped();
+        self.drain_cqs(TaskKind::Lookup);
+        let a = self.inner.tasks.take(id.0, TaskKind::Lookup, |rec| {
+            let b = rec.bitmap();
+            rec.clear();
+            b
+        });
+        closed_if_pending(a, stopped)
+    }
+
+    /// The load result once done (one-shot, like `query_lookup`). The owned
+    /// destinations come back in `bufs` (the caller's vector, moved back),
+    /// each key's payload length in `lens`.
+    pub fn query_load(&self, id: TaskId) -> Answer<LoadResult> {
+        let stopped = self.inner.stopped();
+        self.drain_cqs(TaskKind::Load);
+        let a = self.inner.tasks.take(id.0, TaskKind::Load, |rec| {
+            let bitmap = rec.bitmap();
+            let lens = rec.lens();
+            let bufs = rec.dsts.take_back();
+            rec.clear();
+            LoadResult { bitmap, bufs, lens }
+        });
+        closed_if_pending(a, stopped)
+    }
+
+    /// Wait for a lookup: spin for `wait_spin`, then sleep on the eventfd,
+    /// up to `timeout` (then `Pending`).
+    pub fn wait_lookup(&self, id: TaskId, timeout: Duration) -> Answer<Bitmap> {
+        self.wait(TaskKind::Lookup, timeout, || self.query_lookup(id))
+    }
+
+    /// Wait for a load (see `wait_lookup`).
+    pub fn wait_load(&self, id: TaskId, timeout: Duration) -> Answer<LoadResult> {
+        self.wait(TaskKind::Load, timeout, || self.query_load(id))
+    }
+
+    /// Wait until at least one store finishes (or `timeout`), then pop
+    /// them all (see [`Engine::pop_completed_stores`]).
+    pub fn wait_stores(&self, timeout: Duration) -> Vec<(TaskId, StoreResult)> {
+        let mut out = Vec::new();
+        self.wait_stores_into(&mut out, timeout);
+        out
+    }
+
+    /// [`Engine::wait_stores`] appending to `out`; returns how many.
+    pub fn wait_stores_into(
+        &self,
+        out: &mut Vec<(TaskId, StoreResult)>,
+        timeout: Duration,
+    ) -> usize {
+        let r = self.wait(TaskKind::Store, timeout, || {
+            match self.pop_completed_stores_into(out) {
+                0 => Answer::Pending,
+                n => Answer::Ready(n),
+            }
+        });
+        r.ready().unwrap_or(0)
     }
 
     /// Poll until `poll` answers anything but `Pending`: spin for
@@ -482,7 +500,7 @@ impl Engine {
         // until we do) before it drops them, so it closes the fds before it
         // returns (issue 8, defect 13) and never under a sleeper.
         let Some(workers) = self.inner.workers.load_full() else {
-            return self.closed_if_pending(poll());
+            return poll();
         };
         let pool = &workers[kind.idx()];
         let on_demand = self.inner.opts.signal == Signal::WhenWaiting;
@@ -494,7 +512,7 @@ impl Engine {
             // `close`.
             if self.inner.stop.load(Ordering::Acquire) {
                 drop(workers);
-                return self.closed_if_pending(poll());
+                return poll();
             }
             // Announce the wait, then re-check before sleeping: a worker
             // publishes, then checks `waiters` (each side writes, fences,
@@ -524,7 +542,7 @@ impl Engine {
             }
             let _ = pool.fd.drain();
             if start.elapsed() >= timeout {
-                return self.closed_if_pending(poll());
+                return poll();
             }
         }
     }

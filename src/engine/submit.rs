@@ -303,7 +303,15 @@ impl Inner {
         let pool = &workers[kind.idx()];
         // Any free record; refused only when every record holds a task in
         // flight or a result not yet collected.
-        let Some((record, id)) = self.tasks.claim() else {
+        // A record may wait only for its store completion entry to be
+        // popped (its result already taken by id): pop the store rings once
+        // and look again, so a caller that only ever waits by id is never
+        // refused with nothing in flight (review finding).
+        let claimed = self.tasks.claim().or_else(|| {
+            self.harvest_stores(None);
+            self.tasks.claim()
+        });
+        let Some((record, id)) = claimed else {
             let capacity = self.tasks.len();
             return Err((EngineError::TooManyInFlight { capacity }, i));
         };

@@ -346,6 +346,11 @@ impl TaskTable {
         }
     }
 
+    /// Whether record `r`'s completion entry has been popped (stores).
+    pub(super) fn is_harvested(&self, r: usize) -> bool {
+        self.slots[r].collect.is_harvested()
+    }
+
     /// The id of the task record `r` holds, if it holds one now.
     pub(super) fn id_at(&self, r: usize) -> Option<u64> {
         self.slots[r].rec.read().map(|rec| rec.id)
