@@ -1222,10 +1222,16 @@ impl DaxCore {
 
     /// The committed, readable keys (a copy).
     pub fn snapshot_keys(&self) -> Vec<Key> {
+        self.snapshot_keys_from(0)
+    }
+
+    /// The committed, readable keys in slots `first..` (a copy): what a
+    /// shrink to `first` slots must move or evict.
+    pub fn snapshot_keys_from(&self, first: usize) -> Vec<Key> {
         let Ok(_g) = self.arena.enter() else {
             return Vec::new();
         };
-        (0..self.max_slots())
+        (first..self.max_slots())
             .filter_map(|i| self.key_of_readable(SlotId(i as u32)))
             .collect()
     }

@@ -138,3 +138,277 @@ impl Registry {
         self.named(name).into_iter().nth(local)
     }
 }
+
+/// The DAX backend: LMCache's `DaxL2Adapter.reconfigure`
+/// (docs/lmcache-dax-behavior.md §4.2–§4.5) over the engine's typed
+/// hotplug API. Payloads are validated with upstream's messages; results
+/// and errors carry upstream's fields and status codes.
+pub struct DaxReconfigure {
+    engine: Arc<crate::engine::Engine>,
+    /// Checks a path before it is mapped (add) or grown (resize): the
+    /// device probe. Returns the reason to refuse.
+    gate: Arc<Gate>,
+}
+
+/// A check run on a device path and size before it is mapped or grown
+/// (the device probe): `Err(reason)` refuses.
+pub type Gate = dyn Fn(&std::path::Path, usize) -> Result<(), String> + Send + Sync;
+
+impl std::fmt::Debug for DaxReconfigure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaxReconfigure").finish_non_exhaustive()
+    }
+}
+
+impl DaxReconfigure {
+    /// The DAX backend of `engine`, with `gate` run before a device is
+    /// mapped or grown.
+    pub fn new(
+        engine: Arc<crate::engine::Engine>,
+        gate: impl Fn(&std::path::Path, usize) -> Result<(), String> + Send + Sync + 'static,
+    ) -> DaxReconfigure {
+        DaxReconfigure {
+            engine,
+            gate: Arc::new(gate),
+        }
+    }
+
+    /// The engine it reconfigures.
+    pub fn engine(&self) -> &Arc<crate::engine::Engine> {
+        &self.engine
+    }
+
+    fn device_json(&self, index: usize, info: &crate::engine::DeviceInfo) -> Value {
+        let devs = self.engine.status();
+        devs["devices"]
+            .as_array()
+            .and_then(|d| d.get(index).cloned())
+            .unwrap_or_else(|| {
+                json!({
+                    "index": index,
+                    "device_id": info.id.0,
+                    "device_path": info.path,
+                    "state": info.state.name(),
+                })
+            })
+    }
+}
+
+fn hotplug_err(e: &crate::engine::HotplugError) -> ReconfigureError {
+    use crate::engine::HotplugError as H;
+    let status = e.status();
+    match e {
+        H::Ambiguous { matches } => ReconfigureError::with_body(
+            status,
+            json!({
+                "error": e.to_string(),
+                "matches": matches.iter().map(|(i, id, st)| json!({
+                    "index": i, "device_id": id.0, "state": st.name(),
+                })).collect::<Vec<_>>(),
+            }),
+        ),
+        H::Blocked { locked, borrowed } => ReconfigureError::with_body(
+            status,
+            json!({
+                "status": "blocked",
+                "reason": e.to_string(),
+                "locked_key_count": locked,
+                "borrowed_slot_count": borrowed,
+            }),
+        ),
+        H::SourceLocked { locked, moved } => ReconfigureError::with_body(
+            status,
+            json!({
+                "status": "blocked",
+                "reason": e.to_string(),
+                "locked_key_count": locked,
+                "borrowed_slot_count": 0,
+                "moved_keys": moved,
+            }),
+        ),
+        H::InsufficientCapacity { moved, total } => ReconfigureError::with_body(
+            status,
+            json!({ "error": e.to_string(), "moved_keys": moved, "total_keys": total }),
+        ),
+        // The remap's reason goes to the log, not to the caller (it may
+        // name the path).
+        H::Remap(why) => {
+            eprintln!("daxkv: resize: {why}");
+            ReconfigureError::msg(status, "failed to remap DAX device")
+        }
+        _ => ReconfigureError::msg(status, e.to_string()),
+    }
+}
+
+fn path_of(payload: &Value) -> Result<String, ReconfigureError> {
+    match payload
+        .get("device_path")
+        .and_then(Value::as_str)
+        .map(str::trim)
+    {
+        Some(p) if !p.is_empty() => Ok(p.to_string()),
+        _ => Err(ReconfigureError::msg(
+            400,
+            "device_path must be a non-empty string",
+        )),
+    }
+}
+
+fn size_of(payload: &Value) -> Result<usize, ReconfigureError> {
+    match payload.get("size_bytes") {
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v > 0) => {
+            usize::try_from(n.as_u64().unwrap_or(0))
+                .map_err(|_| ReconfigureError::msg(400, "size_bytes must be a positive integer"))
+        }
+        _ => Err(ReconfigureError::msg(
+            400,
+            "size_bytes must be a positive integer",
+        )),
+    }
+}
+
+fn force_of(payload: &Value) -> Result<bool, ReconfigureError> {
+    match payload.get("force") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ReconfigureError::msg(400, "force must be a boolean")),
+    }
+}
+
+impl Reconfigurable for DaxReconfigure {
+    fn backend(&self) -> &'static str {
+        "dax"
+    }
+
+    fn supported_operations(&self) -> Vec<String> {
+        ["status", "add", "remove", "resize"]
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn status(&self) -> Value {
+        let mut st = self.engine.status();
+        st["enabled"] = json!(self.engine.hotplug_enabled());
+        st
+    }
+
+    #[allow(clippy::too_many_lines)] // one operation after another, as upstream
+    fn reconfigure(
+        &self,
+        operation: &str,
+        payload: &Value,
+        owners: Owners<'_>,
+    ) -> Result<Value, ReconfigureError> {
+        use crate::engine::{RemoveMode, ShrinkMode};
+        let e = &self.engine;
+        match operation {
+            "status" => Ok(self.reconfigure_status()),
+            "add" => {
+                let path = path_of(payload)?;
+                if let Some(owners) = owners {
+                    let who = owners(&path);
+                    if !who.is_empty() {
+                        return Err(ReconfigureError::msg(
+                            409,
+                            format!("physical device is already mapped by {}", who.join(", ")),
+                        ));
+                    }
+                }
+                let size = size_of(payload)?;
+                let (index, info) = e
+                    .hotplug_add(&path, size, |p, n| (self.gate)(p, n))
+                    .map_err(|err| hotplug_err(&err))?;
+                Ok(json!({
+                    "status": "ok",
+                    "operation": "add",
+                    "adapter_index": 0,
+                    "device": self.device_json(index, &info),
+                }))
+            }
+            "remove" => {
+                let path = path_of(payload)?;
+                let mode = match payload.get("mode") {
+                    None | Some(Value::Null) => RemoveMode::Migrate,
+                    Some(Value::String(m)) => match m.as_str() {
+                        "migrate" => RemoveMode::Migrate,
+                        "evict" => RemoveMode::Evict,
+                        "drain" => RemoveMode::Drain,
+                        _ => {
+                            return Err(ReconfigureError::msg(
+                                400,
+                                "mode must be migrate, evict, or drain",
+                            ))
+                        }
+                    },
+                    Some(_) => {
+                        return Err(ReconfigureError::msg(
+                            400,
+                            "mode must be migrate, evict, or drain",
+                        ))
+                    }
+                };
+                let force = force_of(payload)?;
+                let id = e.find_device(&path).map_err(|err| hotplug_err(&err))?;
+                let r = e
+                    .remove_device(id, mode, force)
+                    .map_err(|err| hotplug_err(&err))?;
+                if mode == RemoveMode::Drain {
+                    return Ok(json!({
+                        "status": "ok",
+                        "operation": "drain",
+                        "adapter_index": 0,
+                        "device_path": r.path,
+                        "index": r.index,
+                        "state": r.state.name(),
+                    }));
+                }
+                Ok(json!({
+                    "status": "ok",
+                    "operation": "remove",
+                    "adapter_index": 0,
+                    "device_path": r.path,
+                    "index": r.index,
+                    "moved_keys": r.moved_keys,
+                    "moved_bytes": r.moved_bytes,
+                    "deleted_keys": r.deleted_keys,
+                    "source_slots_freed": r.source_slots_freed,
+                    "state": r.state.name(),
+                }))
+            }
+            "resize" => {
+                let path = path_of(payload)?;
+                let size = size_of(payload)?;
+                let mode = match payload.get("mode") {
+                    None | Some(Value::Null) => ShrinkMode::Migrate,
+                    Some(Value::String(m)) if m == "migrate" => ShrinkMode::Migrate,
+                    Some(Value::String(m)) if m == "evict" => ShrinkMode::Evict,
+                    Some(_) => {
+                        return Err(ReconfigureError::msg(400, "mode must be migrate or evict"))
+                    }
+                };
+                let force = force_of(payload)?;
+                let id = e.find_device(&path).map_err(|err| hotplug_err(&err))?;
+                let r = e
+                    .resize_device_to(id, size, mode, force, |p, n| (self.gate)(p, n))
+                    .map_err(|err| hotplug_err(&err))?;
+                Ok(json!({
+                    "status": "ok",
+                    "operation": "resize",
+                    "adapter_index": 0,
+                    "device_path": r.path,
+                    "index": r.index,
+                    "old_size_bytes": r.old_size_bytes,
+                    "new_size_bytes": r.new_size_bytes,
+                    "moved_keys": r.moved_keys,
+                    "deleted_keys": r.deleted_keys,
+                    "state": r.state.name(),
+                }))
+            }
+            other => Err(ReconfigureError::msg(
+                400,
+                format!("unsupported DAX reconfigure operation: {other}"),
+            )),
+        }
+    }
+}

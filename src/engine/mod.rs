@@ -129,6 +129,7 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 pub mod claims;
+mod hotplug;
 mod options;
 mod pool;
 pub mod records;
@@ -137,6 +138,7 @@ mod submit;
 mod task;
 mod worker;
 
+pub use hotplug::{HotplugError, RemoveMode, RemoveReport, ResizeReport, ShrinkMode};
 pub use options::{EngineOptions, Signal};
 pub use pool::{DeviceId, DeviceInfo, DeviceSpec, DeviceState, RawDevice};
 pub use result::{Answer, Bitmap, Lens, LoadResult, StoreResult};
@@ -518,7 +520,10 @@ impl Engine {
         let before = out.len();
         let devs = self.inner.pool.list();
         for &k in keys {
-            // Every device: a key being migrated may sit on two.
+            // Under the key's claim: a migration moving it (which holds the
+            // claim from copy to source delete) finishes first, so the
+            // delete finds the one copy and cannot be undone by the move.
+            let _claim = self.inner.pool.claims.claim(k);
             let mut hit = false;
             for d in devs.iter() {
                 hit |= d.core().delete(k, false);

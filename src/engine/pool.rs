@@ -136,7 +136,7 @@ impl Device {
     }
 
     /// Change its state (the pool's control plane only).
-    fn set_state(&self, s: DeviceState) {
+    pub(super) fn set_state(&self, s: DeviceState) {
         // ORDERING: Release — a state change is seen with what preceded it.
         self.state.store(s as u8, Ordering::Release);
     }
@@ -147,7 +147,7 @@ impl Device {
     }
 
     /// Slot usage in [0, 1] (1 for a device of no slots).
-    fn usage(&self) -> f64 {
+    pub(super) fn usage(&self) -> f64 {
         let max = self.core.max_slots();
         if max == 0 {
             1.0
@@ -277,7 +277,8 @@ impl DevicePool {
         self.devices.load_full()
     }
 
-    fn admin(&self) -> MutexGuard<'_, ()> {
+    /// The control plane's mutex (held for a whole hotplug operation).
+    pub(super) fn admin(&self) -> MutexGuard<'_, ()> {
         self.admin.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -288,7 +289,17 @@ impl DevicePool {
         spec: &DeviceSpec,
         closing: &AtomicBool,
     ) -> Result<DeviceId, EngineError> {
-        let _admin = self.admin();
+        let admin = self.admin();
+        self.add_locked(&admin, spec, closing)
+    }
+
+    /// [`DevicePool::add`] with `admin` already held.
+    pub(super) fn add_locked(
+        &self,
+        _admin: &MutexGuard<'_, ()>,
+        spec: &DeviceSpec,
+        closing: &AtomicBool,
+    ) -> Result<DeviceId, EngineError> {
         // ORDERING: Acquire — observes `request_close`; `close` takes
         // `admin` before it closes the devices, so an add that passed this
         // check has appended before that; pairs with `close`.

@@ -1,0 +1,637 @@
+//! # Hotplug: add, drain, migrate, evict, remove and resize devices at run time
+//!
+//! The control plane's operations on the device pool
+//! (docs/lmcache-dax-behavior.md §4.3–§4.5), typed: each returns a report
+//! or a [`HotplugError`] that says what blocked it; the generic
+//! reconfiguration layer ([`crate::reconfigure`]) turns those into LMCache's
+//! status codes and payloads. Every operation runs under the pool's admin
+//! mutex (one control-plane change at a time, and no remap can become
+//! pending under a claim holder), while the data path keeps running: the
+//! device list is read lock-free, and status answers at once, showing a
+//! device as `migrating` / `removing` / `resizing` while it is.
+//!
+//! ## Moving a key (migration, shrink)
+//!
+//! Under the key's claim (parent module doc, "Key ownership"): read the
+//! payload from the source, put it on the least-used writable device (the
+//! next one if full), then delete it from the source. A store of the key
+//! waits on the claim, so no third copy appears; a lookup or load sees one
+//! copy or the other, both the same bytes. If the source delete fails (a
+//! lookup locked the key meanwhile and `force` is off) the copy on the
+//! target is deleted again: the key stays where it was. So at every
+//! moment outside a claim each key has exactly one copy, and a migration
+//! that stops halfway (no room left) leaves no duplicates: the keys moved
+//! so far live on their targets, the rest on the source, whose state goes
+//! back to what it was, and a retry moves the rest (better than upstream,
+//! docs/lmcache-dax-behavior.md §9.4 item 2).
+
+#![forbid(unsafe_code)]
+
+use std::sync::{Arc, MutexGuard};
+
+use super::pool::{Device, DeviceSpec, DeviceState};
+use super::{DeviceId, DeviceInfo, Engine, EngineError};
+use crate::arena::{ArenaSource, ArenaSpec};
+use crate::core::{CoreConfig, PutOutcome};
+use crate::error::PutError;
+use crate::key::Key;
+
+/// Address space reserved for a hotplugged memfd device to grow into.
+const MEMFD_GROW_BYTES: usize = 64 << 30;
+
+/// How `remove_device` empties a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoveMode {
+    /// Stop new stores on it; its keys stay readable; it stays in the pool
+    /// (`draining`).
+    Drain,
+    /// Move every key to other active devices, then remove it.
+    Migrate,
+    /// Delete its keys (listeners told), then remove it.
+    Evict,
+}
+
+impl RemoveMode {
+    /// LMCache's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            RemoveMode::Drain => "drain",
+            RemoveMode::Migrate => "migrate",
+            RemoveMode::Evict => "evict",
+        }
+    }
+}
+
+/// What a shrink does with keys in slots past the new end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShrinkMode {
+    /// Move them to other active devices.
+    Migrate,
+    /// Delete them (only with `force`; never silently).
+    Evict,
+}
+
+/// Why a hotplug operation did not happen (or stopped). Each maps to one
+/// of LMCache's status codes ([`HotplugError::status`]).
+#[derive(Debug, thiserror::Error)]
+pub enum HotplugError {
+    /// The engine was opened with hotplug off.
+    #[error("DAX hotplug is disabled")]
+    Disabled,
+    /// A request value is wrong (the message says which).
+    #[error("{0}")]
+    Invalid(&'static str),
+    /// The device failed the probe before mapping (the reason).
+    #[error("{0}")]
+    Probe(String),
+    /// The path could not be identified (missing, or not a device or file).
+    #[error("failed to identify DAX device")]
+    Unidentified,
+    /// Mapping failed (details in the log, never the path).
+    #[error("failed to map DAX device")]
+    MapFailed,
+    /// No live device has this path.
+    #[error("DAX device not found")]
+    NotFound,
+    /// Several live devices share the path.
+    #[error("multiple active DAX devices have the same device_path")]
+    Ambiguous {
+        /// `(index, id, state)` of each.
+        matches: Vec<(usize, DeviceId, DeviceState)>,
+    },
+    /// The device is mapped already, at another size.
+    #[error("device_path already active with a different size")]
+    SizeConflict,
+    /// Locked or borrowed slots block it (pass `force`).
+    #[error("device has externally locked or borrowed slots")]
+    Blocked {
+        /// Keys holding lookup locks.
+        locked: usize,
+        /// Slots with reads in flight.
+        borrowed: usize,
+    },
+    /// Keys copied elsewhere could not be deleted from the source (locked
+    /// meanwhile); their copies were removed again.
+    #[error("source device still has locked migrated keys")]
+    SourceLocked {
+        /// Keys that stayed on the source.
+        locked: usize,
+        /// Keys moved before it stopped.
+        moved: usize,
+    },
+    /// Keys to move and no other active device.
+    #[error("no active destination DAX capacity")]
+    NoDestination,
+    /// The other devices filled up; `moved` keys moved, the rest stayed.
+    #[error("insufficient destination DAX capacity")]
+    InsufficientCapacity {
+        /// Keys moved before it stopped.
+        moved: usize,
+        /// Keys that had to move.
+        total: usize,
+    },
+    /// A shrink would drop keys without `force`.
+    #[error("resize shrink would drop live keys without migration")]
+    ShrinkWouldDrop,
+    /// Live slots stayed past the new end.
+    #[error("resize shrink still has live high slots")]
+    ShrinkStillLive,
+    /// The remap itself failed (the reason).
+    #[error("failed to remap DAX device: {0}")]
+    Remap(String),
+    /// Other engine errors (closing, …).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl HotplugError {
+    /// LMCache's HTTP status code for it.
+    pub fn status(&self) -> u16 {
+        match self {
+            HotplugError::Disabled => 403,
+            HotplugError::NotFound => 404,
+            HotplugError::Ambiguous { .. }
+            | HotplugError::SizeConflict
+            | HotplugError::Blocked { .. }
+            | HotplugError::SourceLocked { .. }
+            | HotplugError::ShrinkWouldDrop
+            | HotplugError::ShrinkStillLive => 409,
+            HotplugError::NoDestination | HotplugError::InsufficientCapacity { .. } => 507,
+            HotplugError::Engine(EngineError::Closing) => 503,
+            _ => 400,
+        }
+    }
+}
+
+/// What `remove_device` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoveReport {
+    /// The device's position in the list (tombstones keep theirs).
+    pub index: usize,
+    /// Its id.
+    pub id: DeviceId,
+    /// Its path.
+    pub path: String,
+    /// The mode run.
+    pub mode: RemoveMode,
+    /// Keys moved to other devices.
+    pub moved_keys: usize,
+    /// Payload bytes moved.
+    pub moved_bytes: u64,
+    /// Keys deleted.
+    pub deleted_keys: usize,
+    /// Slots freed on the device.
+    pub source_slots_freed: usize,
+    /// Its state now (`draining` or `removed`).
+    pub state: DeviceState,
+}
+
+/// What `resize_device_to` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResizeReport {
+    /// The device's position in the list.
+    pub index: usize,
+    /// Its id.
+    pub id: DeviceId,
+    /// Its path.
+    pub path: String,
+    /// Mapping size before.
+    pub old_size_bytes: usize,
+    /// Mapping size now.
+    pub new_size_bytes: usize,
+    /// Keys moved off the cut-off slots (shrink, migrate).
+    pub moved_keys: usize,
+    /// Keys deleted from the cut-off slots (shrink, evict + force).
+    pub deleted_keys: usize,
+    /// Its state now.
+    pub state: DeviceState,
+}
+
+/// Restores a device's state unless disarmed (an operation that fails
+/// leaves the device as it found it).
+struct RestoreState<'a>(&'a Device, DeviceState, bool);
+
+impl Drop for RestoreState<'_> {
+    fn drop(&mut self) {
+        if self.2 && !self.0.state().is_tombstone() {
+            self.0.set_state(self.1);
+        }
+    }
+}
+
+/// Outcome of moving one key.
+enum Move {
+    Moved(usize),
+    /// Not on the source any more (deleted or moved by someone else).
+    Gone,
+    /// No target had room.
+    NoRoom,
+    /// The source copy could not be deleted (locked); undone.
+    Locked,
+}
+
+impl Engine {
+    /// Whether hotplug is on.
+    pub fn hotplug_enabled(&self) -> bool {
+        self.inner.hotplug_enabled
+    }
+
+    /// The one live (not closed, removed or failed) device with this exact
+    /// path string.
+    pub fn find_device(&self, path: &str) -> Result<DeviceId, HotplugError> {
+        let path = path.trim();
+        if path.is_empty() {
+            return Err(HotplugError::Invalid("device_path must be non-empty"));
+        }
+        let devs = self.inner.pool.list();
+        let m: Vec<(usize, DeviceId, DeviceState)> = devs
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| {
+                let s = d.state();
+                !s.is_tombstone() && s != DeviceState::Failed && d.path() == path
+            })
+            .map(|(i, d)| (i, d.id(), d.state()))
+            .collect();
+        match m.len() {
+            0 => Err(HotplugError::NotFound),
+            1 => Ok(m[0].1),
+            _ => Err(HotplugError::Ambiguous { matches: m }),
+        }
+    }
+
+    /// The device's list position and info.
+    pub fn device_index(&self, id: DeviceId) -> Option<(usize, DeviceInfo)> {
+        self.inner
+            .pool
+            .list()
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.id() == id)
+            .map(|(i, d)| (i, d.info()))
+    }
+
+    fn device(&self, id: DeviceId) -> Result<(usize, Arc<Device>), HotplugError> {
+        self.inner
+            .pool
+            .list()
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.id() == id && !d.state().is_tombstone())
+            .map(|(i, d)| (i, d.clone()))
+            .ok_or(HotplugError::NotFound)
+    }
+
+    fn hotplug_admin(&self) -> Result<MutexGuard<'_, ()>, HotplugError> {
+        if !self.inner.hotplug_enabled {
+            return Err(HotplugError::Disabled);
+        }
+        let admin = self.inner.pool.admin();
+        if self
+            .inner
+            .closing
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(EngineError::Closing.into());
+        }
+        Ok(admin)
+    }
+
+    /// Add the device at `path` with `size_bytes` mapped (the control
+    /// plane's add, docs/lmcache-dax-behavior.md §4.3): `"memfd"` maps a
+    /// new anonymous memfd; any other path must exist. The same physical
+    /// device (by identity, whatever the path) or the same path string at
+    /// the same size is answered with the existing device, untouched
+    /// (idempotent); at another size, [`HotplugError::SizeConflict`].
+    /// `gate` runs before anything is mapped (the device probe) and may
+    /// refuse with a reason.
+    pub fn hotplug_add(
+        &self,
+        path: &str,
+        size_bytes: usize,
+        gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
+    ) -> Result<(usize, DeviceInfo), HotplugError> {
+        let admin = self.hotplug_admin()?;
+        let path = path.trim();
+        if path.is_empty() {
+            return Err(HotplugError::Invalid("device_path must be non-empty"));
+        }
+        if size_bytes == 0 {
+            return Err(HotplugError::Invalid("size_bytes must be > 0"));
+        }
+        if size_bytes / self.inner.slot_bytes == 0 {
+            return Err(HotplugError::Invalid("size_bytes does not fit one slot"));
+        }
+        let source = if path == "memfd" {
+            ArenaSource::Memfd
+        } else {
+            let p = std::path::Path::new(path);
+            if std::fs::metadata(p).is_err() {
+                return Err(HotplugError::Unidentified);
+            }
+            gate(p, size_bytes).map_err(HotplugError::Probe)?;
+            // The same path string (an entry whose file was replaced
+            // counts too).
+            let devs = self.inner.pool.list();
+            if let Some((i, d)) = devs
+                .iter()
+                .enumerate()
+                .find(|(_, d)| !d.state().is_tombstone() && d.path() == path)
+            {
+                return if d.core().arena_bytes() == size_bytes {
+                    Ok((i, d.info()))
+                } else {
+                    Err(HotplugError::SizeConflict)
+                };
+            }
+            ArenaSource::Path(p.to_path_buf())
+        };
+        let mut arena = ArenaSpec::new(source, size_bytes);
+        if path == "memfd" {
+            // Room to grow: address space only (a file or device can grow
+            // up to its own length, which the arena reads at open).
+            arena = arena.max_size_bytes(size_bytes.max(MEMFD_GROW_BYTES));
+        }
+        let spec = DeviceSpec {
+            path: path.to_string(),
+            core: CoreConfig::new(arena, self.inner.slot_bytes),
+        };
+        let id = match self
+            .inner
+            .pool
+            .add_locked(&admin, &spec, &self.inner.closing)
+        {
+            Ok(id) => id,
+            Err(EngineError::SizeConflict { .. }) => return Err(HotplugError::SizeConflict),
+            Err(EngineError::Device { source, .. }) => {
+                eprintln!("daxkv: hotplug add: {source}");
+                return Err(HotplugError::MapFailed);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        drop(admin);
+        self.device_index(id).ok_or(HotplugError::NotFound)
+    }
+
+    /// Remove (or drain) device `id` (docs/lmcache-dax-behavior.md §4.4).
+    /// Migrate and evict check first that no key is locked and no read is
+    /// borrowed (unless `force`), then empty the device, close it and leave
+    /// a `removed` tombstone. On an error the device keeps the state it had.
+    pub fn remove_device(
+        &self,
+        id: DeviceId,
+        mode: RemoveMode,
+        force: bool,
+    ) -> Result<RemoveReport, HotplugError> {
+        let _admin = self.hotplug_admin()?;
+        let (index, dev) = self.device(id)?;
+        let old = dev.state();
+        let report = |moved_keys, moved_bytes, deleted_keys, freed| RemoveReport {
+            index,
+            id,
+            path: dev.path().to_string(),
+            mode,
+            moved_keys,
+            moved_bytes,
+            deleted_keys,
+            source_slots_freed: freed,
+            state: dev.state(),
+        };
+        if mode == RemoveMode::Drain {
+            dev.set_state(DeviceState::Draining);
+            return Ok(report(0, 0, 0, 0));
+        }
+        let during = match mode {
+            RemoveMode::Migrate => DeviceState::Migrating,
+            _ => DeviceState::Draining,
+        };
+        dev.set_state(during);
+        let mut restore = RestoreState(&dev, old, true);
+        if !force {
+            let st = dev.core().status();
+            if st.locked_key_count > 0 || st.borrowed_slot_count > 0 {
+                return Err(HotplugError::Blocked {
+                    locked: st.locked_key_count,
+                    borrowed: st.borrowed_slot_count,
+                });
+            }
+        }
+        let keys = dev.core().snapshot_keys();
+        let (mut moved, mut bytes, mut deleted) = (0, 0u64, 0);
+        match mode {
+            RemoveMode::Migrate => {
+                let (m, b) = self.move_keys(&dev, &keys, force)?;
+                moved = m;
+                bytes = b;
+            }
+            RemoveMode::Evict => {
+                deleted = self.evict_keys(&dev, &keys, force)?;
+            }
+            RemoveMode::Drain => unreachable!(),
+        }
+        restore.2 = false;
+        dev.set_state(DeviceState::Removing);
+        dev.core().close();
+        dev.set_state(DeviceState::Removed);
+        Ok(report(moved, bytes, deleted, moved + deleted))
+    }
+
+    /// Resize device `id` to `size_bytes` (docs/lmcache-dax-behavior.md
+    /// §4.5): a grow remaps in place (no data moves); a shrink first moves
+    /// (or, with `force` and `Evict`, deletes) the keys in slots past the
+    /// new end, and never drops data silently. `gate` checks the new size
+    /// against the device before a grow (the probe: devdax size and
+    /// alignment, so a grow never maps past the device's end).
+    pub fn resize_device_to(
+        &self,
+        id: DeviceId,
+        size_bytes: usize,
+        mode: ShrinkMode,
+        force: bool,
+        gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
+    ) -> Result<ResizeReport, HotplugError> {
+        let _admin = self.hotplug_admin()?;
+        let slot = self.inner.slot_bytes;
+        if size_bytes == 0 {
+            return Err(HotplugError::Invalid("size_bytes must be > 0"));
+        }
+        let new_slots = size_bytes / slot;
+        if new_slots == 0 {
+            return Err(HotplugError::Invalid("size_bytes does not fit one slot"));
+        }
+        let (index, dev) = self.device(id)?;
+        let old_size = dev.core().arena_bytes();
+        let old = dev.state();
+        let report = |moved, deleted, dev: &Device| ResizeReport {
+            index,
+            id,
+            path: dev.path().to_string(),
+            old_size_bytes: old_size,
+            new_size_bytes: dev.core().arena_bytes(),
+            moved_keys: moved,
+            deleted_keys: deleted,
+            state: dev.state(),
+        };
+        if size_bytes == old_size {
+            return Ok(report(0, 0, &dev));
+        }
+        if size_bytes > old_size && dev.path() != "memfd" {
+            gate(std::path::Path::new(dev.path()), size_bytes).map_err(HotplugError::Probe)?;
+        }
+        dev.set_state(DeviceState::Resizing);
+        let mut restore = RestoreState(&dev, old, true);
+        let (mut moved, mut deleted) = (0, 0);
+        if new_slots < dev.core().max_slots() {
+            if !force {
+                let st = dev.core().status();
+                if st.locked_key_count > 0 || st.borrowed_slot_count > 0 {
+                    return Err(HotplugError::Blocked {
+                        locked: st.locked_key_count,
+                        borrowed: st.borrowed_slot_count,
+                    });
+                }
+            }
+            // A put that began before the state change may still land in a
+            // high slot: look again a few times.
+            for _ in 0..4 {
+                if dev.core().can_shrink_to(new_slots) {
+                    break;
+                }
+                let high = dev.core().snapshot_keys_from(new_slots);
+                match mode {
+                    ShrinkMode::Migrate => moved += self.move_keys(&dev, &high, force)?.0,
+                    ShrinkMode::Evict if force => deleted += self.evict_keys(&dev, &high, true)?,
+                    ShrinkMode::Evict => {
+                        if !high.is_empty() {
+                            return Err(HotplugError::ShrinkWouldDrop);
+                        }
+                    }
+                }
+                if high.is_empty() {
+                    // Live slots that are not readable (in flight, or
+                    // pending free under a borrowed read): wait a little.
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+            if !dev.core().can_shrink_to(new_slots) {
+                return Err(HotplugError::ShrinkStillLive);
+            }
+        }
+        dev.core()
+            .remap(size_bytes)
+            .map_err(|e| HotplugError::Remap(e.to_string()))?;
+        restore.2 = false;
+        dev.set_state(old);
+        Ok(report(moved, deleted, &dev))
+    }
+
+    /// Move `keys` off `src` (module doc, "Moving a key"). Returns keys and
+    /// payload bytes moved; stops at the first key no target has room for.
+    fn move_keys(
+        &self,
+        src: &Arc<Device>,
+        keys: &[Key],
+        force: bool,
+    ) -> Result<(usize, u64), HotplugError> {
+        let pool = &self.inner.pool;
+        let has_target = pool
+            .list()
+            .iter()
+            .any(|d| d.id() != src.id() && d.state().is_writable());
+        if !keys.is_empty() && !has_target {
+            return Err(HotplugError::NoDestination);
+        }
+        let mut buf = vec![0u8; self.inner.slot_bytes];
+        let (mut moved, mut bytes, mut locked) = (0, 0u64, 0);
+        for &k in keys {
+            match self.move_key(src, k, &mut buf, force) {
+                Move::Moved(n) => {
+                    moved += 1;
+                    bytes += n as u64;
+                }
+                Move::Gone => {}
+                Move::Locked => locked += 1,
+                Move::NoRoom => {
+                    return Err(HotplugError::InsufficientCapacity {
+                        moved,
+                        total: keys.len(),
+                    })
+                }
+            }
+        }
+        if locked > 0 {
+            return Err(HotplugError::SourceLocked { locked, moved });
+        }
+        Ok((moved, bytes))
+    }
+
+    fn move_key(&self, src: &Arc<Device>, key: Key, buf: &mut [u8], force: bool) -> Move {
+        let pool = &self.inner.pool;
+        let _claim = pool.claims.claim(key);
+        let Some((_, meta)) = src.core().payload_len(key) else {
+            return Move::Gone;
+        };
+        let Some(n) = src.core().load_into(key, buf) else {
+            return Move::Gone;
+        };
+        let devs = pool.list();
+        let mut tried: u64 = 0;
+        for _ in 0..devs.len().min(64) {
+            let Some((i, target)) = devs
+                .iter()
+                .enumerate()
+                .take(64)
+                .filter(|(i, d)| {
+                    tried & (1 << i) == 0 && d.id() != src.id() && d.state().is_writable()
+                })
+                .min_by(|a, b| a.1.usage().total_cmp(&b.1.usage()))
+            else {
+                return Move::NoRoom;
+            };
+            tried |= 1 << i;
+            match target.core().put(key, &buf[..n], meta) {
+                Ok(PutOutcome::Stored | PutOutcome::AlreadyPresent) => {
+                    // Deletes take the claim too, so the source copy is
+                    // still there: it goes now, unless a lookup locked it
+                    // meanwhile (without `force`); then the copy goes.
+                    if src.core().delete(key, force) {
+                        return Move::Moved(n);
+                    }
+                    target.core().delete(key, true);
+                    return Move::Locked;
+                }
+                Err(PutError::Full | PutError::IndexFull | PutError::Closed) => {}
+                Err(e) => {
+                    eprintln!("daxkv: migrating a key: {e}");
+                    return Move::NoRoom;
+                }
+            }
+        }
+        Move::NoRoom
+    }
+
+    /// Delete `keys` from `dev` (forced or not) and tell the listeners
+    /// about the ones deleted, even when some were blocked (better than
+    /// upstream, docs/lmcache-dax-behavior.md §9.4 item 4).
+    fn evict_keys(&self, dev: &Device, keys: &[Key], force: bool) -> Result<usize, HotplugError> {
+        let ok = dev.core().delete_many(keys, force);
+        let deleted: Vec<Key> = keys
+            .iter()
+            .zip(&ok)
+            .filter(|(_, &d)| d)
+            .map(|(k, _)| *k)
+            .collect();
+        if !deleted.is_empty() {
+            self.inner
+                .tell_listeners("on_keys_deleted", |l| l.on_keys_deleted(&deleted));
+        }
+        let blocked = keys.len() - deleted.len();
+        if blocked > 0 {
+            return Err(HotplugError::Blocked {
+                locked: blocked,
+                borrowed: 0,
+            });
+        }
+        Ok(deleted.len())
+    }
+}
