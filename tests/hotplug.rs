@@ -115,7 +115,8 @@ fn tmpdir() -> tempfile::TempDir {
     tempfile::Builder::new().tempdir_in("/dev/shm").unwrap()
 }
 
-/// §8.1 item 2: remove(migrate) between two devices moves the key; no
+/// docs/lmcache-dax-behavior.md §8.1 item 2: remove(migrate) between two devices moves
+/// the key; no
 /// delete events; lookup and load still hit with the right bytes.
 #[test]
 fn migrate_moves_keys_and_removes_the_source() {
@@ -151,7 +152,7 @@ fn migrate_moves_keys_and_removes_the_source() {
     e.check_invariants().unwrap();
 }
 
-/// §8.1 item 3: status is the standard envelope.
+/// docs/lmcache-dax-behavior.md §8.1 item 3: status is the standard envelope.
 #[test]
 fn status_is_the_envelope() {
     let (_e, r) = open(vec![memfd(4)]);
@@ -166,7 +167,8 @@ fn status_is_the_envelope() {
     assert_eq!(s, r.reconfigure_status());
 }
 
-/// §8.1 item 4: drain keeps the data readable, new stores go elsewhere.
+/// docs/lmcache-dax-behavior.md §8.1 item 4: drain keeps the data readable, new
+/// stores go elsewhere.
 #[test]
 fn drain_sends_new_stores_elsewhere() {
     let dir = tmpdir();
@@ -193,7 +195,8 @@ fn drain_sends_new_stores_elsewhere() {
         .unwrap();
 }
 
-/// §8.1 item 5 and §8.3 item 2: a locked key blocks migrate (409, the
+/// docs/lmcache-dax-behavior.md §8.1 item 5 and docs/lmcache-dax-behavior.md §8.3 item 2: a
+/// locked key blocks migrate (409, the
 /// blocked payload) and the state goes back; after unlock it migrates.
 #[test]
 fn a_locked_key_blocks_migrate_then_unlock_lets_it_go() {
@@ -203,7 +206,7 @@ fn a_locked_key_blocks_migrate_then_unlock_lets_it_go() {
     assert!(store(&e, &[1], 100));
     let id = e.submit_lookup_and_lock(vec![k(1)]).unwrap();
     assert!(e.wait_lookup(id, T).ready().unwrap().test(0));
-    // §8.3 item 2: add a device at runtime.
+    // docs/lmcache-dax-behavior.md §8.3 item 2: add a device at runtime.
     let added = r
         .reconfigure(
             "add",
@@ -234,7 +237,7 @@ fn a_locked_key_blocks_migrate_then_unlock_lets_it_go() {
     all_load(&e, &[1], 100);
 }
 
-/// §8.1 item 7: evict deletes and tells the listeners.
+/// docs/lmcache-dax-behavior.md §8.1 item 7: evict deletes and tells the listeners.
 #[test]
 fn evict_deletes_and_tells_listeners() {
     let dir = tmpdir();
@@ -261,7 +264,8 @@ fn evict_deletes_and_tells_listeners() {
     assert_eq!(e.status()["is_healthy"], true);
 }
 
-/// §8.1 item 8 and §4.2–4.4 validation: errors name what was wrong and
+/// docs/lmcache-dax-behavior.md §8.1 item 8 and docs/lmcache-dax-behavior.md §4.2–4.4 validation:
+/// errors name what was wrong and
 /// never echo the path.
 #[test]
 fn bad_requests_are_refused_with_upstreams_messages() {
@@ -399,7 +403,8 @@ fn re_adding_a_device_is_idempotent_or_a_conflict() {
     assert_eq!(e.devices().len(), 1, "nothing mapped");
 }
 
-/// Better than upstream (§9.4 item 2): a migration whose destination
+/// Better than upstream (docs/lmcache-dax-behavior.md §9.4 item 2): a migration
+/// whose destination
 /// fills halfway answers 507 with how many moved, leaves every key on
 /// exactly one device with its bytes, restores the source's state, and a
 /// retry with room succeeds.
@@ -441,7 +446,8 @@ fn a_migration_that_fills_its_destination_leaves_no_duplicates_and_retries() {
     let _ = r2; // (memfd devices share a path: see the next test)
 }
 
-/// §8.3 item 3: resize grows 2 → 4 slots; a shrink back to 2 with a locked
+/// docs/lmcache-dax-behavior.md §8.3 item 3: resize grows 2 → 4 slots; a shrink
+/// back to 2 with a locked
 /// key in a high slot is 409 and keeps the capacity; after unlock the
 /// shrink moves the high keys (or evicts them with force) and data
 /// survives.
