@@ -155,7 +155,8 @@ pub struct Probe {
     /// A DAX device's size from sysfs, or a regular file's length, bytes.
     pub size_bytes: Option<u64>,
     /// A DAX device's alignment from sysfs (the arena's default when sysfs
-    /// has none), or the page size for a regular file, bytes.
+    /// has none), or the page size for a regular file (informational: the
+    /// gates put no alignment rule on files), bytes.
     pub align_bytes: Option<u64>,
     /// A DAX device's NUMA node (`target_node`, else `numa_node`).
     pub numa_node: Option<u32>,
