@@ -98,6 +98,22 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Say what a device path is (devdax, system_ram, unbound,
+    /// regular_file, tmpfs, not_a_device, unknown, absent), its size,
+    /// alignment and NUMA node, from `stat` and sysfs alone: the path is
+    /// never opened (opening an unbound DAX node can run modprobe).
+    ///
+    /// Exits 0 whenever the probe ran, an absent path included.
+    Probe {
+        /// The device node or file (e.g. /dev/dax0.0, /dev/shm/kv).
+        path: PathBuf,
+        /// Print the JSON `physical` block instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Read sysfs under this root (tests use a fake tree).
+        #[arg(long, hide = true, default_value = daxkv::probe::DEFAULT_SYSFS_ROOT)]
+        sysfs_root: PathBuf,
+    },
 }
 
 /// Progress on stderr: a live one-line bar on a terminal; otherwise one
@@ -208,7 +224,15 @@ fn bench_warnings(
 /// `RUST_BACKTRACE` says (returning `anyhow::Result` from `main` would print
 /// the error's debug form, with a backtrace when that variable is set).
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let result = match Cli::parse().cmd {
+        Cmd::Probe {
+            path,
+            json,
+            sysfs_root,
+        } => probe(&path, json, &sysfs_root),
+        cmd @ Cmd::Bench { .. } => run(cmd),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("daxkv: {e:#}");
@@ -217,8 +241,20 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.cmd {
+/// `daxkv probe`: the report on stdout; exit 0 whatever the path is.
+fn probe(path: &std::path::Path, json: bool, sysfs_root: &std::path::Path) -> anyhow::Result<()> {
+    let p = daxkv::probe::probe(path, sysfs_root);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+    } else {
+        print!("{}", p.table());
+    }
+    Ok(())
+}
+
+fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Probe { .. } => unreachable!("dispatched by main"),
         Cmd::Bench {
             sizes,
             total_bytes,

@@ -60,9 +60,57 @@ pub(crate) fn major_minor(rdev: u64) -> (u32, u32) {
     (libc::major(rdev), libc::minor(rdev))
 }
 
+/// `statfs(path).f_type`: the magic number of the file system holding
+/// `path` (e.g. `libc::TMPFS_MAGIC`). Path-based: nothing is opened.
+pub(crate) fn fs_magic(path: &std::path::Path) -> io::Result<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let cpath = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `cpath` is a valid NUL-terminated string that outlives the
+    // call; `st` is writable memory of the right size, filled by the kernel
+    // on success.
+    let r = unsafe { libc::statfs(cpath.as_ptr(), st.as_mut_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statfs returned 0, so it initialized `st`.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // `__fsword_t` differs across targets
+    Ok(st.f_type as i64)
+}
+
+/// `libc::TMPFS_MAGIC` in [`fs_magic`]'s type.
+#[allow(clippy::unnecessary_cast)]
+pub(crate) const TMPFS_MAGIC: i64 = libc::TMPFS_MAGIC as i64;
+
+/// The system page size (`sysconf(_SC_PAGESIZE)`), 4096 if it cannot be
+/// read.
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf takes a constant name and touches no memory of ours.
+    let r = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if r > 0 {
+        r as u64
+    } else {
+        4096
+    }
+}
+
 #[cfg(all(test, not(miri)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statfs_names_tmpfs_and_page_size_is_sane() {
+        let shm = std::path::Path::new("/dev/shm");
+        if shm.is_dir() {
+            assert_eq!(fs_magic(shm).unwrap(), TMPFS_MAGIC);
+        }
+        assert!(fs_magic(std::path::Path::new("/nonexistent/x")).is_err());
+        assert!(fs_magic(std::path::Path::new("a\0b")).is_err());
+        let p = page_size();
+        assert!(p >= 4096 && p.is_power_of_two(), "{p}");
+    }
 
     #[test]
     fn sealed_memfd_refuses_shrink_and_grow() {
