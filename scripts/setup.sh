@@ -4,12 +4,19 @@
 #   - a C toolchain: the `blake3` dev-dependency (a benchmark baseline)
 #     compiles C / assembly through the `cc` crate;
 #   - rustfmt and clippy components for the lint steps.
-# No -sys crate is used (NUMA topology comes from sysfs, not hwloc), so no
-# C library or pkg-config is needed.
+# The default build uses no -sys crate (NUMA topology comes from sysfs, not
+# hwloc), so no C library or pkg-config is needed. With DAXKV_HWLOC=1 it
+# also installs what the optional `hwloc` feature links (libhwloc >= 2.0,
+# libudev, pkg-config), so scripts/test.sh runs that feature's tests.
 set -euo pipefail
 
 need=()
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
+if [ "${DAXKV_HWLOC:-0}" = 1 ]; then
+  command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+  pkg-config --exists hwloc 2>/dev/null || need+=(libhwloc-dev)
+  pkg-config --exists libudev 2>/dev/null || need+=(libudev-dev)
+fi
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi

@@ -4,8 +4,11 @@
 # a small `daxkv bench` run. Exits non-zero on any failure.
 #
 # Knobs: BOLERO_RANDOM_TEST_TIME_MS (model test time per target, default
-# 15000); DAXKV_SKIP_LOOM=1 to skip the loom build; CARGO_TARGET_DIR is
-# honoured (the loom build goes to its `loom/` subfolder).
+# 15000); DAXKV_SKIP_LOOM=1 to skip the loom build; DAXKV_HWLOC=1 to
+# require the `hwloc` feature's tests (by default they run when libhwloc
+# and libudev are installed, `DAXKV_HWLOC=1 bash scripts/setup.sh`, and are
+# skipped with a note otherwise); CARGO_TARGET_DIR is honoured (the loom
+# build goes to its `loom/` subfolder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Build outputs go wherever CARGO_TARGET_DIR says (default: ./target).
@@ -24,6 +27,14 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
 step "unit, integration and model tests"
 BOLERO_RANDOM_TEST_TIME_MS="${BOLERO_RANDOM_TEST_TIME_MS:-15000}" cargo test --workspace
+
+if [ "${DAXKV_HWLOC:-0}" = 1 ] || pkg-config --exists hwloc libudev 2>/dev/null; then
+  step "hwloc feature: clippy, and its reader against the sysfs reader"
+  cargo clippy --lib --tests --features hwloc -- -D warnings
+  cargo test --lib --features hwloc numa::
+else
+  step "hwloc feature: skipped (no libhwloc / libudev; DAXKV_HWLOC=1 bash scripts/setup.sh installs them)"
+fi
 
 step "criterion benches, one pass each"
 # `--bench '*'` selects the bench targets only (`--benches` would rerun the

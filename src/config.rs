@@ -368,6 +368,9 @@ impl EngineConfig {
     pub fn options(&self) -> EngineOptions {
         let topo = crate::numa::Topology::from_sysfs(&self.sysfs_root);
         let first = self.devices.first().map(|d| PathBuf::from(&d.device_path));
+        let placed = self
+            .placement
+            .resolve(&topo, &self.sysfs_root, first.as_deref());
         EngineOptions {
             num_store_workers: self.num_store_workers,
             num_lookup_workers: self.num_lookup_workers,
@@ -376,9 +379,9 @@ impl EngineConfig {
             wait_spin: self.wait_spin,
             task_slots: self.task_slots,
             task_keys: self.task_keys,
-            cpus: self
-                .placement
-                .resolve(&topo, &self.sysfs_root, first.as_deref()),
+            cpus: placed.cpus,
+            cpus_source: placed.source,
+            cpus_node: placed.node,
             panic_on_key: None,
             signal: self.signal,
         }
@@ -438,6 +441,45 @@ mod tests {
                 .unwrap()
                 .placement,
             Placement::Cpus(vec![1, 0])
+        );
+    }
+
+    /// Placement's source travels from the config to `status()["numa"]`:
+    /// HMAT on a fake tree names socket 0 for the CXL node, an explicit
+    /// list is "explicit", no device is "none".
+    #[test]
+    fn placement_source_reaches_status() {
+        let root = crate::numa::tests::fake_sysfs();
+        crate::numa::tests::add_access(root.path(), 2, 1, &[0]);
+        let json = format!(
+            r#"{{"slot_bytes":4096,"devices":[],"hotplug_enabled":true,"numa":2,"sysfs_root":{}}}"#,
+            serde_json::to_string(root.path()).unwrap()
+        );
+        let o = parse(&json).unwrap().options();
+        assert_eq!(
+            (o.cpus.clone(), o.cpus_source, o.cpus_node),
+            (vec![0, 1], crate::numa::PlacementSource::Hmat, Some(0))
+        );
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(16 * 4096), 4096),
+        };
+        let e = Engine::open(vec![dev], 4096, false, o).unwrap();
+        assert_eq!(
+            e.status()["numa"],
+            serde_json::json!({"source": "hmat", "node": 0, "cpus": [0, 1]})
+        );
+        e.close();
+        let o = parse(r#"{"slot_bytes":1,"devices":[],"hotplug_enabled":true,"cpus":[1,0]}"#)
+            .unwrap()
+            .options();
+        assert_eq!(o.cpus_source, crate::numa::PlacementSource::Explicit);
+        let o = parse(r#"{"slot_bytes":1,"devices":[],"hotplug_enabled":true}"#)
+            .unwrap()
+            .options();
+        assert_eq!(
+            (o.cpus.is_empty(), o.cpus_source, o.cpus_node),
+            (true, crate::numa::PlacementSource::None, None)
         );
     }
 

@@ -1,19 +1,38 @@
 //! # NUMA placement
 //!
 //! Which CPUs should serve a device: the device's NUMA node comes from
-//! sysfs (`target_node`, else `numa_node`, of the device-dax node); CXL
-//! memory nodes have no CPUs, so the workers go to the node with CPUs that
-//! is nearest by the firmware distance matrix.
+//! sysfs (`target_node`, else `numa_node`, of the device-dax node). CXL
+//! memory nodes have no CPUs, so the workers go to a node with CPUs chosen
+//! by, in order:
+//!
+//! 1. **HMAT** access classes, where the kernel exposes them
+//!    (`nodeN/access1/initiators/`: the CPU initiators with the best
+//!    performance to memory node N; else `access0`, any initiator, kept to
+//!    nodes with CPUs), ties among several initiators broken by distance;
+//! 2. the firmware **distance** matrix (SLIT, `nodeN/distance`): the node
+//!    itself when it has CPUs, else the nearest node with CPUs.
+//!
+//! [`Resolved::source`] says which of them decided, for status and logs.
+//! See the kernel's `Documentation/admin-guide/mm/numaperf.rst` for the
+//! access classes.
 //!
 //! Topology is read from sysfs (`/sys/devices/system/node/node*/{cpulist,
-//! distance}`), not hwloc: sysfs is where hwloc itself reads NUMA distances
-//! on Linux, it needs no C library, and the `hwloc2` crate panics on NUMA
-//! nodes with hwloc 2.x. The sysfs root is a parameter, so a fake tree
-//! (a two-socket machine with a CPU-less CXL node, in the tests) stands in
-//! for hardware.
+//! distance, access0, access1}`), not hwloc: sysfs is where hwloc itself
+//! reads NUMA distances on Linux, it needs no C library, and the `hwloc2`
+//! crate panics on NUMA nodes with hwloc 2.x. The optional `hwloc` feature
+//! adds a reader through the `hwlocality` binding that builds the same
+//! [`Topology`] (`Topology::from_hwloc`). The sysfs root is a parameter, so
+//! a fake tree (a two-socket machine with a CPU-less CXL node, in the tests)
+//! stands in for hardware.
 #![forbid(unsafe_code)]
 
+use std::ffi::OsStr;
 use std::path::Path;
+
+#[cfg(feature = "hwloc")]
+mod hwloc;
+#[cfg(feature = "hwloc")]
+pub use hwloc::HwlocError;
 
 /// One NUMA node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,8 +41,124 @@ pub struct Node {
     pub id: u32,
     /// Its CPUs (`cpulist`); empty for a CPU-less (e.g. CXL memory) node.
     pub cpus: Vec<usize>,
-    /// Distance to node `i` (the firmware SLIT row), indexed by node id.
+    /// Distance to node `i` (the firmware SLIT row), indexed by node id;
+    /// `u32::MAX` for an id the machine does not have (sparse node ids).
     pub distances: Vec<u32>,
+    /// HMAT access class 0 (`access0/initiators/`: the best initiators of
+    /// any kind, CPU or not), when the kernel exposes it for this node.
+    pub access0: Option<Access>,
+    /// HMAT access class 1 (`access1/initiators/`: the best CPU
+    /// initiators), when the kernel exposes it for this node.
+    pub access1: Option<Access>,
+}
+
+/// One HMAT access class of a memory node
+/// (`nodeN/accessC/initiators/`): the initiator nodes with the best
+/// performance to it, and that performance.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Access {
+    /// The best initiators (the `nodeM` entries), by id.
+    pub initiators: Vec<u32>,
+    /// `read_bandwidth`, MB/s.
+    pub read_bandwidth: Option<u64>,
+    /// `write_bandwidth`, MB/s.
+    pub write_bandwidth: Option<u64>,
+    /// `read_latency`, ns.
+    pub read_latency: Option<u64>,
+    /// `write_latency`, ns.
+    pub write_latency: Option<u64>,
+}
+
+/// Which data chose the CPUs a pool is pinned to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PlacementSource {
+    /// The HMAT access classes (`access1`, else `access0`, initiators).
+    Hmat,
+    /// The firmware distance matrix (SLIT): the node itself when it has
+    /// CPUs, else the nearest node with CPUs.
+    Distance,
+    /// An explicit CPU list (`cpus` in the config).
+    Explicit,
+    /// Nothing: no pinning (`numa: "off"`, no device node, an unknown
+    /// node, or no node with CPUs).
+    #[default]
+    None,
+}
+
+impl PlacementSource {
+    /// The name status and logs use: `"hmat"`, `"distance"`, `"explicit"`
+    /// or `"none"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacementSource::Hmat => "hmat",
+            PlacementSource::Distance => "distance",
+            PlacementSource::Explicit => "explicit",
+            PlacementSource::None => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for PlacementSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A resolved [`Placement`]: the CPUs, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Resolved {
+    /// The CPUs to pin workers to; empty: no pinning.
+    pub cpus: Vec<usize>,
+    /// The memory node placement was asked for (the device's node, or
+    /// `Placement::Node`'s), if any.
+    pub target: Option<u32>,
+    /// The node whose CPUs were chosen, if one was.
+    pub node: Option<u32>,
+    /// Which data decided.
+    pub source: PlacementSource,
+}
+
+/// The candidate nearest `from` by distance (ties to the lower id).
+fn nearest_of<'a>(from: &Node, cands: impl Iterator<Item = &'a Node>) -> Option<&'a Node> {
+    cands.min_by_key(|n| {
+        (
+            from.distances
+                .get(n.id as usize)
+                .copied()
+                .unwrap_or(u32::MAX),
+            n.id,
+        )
+    })
+}
+
+/// `nodeN` -> N.
+fn node_id(name: &OsStr) -> Option<u32> {
+    name.to_str()?.strip_prefix("node")?.parse().ok()
+}
+
+/// One HMAT access class of the node at `node_dir`, if the kernel exposes
+/// it.
+fn read_access(node_dir: &Path, class: u32) -> Option<Access> {
+    let dir = node_dir.join(format!("access{class}/initiators"));
+    let rd = std::fs::read_dir(&dir).ok()?;
+    let mut initiators: Vec<u32> = rd
+        .filter_map(Result::ok)
+        .filter_map(|e| node_id(&e.file_name()))
+        .collect();
+    initiators.sort_unstable();
+    initiators.dedup();
+    let num = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    Some(Access {
+        initiators,
+        read_bandwidth: num("read_bandwidth"),
+        write_bandwidth: num("write_bandwidth"),
+        read_latency: num("read_latency"),
+        write_latency: num("write_latency"),
+    })
 }
 
 /// The machine's NUMA nodes.
@@ -59,12 +194,7 @@ impl Topology {
         let mut nodes = Vec::new();
         if let Ok(rd) = std::fs::read_dir(&dir) {
             for e in rd.filter_map(Result::ok) {
-                let name = e.file_name();
-                let Some(id) = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("node"))
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
+                let Some(id) = node_id(&e.file_name()) else {
                     continue;
                 };
                 let cpus = std::fs::read_to_string(e.path().join("cpulist"))
@@ -83,16 +213,35 @@ impl Topology {
                     id,
                     cpus,
                     distances,
+                    access0: read_access(&e.path(), 0),
+                    access1: read_access(&e.path(), 1),
                 });
             }
         }
         nodes.sort_by_key(|n| n.id);
+        // A `distance` row lists the online nodes in id order; with sparse
+        // ids (nodes 0, 1, 4) position i is the i-th node, not node i.
+        let ids: Vec<u32> = nodes.iter().map(|n| n.id).collect();
+        if ids.iter().enumerate().any(|(i, &id)| id as usize != i) {
+            let len = ids.last().map_or(0, |&m| m as usize + 1);
+            for n in &mut nodes {
+                if n.distances.len() == ids.len() {
+                    let mut row = vec![u32::MAX; len];
+                    for (&id, &d) in ids.iter().zip(&n.distances) {
+                        row[id as usize] = d;
+                    }
+                    n.distances = row;
+                }
+            }
+        }
         if nodes.is_empty() {
             let n = std::thread::available_parallelism().map_or(1, usize::from);
             nodes.push(Node {
                 id: 0,
                 cpus: (0..n).collect(),
                 distances: vec![10],
+                access0: None,
+                access1: None,
             });
         }
         Topology { nodes }
@@ -103,32 +252,59 @@ impl Topology {
         self.nodes.iter().find(|n| n.id == id)
     }
 
-    /// The node with CPUs nearest `node` (itself if it has CPUs; ties go to
-    /// the lower id), or `None` if `node` is unknown.
+    /// The node with CPUs nearest `node` by the distance matrix alone
+    /// (itself if it has CPUs; ties go to the lower id), or `None` if
+    /// `node` is unknown.
     pub fn nearest_cpu_node(&self, node: u32) -> Option<&Node> {
         let from = self.node(node)?;
         if !from.cpus.is_empty() {
             return Some(from);
         }
-        self.nodes
-            .iter()
-            .filter(|n| !n.cpus.is_empty())
-            .min_by_key(|n| {
-                (
-                    from.distances
-                        .get(n.id as usize)
-                        .copied()
-                        .unwrap_or(u32::MAX),
-                    n.id,
-                )
-            })
+        nearest_of(from, self.nodes.iter().filter(|n| !n.cpus.is_empty()))
     }
 
-    /// The CPUs to serve a device on `node`.
-    pub fn cpus_for(&self, node: u32) -> Vec<usize> {
+    /// The node with CPUs whose CPUs should serve memory on `node`, and the
+    /// data that chose it: the HMAT initiators (`access1`, else `access0`
+    /// kept to nodes with CPUs; among several, the nearest by distance,
+    /// then the lower id) when the kernel lists any with CPUs, else the
+    /// distance matrix ([`Topology::nearest_cpu_node`]). `None` if `node`
+    /// is unknown or no node has CPUs.
+    pub fn serving_node(&self, node: u32) -> Option<(&Node, PlacementSource)> {
+        let from = self.node(node)?;
+        for access in [&from.access1, &from.access0].into_iter().flatten() {
+            let cands = access
+                .initiators
+                .iter()
+                .filter_map(|&i| self.node(i))
+                .filter(|n| !n.cpus.is_empty());
+            if let Some(n) = nearest_of(from, cands) {
+                return Some((n, PlacementSource::Hmat));
+            }
+        }
         self.nearest_cpu_node(node)
-            .map(|n| n.cpus.clone())
-            .unwrap_or_default()
+            .map(|n| (n, PlacementSource::Distance))
+    }
+
+    /// The CPUs to serve a device on `node` (see [`Topology::serving_node`]).
+    pub fn cpus_for(&self, node: u32) -> Vec<usize> {
+        self.place(node).cpus
+    }
+
+    /// Placement for a device on `node`: its CPUs and which data chose
+    /// them (see [`Topology::serving_node`]).
+    pub fn place(&self, node: u32) -> Resolved {
+        match self.serving_node(node) {
+            Some((n, source)) => Resolved {
+                cpus: n.cpus.clone(),
+                target: Some(node),
+                node: Some(n.id),
+                source,
+            },
+            None => Resolved {
+                target: Some(node),
+                ..Resolved::default()
+            },
+        }
     }
 }
 
@@ -175,27 +351,32 @@ pub enum Placement {
 }
 
 impl Placement {
-    /// The CPU list for a pool serving `first_device`.
+    /// The CPUs for a pool serving `first_device`, and which data chose
+    /// them ([`Resolved::source`]).
     pub fn resolve(
         &self,
         topo: &Topology,
         sysfs_root: &Path,
         first_device: Option<&Path>,
-    ) -> Vec<usize> {
+    ) -> Resolved {
         match self {
-            Placement::Off => Vec::new(),
-            Placement::Cpus(c) => c.clone(),
-            Placement::Node(n) => topo.cpus_for(*n),
+            Placement::Off => Resolved::default(),
+            Placement::Cpus(c) => Resolved {
+                cpus: c.clone(),
+                source: PlacementSource::Explicit,
+                ..Resolved::default()
+            },
+            Placement::Node(n) => topo.place(*n),
             Placement::Auto => first_device
                 .and_then(|p| device_node(sysfs_root, p))
-                .map(|n| topo.cpus_for(n))
+                .map(|n| topo.place(n))
                 .unwrap_or_default(),
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Two sockets (nodes 0 and 1, two CPUs each) and a CPU-less CXL memory
@@ -240,6 +421,156 @@ mod tests {
             Vec::<usize>::new(),
             "unknown node: no pinning"
         );
+        // No HMAT in this tree: the distance matrix decides.
+        assert!(t
+            .nodes
+            .iter()
+            .all(|n| n.access0.is_none() && n.access1.is_none()));
+        let (n, src) = t.serving_node(2).unwrap();
+        assert_eq!((n.id, src), (1, PlacementSource::Distance));
+        assert_eq!(t.serving_node(0).unwrap().1, PlacementSource::Distance);
+        assert_eq!(
+            t.place(9),
+            Resolved {
+                target: Some(9),
+                ..Resolved::default()
+            }
+        );
+        assert_eq!(t.place(9).source.as_str(), "none");
+    }
+
+    /// Give `node` an HMAT access class: `initiators` as `nodeM` symlinks
+    /// (as the kernel lays them out) and the four performance files.
+    pub(crate) fn add_access(root: &Path, node: u32, class: u32, initiators: &[u32]) {
+        let dir = root.join(format!(
+            "devices/system/node/node{node}/access{class}/initiators"
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in initiators {
+            std::os::unix::fs::symlink(format!("../../../node{i}"), dir.join(format!("node{i}")))
+                .unwrap();
+        }
+        for (f, v) in [
+            ("read_bandwidth", 30_000),
+            ("write_bandwidth", 20_000),
+            ("read_latency", 250),
+            ("write_latency", 300),
+        ] {
+            std::fs::write(dir.join(f), format!("{v}\n")).unwrap();
+        }
+    }
+
+    #[test]
+    fn hmat_initiators_beat_the_distance_matrix() {
+        let root = fake_sysfs();
+        // Distance says socket 1 (24 < 40); HMAT's best CPU initiator for
+        // the CXL node is socket 0 (e.g. a SLIT the firmware got wrong).
+        add_access(root.path(), 2, 1, &[0]);
+        // access0 names socket 1, but access1 (CPU initiators) comes first.
+        add_access(root.path(), 2, 0, &[1]);
+        let t = Topology::from_sysfs(root.path());
+        let a1 = t.node(2).unwrap().access1.clone().unwrap();
+        assert_eq!(
+            a1,
+            Access {
+                initiators: vec![0],
+                read_bandwidth: Some(30_000),
+                write_bandwidth: Some(20_000),
+                read_latency: Some(250),
+                write_latency: Some(300),
+            }
+        );
+        assert_eq!(t.nearest_cpu_node(2).unwrap().id, 1, "distance alone");
+        let (n, src) = t.serving_node(2).unwrap();
+        assert_eq!((n.id, src), (0, PlacementSource::Hmat), "HMAT wins");
+        assert_eq!(t.cpus_for(2), vec![0, 1]);
+        assert_eq!(
+            t.place(2),
+            Resolved {
+                cpus: vec![0, 1],
+                target: Some(2),
+                node: Some(0),
+                source: PlacementSource::Hmat
+            }
+        );
+        assert_eq!(t.place(2).source.to_string(), "hmat");
+        assert_eq!(
+            t.place(1).source,
+            PlacementSource::Distance,
+            "no HMAT for node 1"
+        );
+    }
+
+    #[test]
+    fn access0_counts_only_initiators_with_cpus() {
+        let root = fake_sysfs();
+        // A CPU-less initiator (node 3, say an accelerator's node) and
+        // socket 0; no access1.
+        let d = root.path().join("devices/system/node/node3");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("cpulist"), "\n").unwrap();
+        add_access(root.path(), 2, 0, &[3, 0]);
+        let t = Topology::from_sysfs(root.path());
+        assert!(t.node(2).unwrap().access1.is_none());
+        let (n, src) = t.serving_node(2).unwrap();
+        assert_eq!((n.id, src), (0, PlacementSource::Hmat));
+
+        // Only CPU-less initiators listed: HMAT cannot decide, distance does.
+        let root = fake_sysfs();
+        let d = root.path().join("devices/system/node/node3");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("cpulist"), "\n").unwrap();
+        add_access(root.path(), 2, 0, &[3]);
+        add_access(root.path(), 2, 1, &[]);
+        let t = Topology::from_sysfs(root.path());
+        let (n, src) = t.serving_node(2).unwrap();
+        assert_eq!((n.id, src), (1, PlacementSource::Distance));
+    }
+
+    #[test]
+    fn several_hmat_initiators_are_split_by_distance() {
+        let root = fake_sysfs();
+        add_access(root.path(), 2, 1, &[0, 1]);
+        let t = Topology::from_sysfs(root.path());
+        assert_eq!(
+            t.node(2).unwrap().access1.as_ref().unwrap().initiators,
+            vec![0, 1]
+        );
+        let (n, src) = t.serving_node(2).unwrap();
+        assert_eq!((n.id, src), (1, PlacementSource::Hmat), "24 beats 40");
+
+        // Equal distances: the lower id.
+        let root = fake_sysfs();
+        std::fs::write(
+            root.path().join("devices/system/node/node2/distance"),
+            "30 30 10\n",
+        )
+        .unwrap();
+        add_access(root.path(), 2, 1, &[1, 0]);
+        let t = Topology::from_sysfs(root.path());
+        let (n, src) = t.serving_node(2).unwrap();
+        assert_eq!((n.id, src), (0, PlacementSource::Hmat));
+    }
+
+    #[test]
+    fn sparse_node_ids_index_distances_by_id() {
+        let root = tempfile::tempdir().unwrap();
+        for (id, cpus, dist) in [
+            (0, "0-1", "10 21 30"),
+            (1, "2-3", "21 10 20"),
+            (4, "", "30 20 10"),
+        ] {
+            let d = root.path().join(format!("devices/system/node/node{id}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cpulist"), format!("{cpus}\n")).unwrap();
+            std::fs::write(d.join("distance"), format!("{dist}\n")).unwrap();
+        }
+        let t = Topology::from_sysfs(root.path());
+        assert_eq!(
+            t.node(4).unwrap().distances,
+            vec![30, 20, u32::MAX, u32::MAX, 10]
+        );
+        assert_eq!(t.nearest_cpu_node(4).unwrap().id, 1);
     }
 
     #[test]
@@ -269,19 +600,28 @@ mod tests {
         let t = Topology::from_sysfs(root.path());
         assert_eq!(
             Placement::Auto.resolve(&t, root.path(), Some(Path::new("/dev/null"))),
-            vec![2, 3]
+            Resolved {
+                cpus: vec![2, 3],
+                target: Some(2),
+                node: Some(1),
+                source: PlacementSource::Distance
+            }
         );
         assert_eq!(
-            Placement::Node(0).resolve(&t, root.path(), None),
+            Placement::Node(0).resolve(&t, root.path(), None).cpus,
             vec![0, 1]
         );
         assert_eq!(
             Placement::Off.resolve(&t, root.path(), Some(Path::new("/dev/null"))),
-            Vec::<usize>::new()
+            Resolved::default()
         );
+        let explicit = Placement::Cpus(vec![7]).resolve(&t, root.path(), None);
+        assert_eq!(explicit.cpus, vec![7]);
+        assert_eq!(explicit.source, PlacementSource::Explicit);
         assert_eq!(
-            Placement::Cpus(vec![7]).resolve(&t, root.path(), None),
-            vec![7]
+            Placement::Auto.resolve(&t, root.path(), None).source,
+            PlacementSource::None,
+            "no device: no pinning"
         );
         let f = root.path().join("file");
         std::fs::write(&f, b"x").unwrap();

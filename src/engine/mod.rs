@@ -637,6 +637,11 @@ impl Engine {
                 "load": self.inner.signals[2].load(Ordering::Relaxed),
             },
             "parts_run": {"store": parts(0), "lookup": parts(1), "load": parts(2)},
+            "numa": {
+                "source": self.inner.opts.cpus_source.as_str(),
+                "node": self.inner.opts.cpus_node,
+                "cpus": self.inner.opts.cpus,
+            },
             "num_devices": devs.len(),
             "devices": devices,
         })

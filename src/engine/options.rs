@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::key::Key;
+use crate::numa::PlacementSource;
 
 /// Worker pool sizes and behaviour.
 #[derive(Clone, Debug)]
@@ -40,6 +41,13 @@ pub struct EngineOptions {
     pub task_keys: usize,
     /// CPUs to pin workers to (round-robin); empty: no pinning.
     pub cpus: Vec<usize>,
+    /// Which data chose `cpus` (HMAT, distance, an explicit list, or
+    /// none); status reports it as `numa.source`. Set by
+    /// [`EngineConfig::options`](crate::config::EngineConfig::options).
+    pub cpus_source: PlacementSource,
+    /// The NUMA node whose CPUs `cpus` are, when placement chose one
+    /// (status: `numa.node`).
+    pub cpus_node: Option<u32>,
     /// Fault injection for tests: a task part that meets this key panics.
     pub panic_on_key: Option<Key>,
     /// When workers write the completion eventfds.
@@ -79,6 +87,8 @@ impl Default for EngineOptions {
             task_slots: 4096,
             task_keys: 64,
             cpus: Vec::new(),
+            cpus_source: PlacementSource::None,
+            cpus_node: None,
             panic_on_key: None,
             signal: Signal::Always,
         }
