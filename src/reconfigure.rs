@@ -150,9 +150,9 @@ pub struct DaxReconfigure {
     gate: Arc<Gate>,
 }
 
-/// A check run on a device path and size before it is mapped or grown
-/// (the device probe): `Err(reason)` refuses.
-pub type Gate = dyn Fn(&std::path::Path, usize) -> Result<(), String> + Send + Sync;
+/// A check run on a device path and size before it is mapped (`grow`
+/// false) or grown (`grow` true): the device probe. `Err(reason)` refuses.
+pub type Gate = dyn Fn(&std::path::Path, usize, bool) -> Result<(), String> + Send + Sync;
 
 impl std::fmt::Debug for DaxReconfigure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -165,12 +165,30 @@ impl DaxReconfigure {
     /// mapped or grown.
     pub fn new(
         engine: Arc<crate::engine::Engine>,
-        gate: impl Fn(&std::path::Path, usize) -> Result<(), String> + Send + Sync + 'static,
+        gate: impl Fn(&std::path::Path, usize, bool) -> Result<(), String> + Send + Sync + 'static,
     ) -> DaxReconfigure {
         DaxReconfigure {
             engine,
             gate: Arc::new(gate),
         }
+    }
+
+    /// The DAX backend of `engine` gated by the device probe
+    /// ([`crate::probe`]) read under `sysfs_root`: a kmem-bound, unbound,
+    /// too small or misaligned device is refused before it is mapped or
+    /// grown, with the probe's reason.
+    pub fn probing(
+        engine: Arc<crate::engine::Engine>,
+        sysfs_root: std::path::PathBuf,
+    ) -> DaxReconfigure {
+        DaxReconfigure::new(engine, move |path, bytes, grow| {
+            let p = crate::probe::probe(path, &sysfs_root);
+            if grow {
+                crate::probe::check_grow(&p, bytes as u64)
+            } else {
+                crate::probe::check_add(&p, bytes as u64)
+            }
+        })
     }
 
     /// The engine it reconfigures.
@@ -317,7 +335,7 @@ impl Reconfigurable for DaxReconfigure {
                 }
                 let size = size_of(payload)?;
                 let (index, info) = e
-                    .hotplug_add(&path, size, |p, n| (self.gate)(p, n))
+                    .hotplug_add(&path, size, |p, n| (self.gate)(p, n, false))
                     .map_err(|err| hotplug_err(&err))?;
                 Ok(json!({
                     "status": "ok",
@@ -390,7 +408,7 @@ impl Reconfigurable for DaxReconfigure {
                 let force = force_of(payload)?;
                 let id = e.find_device(&path).map_err(|err| hotplug_err(&err))?;
                 let r = e
-                    .resize_device_to(id, size, mode, force, |p, n| (self.gate)(p, n))
+                    .resize_device_to(id, size, mode, force, |p, n| (self.gate)(p, n, true))
                     .map_err(|err| hotplug_err(&err))?;
                 Ok(json!({
                     "status": "ok",

@@ -73,7 +73,7 @@ fn file_of(
 
 fn open(devs: Vec<DeviceSpec>) -> (Arc<Engine>, DaxReconfigure) {
     let e = Arc::new(Engine::open(devs, SLOT, true, EngineOptions::default()).unwrap());
-    let r = DaxReconfigure::new(e.clone(), |_, _| Ok(()));
+    let r = DaxReconfigure::new(e.clone(), |_, _, _| Ok(()));
     (e, r)
 }
 
@@ -270,7 +270,7 @@ fn evict_deletes_and_tells_listeners() {
 #[test]
 fn bad_requests_are_refused_with_upstreams_messages() {
     let e = Arc::new(Engine::open(vec![], SLOT, true, EngineOptions::default()).unwrap());
-    let r = DaxReconfigure::new(e.clone(), |_, _| Ok(()));
+    let r = DaxReconfigure::new(e.clone(), |_, _, _| Ok(()));
     let call = |op: &str, p: Value| r.reconfigure(op, &p, None).unwrap_err();
     let missing = "/nonexistent/dax9.9";
     let err = call("add", json!({"device_path": missing, "size_bytes": 8192}));
@@ -330,7 +330,7 @@ fn bad_requests_are_refused_with_upstreams_messages() {
     // Hotplug disabled: 403.
     let off =
         Arc::new(Engine::open(vec![memfd(2)], SLOT, false, EngineOptions::default()).unwrap());
-    let r = DaxReconfigure::new(off, |_, _| Ok(()));
+    let r = DaxReconfigure::new(off, |_, _, _| Ok(()));
     let err = r
         .reconfigure(
             "add",
@@ -385,7 +385,7 @@ fn re_adding_a_device_is_idempotent_or_a_conflict() {
         )
     );
     // The gate runs before mapping and refuses with its reason.
-    let gated = DaxReconfigure::new(e.clone(), |_, _| {
+    let gated = DaxReconfigure::new(e.clone(), |_, _, _| {
         Err("DAX device has no device_dax driver bound".into())
     });
     let (b, _) = file(dir.path(), "b", 8);
