@@ -20,6 +20,7 @@
 //! | [`numa`] | device NUMA node, topology and nearest CPUs from sysfs |
 //! | [`config`] | LMCache's `dax` adapter JSON, validated with errors that name the field |
 //! | [`engine`] | [`engine::Engine`]: worker pools, task table, device pool |
+//! | [`metrics`] | the engine's counters in the Prometheus text format |
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`](mod@bench) | the standard `daxkv bench` workload |
 //!
@@ -43,6 +44,7 @@ pub mod engine;
 pub mod error;
 pub mod index;
 pub mod key;
+pub mod metrics;
 pub mod notify;
 pub mod numa;
 pub mod reconfigure;
