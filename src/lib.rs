@@ -21,6 +21,7 @@
 //! | [`probe`] | what a device path is (devdax, kmem, unbound, file, …) from `stat` and sysfs, never opening it; the add / resize gates |
 //! | [`config`] | LMCache's `dax` adapter JSON, validated with errors that name the field |
 //! | [`engine`] | [`engine::Engine`]: worker pools, task table, device pool |
+//! | [`metrics`] | the engine's counters in the Prometheus text format |
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`](mod@bench) | the standard `daxkv bench` workload |
 //!
@@ -44,6 +45,7 @@ pub mod engine;
 pub mod error;
 pub mod index;
 pub mod key;
+pub mod metrics;
 pub mod notify;
 pub mod numa;
 pub mod probe;

@@ -440,6 +440,15 @@ fn a_migration_that_fills_its_destination_leaves_no_duplicates_and_retries() {
         .unwrap();
     assert_eq!(out["moved_keys"], 5);
     all_load(&e, &ids, 2000);
+    // The metrics count each outcome.
+    let m = e.metrics_text();
+    for line in [
+        "daxkv_hotplug_operations_total{operation=\"remove\",outcome=\"failed\"} 1",
+        "daxkv_hotplug_operations_total{operation=\"remove\",outcome=\"ok\"} 1",
+        "daxkv_hotplug_operations_total{operation=\"add\",outcome=\"ok\"} 2",
+    ] {
+        assert!(m.lines().any(|l| l == line), "missing {line}");
+    }
     e.check_invariants().unwrap();
     // No other device: 507 at once, state kept.
     let (_e2, r2) = open(vec![memfd(4)]);

@@ -30,7 +30,7 @@
 use std::sync::{Arc, MutexGuard};
 
 use super::pool::{Device, DeviceSpec, DeviceState};
-use super::{DeviceId, DeviceInfo, Engine, EngineError};
+use super::{DeviceId, DeviceInfo, Engine, EngineError, HotplugOp, HotplugOutcome};
 use crate::arena::{ArenaSource, ArenaSpec};
 use crate::core::{CoreConfig, PutOutcome};
 use crate::error::PutError;
@@ -230,6 +230,32 @@ enum Move {
     Locked,
 }
 
+impl HotplugError {
+    /// How the metrics count it: refused requests are `rejected`; an
+    /// operation that ran and could not finish (no room, a failed map or
+    /// remap) is `failed`.
+    fn outcome(&self) -> HotplugOutcome {
+        match self {
+            HotplugError::NoDestination
+            | HotplugError::InsufficientCapacity { .. }
+            | HotplugError::MapFailed
+            | HotplugError::Remap(_)
+            | HotplugError::SourceLocked { .. } => HotplugOutcome::Failed,
+            _ => HotplugOutcome::Rejected,
+        }
+    }
+}
+
+/// Count `r` as one `op` in the metrics, and pass it on.
+fn counted<T>(e: &Engine, op: HotplugOp, r: Result<T, HotplugError>) -> Result<T, HotplugError> {
+    let outcome = match &r {
+        Ok(_) => HotplugOutcome::Ok,
+        Err(err) => err.outcome(),
+    };
+    e.record_hotplug(op, outcome);
+    r
+}
+
 impl Engine {
     /// Whether hotplug is on.
     pub fn hotplug_enabled(&self) -> bool {
@@ -311,6 +337,15 @@ impl Engine {
         size_bytes: usize,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
     ) -> Result<(usize, DeviceInfo), HotplugError> {
+        counted(self, HotplugOp::Add, self.add_inner(path, size_bytes, gate))
+    }
+
+    fn add_inner(
+        &self,
+        path: &str,
+        size_bytes: usize,
+        gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
+    ) -> Result<(usize, DeviceInfo), HotplugError> {
         let admin = self.hotplug_admin()?;
         let path = path.trim();
         if path.is_empty() {
@@ -383,6 +418,20 @@ impl Engine {
         mode: RemoveMode,
         force: bool,
     ) -> Result<RemoveReport, HotplugError> {
+        let op = if mode == RemoveMode::Drain {
+            HotplugOp::Drain
+        } else {
+            HotplugOp::Remove
+        };
+        counted(self, op, self.remove_inner(id, mode, force))
+    }
+
+    fn remove_inner(
+        &self,
+        id: DeviceId,
+        mode: RemoveMode,
+        force: bool,
+    ) -> Result<RemoveReport, HotplugError> {
         let _admin = self.hotplug_admin()?;
         let (index, dev) = self.device(id)?;
         let old = dev.state();
@@ -443,6 +492,21 @@ impl Engine {
     /// against the device before a grow (the probe: devdax size and
     /// alignment, so a grow never maps past the device's end).
     pub fn resize_device_to(
+        &self,
+        id: DeviceId,
+        size_bytes: usize,
+        mode: ShrinkMode,
+        force: bool,
+        gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
+    ) -> Result<ResizeReport, HotplugError> {
+        counted(
+            self,
+            HotplugOp::Resize,
+            self.resize_inner(id, size_bytes, mode, force, gate),
+        )
+    }
+
+    fn resize_inner(
         &self,
         id: DeviceId,
         size_bytes: usize,

@@ -34,6 +34,7 @@
 //! | `worker.rs` | worker pools, the worker loop, running a part, publishing |
 //! | `pool.rs` | devices, their states, placement of a key ([`DeviceInfo`]) |
 //! | [`claims`] | the key-ownership stripes placement decides under |
+//! | [`metrics`](Metrics) | counters and duration histograms recorded on the data path |
 //! | `result.rs` | results ([`StoreResult`], [`Bitmap`], [`LoadResult`]), [`Answer`], collecting and waiting |
 //! | `mod.rs` (here) | the [`Engine`] facade: open, status, delete, unlock, close |
 //!
@@ -130,6 +131,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 
 pub mod claims;
 mod hotplug;
+mod metrics;
 mod options;
 mod pool;
 pub mod records;
@@ -139,6 +141,10 @@ mod task;
 mod worker;
 
 pub use hotplug::{HotplugError, RemoveMode, RemoveReport, ResizeReport, ShrinkMode};
+pub use metrics::{
+    HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op, CALLER_SHARDS,
+    DURATION_BUCKETS,
+};
 pub use options::{EngineOptions, Signal};
 pub use pool::{DeviceId, DeviceInfo, DeviceSpec, DeviceState, RawDevice};
 pub use result::{Answer, Bitmap, Lens, LoadResult, StoreResult};
@@ -307,6 +313,8 @@ struct Inner {
     signals: [AtomicU64; 3],
     panics: AtomicU64,
     listener_panics: AtomicU64,
+    /// Counters recorded on the data path (`metrics.rs`).
+    metrics: Metrics,
     listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
 }
 
@@ -389,6 +397,9 @@ impl Engine {
             signals: Default::default(),
             panics: AtomicU64::new(0),
             listener_panics: AtomicU64::new(0),
+            metrics: Metrics::new(
+                opts.num_store_workers + opts.num_lookup_workers + opts.num_load_workers,
+            ),
             listeners: ArcSwap::from_pointee(Vec::new()),
             opts,
         });
@@ -498,6 +509,9 @@ impl Engine {
         for d in self.inner.pool.list().iter() {
             d.core().unlock_many(keys);
         }
+        self.inner
+            .metrics
+            .record_call(Op::Unlock, keys.len(), keys.len());
     }
 
     /// Delete unlocked, committed keys from every device; returns the keys
@@ -515,6 +529,7 @@ impl Engine {
         // is also kept safe by each core's own closing gate); pairs with
         // `request_close`.
         if keys.is_empty() || self.inner.closing.load(Ordering::Acquire) {
+            self.inner.metrics.record_call(Op::Delete, keys.len(), 0);
             return 0;
         }
         let before = out.len();
@@ -533,6 +548,9 @@ impl Engine {
             }
         }
         let deleted = &out[before..];
+        self.inner
+            .metrics
+            .record_call(Op::Delete, keys.len(), deleted.len());
         if !deleted.is_empty() {
             self.inner
                 .tell_listeners("on_keys_deleted", |l| l.on_keys_deleted(deleted));
@@ -644,6 +662,7 @@ impl Engine {
             },
             "num_devices": devs.len(),
             "devices": devices,
+            "metrics": self.metrics().to_json(),
         })
     }
 

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
 
 use super::records::{Collect, RecordSet};
 use super::result::{Answer, Bitmap, Lens};
@@ -88,6 +89,8 @@ pub(super) struct TaskRec {
     lens: Vec<AtomicU32>,
     pub(super) parts_left: AtomicU32,
     pub(super) panicked: AtomicBool,
+    /// When the record was filled (the task-duration histogram's start).
+    pub(super) submitted: Instant,
 }
 
 impl TaskRec {
@@ -104,6 +107,7 @@ impl TaskRec {
             lens: (0..keys).map(|_| AtomicU32::new(0)).collect(),
             parts_left: AtomicU32::new(0),
             panicked: AtomicBool::new(false),
+            submitted: Instant::now(),
         }
     }
 
@@ -127,6 +131,7 @@ impl TaskRec {
         }
         *self.parts_left.get_mut() = u32::try_from(parts).unwrap_or(u32::MAX);
         *self.panicked.get_mut() = false;
+        self.submitted = Instant::now();
     }
 
     /// Whether key `i` succeeded so far.
@@ -160,6 +165,34 @@ impl TaskRec {
             // ORDERING: Relaxed — read after the last part's AcqRel countdown.
             .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
             .sum()
+    }
+
+    /// Payload bytes of the keys that succeeded (metrics): a store's
+    /// source lengths, a load's loaded lengths; 0 for a lookup or a task a
+    /// part of which panicked. Read after the last part's countdown.
+    pub(super) fn ok_bytes(&self) -> u64 {
+        // ORDERING: Acquire — pairs with the Release in `WorkerCtx::run`.
+        if self.kind == TaskKind::Lookup || self.panicked.load(Ordering::Acquire) {
+            return 0;
+        }
+        let mut total = 0u64;
+        for (w, word) in self.results.iter().enumerate() {
+            // ORDERING: Relaxed — read after the last part's AcqRel countdown.
+            let mut bits = word.load(Ordering::Relaxed);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                total += match self.kind {
+                    TaskKind::Store => self.srcs.get(i).map_or(0, |b| b.len() as u64),
+                    // ORDERING: Relaxed — as above.
+                    _ => self
+                        .lens
+                        .get(i)
+                        .map_or(0, |l| u64::from(l.load(Ordering::Relaxed))),
+                };
+            }
+        }
+        total
     }
 
     /// The per-key result (all false if a part panicked).

@@ -97,6 +97,13 @@ pub(super) fn start_pool(
     let mut wakes = Vec::new();
     let mut cqs = Vec::new();
     let mut handles = Vec::new();
+    // This pool's first metrics shard: workers are numbered store, lookup,
+    // load (`Metrics::new` gets their total).
+    let shard_base = match class {
+        TaskKind::Store => 0,
+        TaskKind::Lookup => inner.opts.num_store_workers,
+        TaskKind::Load => inner.opts.num_store_workers + inner.opts.num_lookup_workers,
+    };
     // Workers report once pinned, so `open` returns with placement done.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     for w in 0..n {
@@ -121,6 +128,7 @@ pub(super) fn start_pool(
             cpu: (!inner.opts.cpus.is_empty()).then(|| inner.opts.cpus[w % inner.opts.cpus.len()]),
             name: format!("{name}-{w}"),
             class,
+            shard: shard_base + w,
             scratch: Scratch::with_capacity(SCRATCH_KEYS),
         };
         let ready = ready_tx.clone();
@@ -202,6 +210,8 @@ struct WorkerCtx {
     name: String,
     /// The pool's task kind.
     class: TaskKind,
+    /// Its metrics shard (only this worker writes it).
+    shard: usize,
     /// Scratch for batched lookups, sized at start-up (grown only by a task
     /// larger than any before), so a worker allocates nothing per task.
     scratch: Scratch,
@@ -407,12 +417,12 @@ impl WorkerCtx {
         }
         // ORDERING: AcqRel — the last part sees every part's result bits.
         let last = task.parts_left.fetch_sub(1, Ordering::AcqRel) == 1;
-        let cqe = last.then(|| self.finish(&task));
+        let fin = last.then(|| self.finish(&task));
         // Let go of the record before publishing: a collector that sees
         // the task done can take it at once, without waiting for us.
         drop(task);
-        if let Some(cqe) = cqe {
-            self.publish(slot, cqe);
+        if let Some((cqe, done)) = fin {
+            self.publish(slot, cqe, &done);
         }
     }
 
@@ -500,8 +510,9 @@ impl WorkerCtx {
         }
     }
 
-    /// The last part is done: tell the listeners, and build the CQE.
-    fn finish(&mut self, task: &TaskRec) -> Cqe {
+    /// The last part is done: tell the listeners, and build the CQE and
+    /// what the metrics need of the record.
+    fn finish(&mut self, task: &TaskRec) -> (Cqe, Finished) {
         let ok = task.ok_count();
         // Tell the listeners before publishing, so a caller that sees the
         // result also sees the events. (Nothing is built when no listener
@@ -530,16 +541,34 @@ impl WorkerCtx {
                 TaskKind::Lookup => {}
             }
         }
-        Cqe {
+        let cqe = Cqe {
             task: task.id,
             ok: u32::from(ok == task.keys.len()),
             keys_ok: ok as u32,
-        }
+        };
+        let done = Finished {
+            keys: task.keys.len(),
+            ok,
+            bytes: task.ok_bytes(),
+            submitted: task.submitted,
+        };
+        (cqe, done)
     }
 
-    /// Publish a finished task: done id, CQE, in-flight count, eventfd.
-    fn publish(&mut self, slot: &TaskSlot, cqe: Cqe) {
+    /// Publish a finished task: metrics, done id, CQE, in-flight count,
+    /// eventfd.
+    fn publish(&mut self, slot: &TaskSlot, cqe: Cqe, done: &Finished) {
         let op = self.class;
+        // Before the done id: a collector that sees the task done sees it
+        // counted (metrics module doc).
+        self.inner.metrics.record_task(
+            self.shard,
+            op,
+            done.keys,
+            done.ok,
+            done.bytes,
+            done.submitted.elapsed(),
+        );
         // ORDERING: Release — publishes the result bits, the destination
         // bytes and our guard's release to `TaskTable::take`'s Acquire.
         slot.done.store(cqe.task, Ordering::Release);
@@ -603,6 +632,15 @@ impl WorkerCtx {
             let _ = self.done_fd.notify();
         }
     }
+}
+
+/// What `publish` records of a finished task (read from its record in
+/// `finish`, before the record is let go of).
+struct Finished {
+    keys: usize,
+    ok: usize,
+    bytes: u64,
+    submitted: Instant,
 }
 
 /// Run a store part: its keys one by one under one arena session per
