@@ -86,6 +86,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+#[allow(clippy::too_many_lines)] // two measurements, one after the other
 fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(5);
