@@ -313,6 +313,9 @@ impl Engine {
             return Err(HotplugError::Disabled);
         }
         let admin = self.inner.pool.admin();
+        // ORDERING: Acquire — observes `request_close`; `close` takes
+        // `admin` before it closes the devices, so an operation that passed
+        // this check finishes before that; pairs with `close`.
         if self
             .inner
             .closing
