@@ -22,6 +22,8 @@
 //! | [`engine`] | [`engine::Engine`]: worker pools, task table, device pool |
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`](mod@bench) | the standard `daxkv bench` workload |
+//! | [`reconfigure`] | the run-time reconfiguration protocol and [`reconfigure::Registry`] |
+//! | [`http`] | the HTTP control plane (reconfigure API, `/health`, `/metrics`) |
 //!
 //! Unsafe code lives in `arena`, `copy`, `ring`, `cell`, `buf`, `notify` and
 //! `sys`; `core` and `bench` are `#![deny(unsafe_code)]` with single blocks
@@ -41,6 +43,7 @@ pub mod copy;
 pub mod core;
 pub mod engine;
 pub mod error;
+pub mod http;
 pub mod index;
 pub mod key;
 pub mod notify;

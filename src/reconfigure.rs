@@ -8,7 +8,7 @@
 //! `{backend, supported_operations, status}`. The HTTP layer routes
 //! `/reconfigure/{backend}/...` through a [`Registry`] of such backends and
 //! never reaches into device or slot state; the DAX backend
-//! ([`DaxReconfigure`]) translates payloads into the engine's typed pool
+//! (`DaxReconfigure`) translates payloads into the engine's typed pool
 //! API.
 
 #![forbid(unsafe_code)]
