@@ -240,7 +240,7 @@ const BAD_SIZE: &str = "size must be a positive integer byte count or a string l
 
 // ------------------------------------------------------------- scenarios
 
-/// §8.5 #1: status, then add / resize / remove pass the exact payloads,
+/// docs/lmcache-dax-behavior.md §8.5 #1: status, then add / resize / remove pass the exact payloads,
 /// on the latest routes and on the seed's.
 #[test]
 fn exact_payloads_pass_through() {
@@ -310,7 +310,7 @@ fn exact_payloads_pass_through() {
     srv.shutdown();
 }
 
-/// §8.5 #2, #3: status keeps `{backend}`'s adapters with backend-local
+/// docs/lmcache-dax-behavior.md §8.5 #2, #3: status keeps `{backend}`'s adapters with backend-local
 /// `adapter_index` and generic `l2_adapter_index`; a POST's local index
 /// reaches the right adapter and answers with the generic one.
 #[test]
@@ -389,7 +389,7 @@ fn detail_types(r: &Resp) -> Vec<(String, Value)> {
         .collect()
 }
 
-/// §8.5 #4, #5, #7 and the missing `device_path`: FastAPI-shaped 422s,
+/// docs/lmcache-dax-behavior.md §8.5 #4, #5, #7 and the missing `device_path`: FastAPI-shaped 422s,
 /// and the backend never called.
 #[test]
 fn schema_violations_are_422() {
@@ -482,7 +482,7 @@ fn schema_violations_are_422() {
     assert!(dax.calls().is_empty());
 }
 
-/// §8.5 #4, #6: a bad size is 400 with a fixed message, never echoed,
+/// docs/lmcache-dax-behavior.md §8.5 #4, #6: a bad size is 400 with a fixed message, never echoed,
 /// never reaching the backend.
 #[test]
 fn bad_sizes_are_400_and_not_echoed() {
@@ -518,7 +518,7 @@ fn bad_sizes_are_400_and_not_echoed() {
     assert!(dax.calls().is_empty());
 }
 
-/// §8.5 #8: a domain error keeps its status and payload.
+/// docs/lmcache-dax-behavior.md §8.5 #8: a domain error keeps its status and payload.
 #[test]
 fn domain_errors_pass_through() {
     let dax = Recording::new("dax", "a");
@@ -549,7 +549,7 @@ fn domain_errors_pass_through() {
     );
 }
 
-/// §8.5 #9, #10: a generic backend gets the body minus `adapter_index`;
+/// docs/lmcache-dax-behavior.md §8.5 #9, #10: a generic backend gets the body minus `adapter_index`;
 /// an unknown backend is 404 `"<backend> adapter not found"`.
 #[test]
 fn generic_backends_and_unknown_ones() {
@@ -671,7 +671,7 @@ fn routes_and_path_rules() {
     assert!(r.json()["error"].is_string());
 }
 
-/// §8.5 #12, improved: a status request, `/health` and `/metrics` answer
+/// docs/lmcache-dax-behavior.md §8.5 #12, improved: a status request, `/health` and `/metrics` answer
 /// at once while a mutation blocks; the mutation answers when it completes.
 #[test]
 fn status_answers_while_a_mutation_blocks() {
@@ -1054,4 +1054,44 @@ fn shutdown_closes_the_port() {
     let a = srv.local_addr();
     drop(srv);
     assert!(TcpStream::connect(a).is_err());
+}
+
+/// A mutation that never finishes holds shutdown up for `shutdown_grace`
+/// only; the operation goes on to its end on its own thread.
+#[test]
+fn shutdown_does_not_wait_for_a_blocked_mutation_forever() {
+    let dax = Recording::new("dax", "a");
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel();
+    *dax.gate.lock().unwrap() = Some((entered_tx, release_rx));
+    let cfg = HttpConfig {
+        shutdown_grace: Duration::from_millis(300),
+        ..HttpConfig::default()
+    };
+    let srv = start_with(cfg, &[Arc::clone(&dax)], HttpHooks::default());
+    let a = srv.local_addr();
+    let client = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(a).unwrap();
+        let body = json!({"device_path": "/d"}).to_string();
+        write!(
+            s,
+            "POST /reconfigure/dax/l2/remove HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut buf = Vec::new();
+        // The connection is closed without an answer (or reset).
+        let _ = s.read_to_end(&mut buf);
+        buf
+    });
+    entered_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let t = Instant::now();
+    srv.shutdown();
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(250), "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(client.join().unwrap().is_empty());
+    assert!(TcpStream::connect(a).is_err());
+    release_tx.send(()).unwrap();
+    assert_eq!(dax.calls().len(), 1);
 }

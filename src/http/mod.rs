@@ -6,8 +6,8 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /reconfigure/{backend}/l2/status` | the status envelope (§5.3) |
-//! | `POST /reconfigure/{backend}/l2/{operation}` | the backend's result (§5.4) |
+//! | `GET /reconfigure/{backend}/l2/status` | the status envelope (docs/lmcache-dax-behavior.md §5.3) |
+//! | `POST /reconfigure/{backend}/l2/{operation}` | the backend's result (docs/lmcache-dax-behavior.md §5.4) |
 //! | `GET /reconfigure/dax/status`, `POST /reconfigure/dax/{add,remove,resize}` | the same for `dax` (the seed's v2 routes, kept for the fork's coordinator) |
 //! | `GET /health` | 200 `{"status":"ok"}`, or 503 `{"status":"unhealthy"}` when [`HttpHooks::health`] says so |
 //! | `GET /metrics` | [`HttpHooks::metrics`]' text (`text/plain; version=0.0.4`), 404 without one |

@@ -124,8 +124,9 @@ fn dax_fields(op: &str) -> Option<&'static [&'static str]> {
     })
 }
 
-/// A DAX body for `op` (normalized): the strict models of §5.4, then the
-/// size grammar, into the payload `DaxL2Adapter.reconfigure` expects.
+/// A DAX body for `op` (normalized): the strict models of
+/// docs/lmcache-dax-behavior.md §5.4, then the size grammar, into the
+/// payload `DaxL2Adapter.reconfigure` expects.
 pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
     let fields = dax_fields(op).ok_or(Refusal::Unsupported)?;
     let mut errs = Vec::new();
