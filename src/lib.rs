@@ -24,6 +24,8 @@
 //! | [`metrics`] | the engine's counters in the Prometheus text format |
 //! | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
 //! | [`bench`](mod@bench) | the standard `daxkv bench` workload |
+//! | [`reconfigure`] | the run-time reconfiguration protocol and [`reconfigure::Registry`] |
+//! | [`http`] | the HTTP control plane (reconfigure API, `/health`, `/metrics`) |
 //!
 //! Unsafe code lives in `arena`, `copy`, `ring`, `cell`, `buf`, `notify` and
 //! `sys`; `core` and `bench` are `#![deny(unsafe_code)]` with single blocks
@@ -43,6 +45,7 @@ pub mod copy;
 pub mod core;
 pub mod engine;
 pub mod error;
+pub mod http;
 pub mod index;
 pub mod key;
 pub mod metrics;

@@ -1,0 +1,444 @@
+//! The request bodies of `POST /reconfigure/...`: LMCache's strict pydantic
+//! models for `dax`, the permissive `{adapter_index, ...}` for other
+//! backends, and FastAPI's 422 `{"detail": [...]}` error items
+//! (docs/lmcache-dax-behavior.md §5.2, §5.4).
+
+use serde_json::{json, Map, Value};
+
+use super::size::parse_size;
+
+/// Why a body was refused before any backend saw it.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// 400 "unsupported dax reconfigure operation: <op>".
+    Unsupported,
+    /// 422 with these `detail` items.
+    Invalid(Vec<Value>),
+    /// 400: the size is not a positive byte count (never echoed).
+    BadSize,
+}
+
+/// A body that passed its schema.
+#[derive(Debug)]
+pub(crate) struct Accepted {
+    /// The backend-local adapter index; `None` when negative or too large
+    /// to be one (404 like any index out of range).
+    pub local_index: Option<usize>,
+    /// What the backend receives.
+    pub payload: Value,
+    /// For a DAX `add`: the path the allow-list checks.
+    pub add_path: Option<String>,
+}
+
+/// One FastAPI / pydantic v2 error item.
+pub(crate) fn item(ty: &str, loc: &[&str], msg: &str, input: &Value) -> Value {
+    let mut l = vec![Value::from("body")];
+    l.extend(loc.iter().map(|s| Value::from(*s)));
+    json!({ "type": ty, "loc": l, "msg": msg, "input": input })
+}
+
+/// The 422 items for a body that is not JSON (`json_invalid`, at the
+/// byte offset of the error) or is empty (`missing`).
+pub(crate) fn json_error(body: &[u8], e: &serde_json::Error) -> Value {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return json!({"type": "missing", "loc": ["body"], "msg": "Field required", "input": null});
+    }
+    // serde_json reports 1-based line and column; FastAPI a 0-based
+    // position.
+    let line_start: usize = body
+        .split(|&b| b == b'\n')
+        .take(e.line().saturating_sub(1))
+        .map(|l| l.len() + 1)
+        .sum();
+    let pos = (line_start + e.column()).saturating_sub(1);
+    let what = match e.classify() {
+        serde_json::error::Category::Eof => "unexpected end of input",
+        _ => "invalid JSON",
+    };
+    json!({
+        "type": "json_invalid",
+        "loc": ["body", pos],
+        "msg": "JSON decode error",
+        "input": {},
+        "ctx": {"error": what},
+    })
+}
+
+fn object<'a>(body: &'a Value, out: &mut Vec<Value>) -> Option<&'a Map<String, Value>> {
+    let o = body.as_object();
+    if o.is_none() {
+        out.push(json!({
+            "type": "model_attributes_type",
+            "loc": ["body"],
+            "msg": "Input should be a valid dictionary or object to extract fields from",
+            "input": body,
+        }));
+    }
+    o
+}
+
+/// `adapter_index: int = 0` (a JSON integer; a bool or a float is 422).
+fn adapter_index(o: &Map<String, Value>, out: &mut Vec<Value>) -> Option<usize> {
+    match o.get("adapter_index") {
+        None => Some(0),
+        Some(v) if v.is_i64() || v.is_u64() => v.as_u64().and_then(|i| usize::try_from(i).ok()),
+        Some(v) => {
+            out.push(item(
+                "int_type",
+                &["adapter_index"],
+                "Input should be a valid integer",
+                v,
+            ));
+            None
+        }
+    }
+}
+
+/// A generic backend's body: `{adapter_index = 0, ...}`, the rest
+/// forwarded unchanged.
+pub(crate) fn generic(body: &Value) -> Result<Accepted, Refusal> {
+    let mut errs = Vec::new();
+    let Some(o) = object(body, &mut errs) else {
+        return Err(Refusal::Invalid(errs));
+    };
+    let local_index = adapter_index(o, &mut errs);
+    if !errs.is_empty() {
+        return Err(Refusal::Invalid(errs));
+    }
+    let mut payload = o.clone();
+    payload.remove("adapter_index");
+    Ok(Accepted {
+        local_index,
+        payload: Value::Object(payload),
+        add_path: None,
+    })
+}
+
+/// The DAX operations and their fields (beyond `adapter_index`).
+fn dax_fields(op: &str) -> Option<&'static [&'static str]> {
+    Some(match op {
+        "add" => &["device_path", "size"],
+        "remove" => &["device_path", "mode", "force"],
+        "resize" => &["device_path", "size", "mode", "force"],
+        _ => return None,
+    })
+}
+
+/// A DAX body for `op` (normalized): the strict models of
+/// docs/lmcache-dax-behavior.md §5.4, then the size grammar, into the
+/// payload `DaxL2Adapter.reconfigure` expects.
+pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
+    let fields = dax_fields(op).ok_or(Refusal::Unsupported)?;
+    let mut errs = Vec::new();
+    let Some(o) = object(body, &mut errs) else {
+        return Err(Refusal::Invalid(errs));
+    };
+    let local_index = adapter_index(o, &mut errs);
+    let mut payload = Map::new();
+
+    match o.get("device_path") {
+        None => errs.push(item("missing", &["device_path"], "Field required", body)),
+        Some(Value::String(p)) => {
+            payload.insert("device_path".into(), Value::String(p.clone()));
+        }
+        Some(v) => errs.push(item(
+            "string_type",
+            &["device_path"],
+            "Input should be a valid string",
+            v,
+        )),
+    }
+
+    // `size: StrictInt | str`, converted after the schema passes.
+    let mut size = None;
+    if fields.contains(&"size") {
+        match o.get("size") {
+            None => errs.push(item("missing", &["size"], "Field required", body)),
+            Some(v @ Value::Number(n)) if n.is_i64() || n.is_u64() => size = Some(v),
+            Some(v @ Value::String(_)) => size = Some(v),
+            Some(v) => {
+                // pydantic's smart union reports both members.
+                errs.push(item(
+                    "int_type",
+                    &["size", "int"],
+                    "Input should be a valid integer",
+                    v,
+                ));
+                errs.push(item(
+                    "string_type",
+                    &["size", "str"],
+                    "Input should be a valid string",
+                    v,
+                ));
+            }
+        }
+    }
+
+    if fields.contains(&"mode") {
+        mode(op, o, &mut payload, &mut errs);
+    }
+    if fields.contains(&"force") {
+        match o.get("force").map(lax_bool) {
+            None => {
+                payload.insert("force".into(), false.into());
+            }
+            Some(Ok(b)) => {
+                payload.insert("force".into(), b.into());
+            }
+            Some(Err((ty, msg))) => errs.push(item(ty, &["force"], msg, &o["force"])),
+        }
+    }
+
+    for (k, v) in o {
+        if k != "adapter_index" && !fields.contains(&k.as_str()) {
+            errs.push(item(
+                "extra_forbidden",
+                &[k.as_str()],
+                "Extra inputs are not permitted",
+                v,
+            ));
+        }
+    }
+    if !errs.is_empty() {
+        return Err(Refusal::Invalid(errs));
+    }
+
+    if let Some(v) = size {
+        let bytes = match v {
+            Value::String(s) => parse_size(s),
+            v => v.as_u64().filter(|&b| b > 0),
+        };
+        payload.insert("size_bytes".into(), bytes.ok_or(Refusal::BadSize)?.into());
+    }
+    let add_path = (op == "add")
+        .then(|| payload["device_path"].as_str().map(str::to_owned))
+        .flatten();
+    Ok(Accepted {
+        local_index,
+        payload: Value::Object(payload),
+        add_path,
+    })
+}
+
+/// `mode: Literal[...] = "migrate"` (`drain` for `remove` only).
+fn mode(op: &str, o: &Map<String, Value>, payload: &mut Map<String, Value>, errs: &mut Vec<Value>) {
+    let modes: &[&str] = if op == "remove" {
+        &["migrate", "evict", "drain"]
+    } else {
+        &["migrate", "evict"]
+    };
+    match o.get("mode") {
+        None => {
+            payload.insert("mode".into(), "migrate".into());
+        }
+        Some(Value::String(m)) if modes.contains(&m.as_str()) => {
+            payload.insert("mode".into(), Value::String(m.clone()));
+        }
+        Some(v) => {
+            let expected = if op == "remove" {
+                "'migrate', 'evict' or 'drain'"
+            } else {
+                "'migrate' or 'evict'"
+            };
+            let mut e = item(
+                "literal_error",
+                &["mode"],
+                &format!("Input should be {expected}"),
+                v,
+            );
+            e["ctx"] = json!({ "expected": expected });
+            errs.push(e);
+        }
+    }
+}
+
+/// pydantic's lax `bool`: booleans, 0 / 1, and the usual words.
+fn lax_bool(v: &Value) -> Result<bool, (&'static str, &'static str)> {
+    const UNPARSED: (&str, &str) = (
+        "bool_parsing",
+        "Input should be a valid boolean, unable to interpret input",
+    );
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::Number(n) => match n.as_u64() {
+            Some(0) => Ok(false),
+            Some(1) => Ok(true),
+            _ => Err(UNPARSED),
+        },
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "0" | "off" | "f" | "false" | "n" | "no" => Ok(false),
+            "1" | "on" | "t" | "true" | "y" | "yes" => Ok(true),
+            _ => Err(UNPARSED),
+        },
+        _ => Err(("bool_type", "Input should be a valid boolean")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(op: &str, body: &Value) -> Vec<Value> {
+        match dax(op, body) {
+            Err(Refusal::Invalid(e)) => e,
+            other => panic!("{op} {body}: {other:?}"),
+        }
+    }
+
+    fn types(errs: &[Value]) -> Vec<(&str, Vec<&str>)> {
+        errs.iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap(),
+                    e["loc"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|l| l.as_str().unwrap_or("#"))
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dax_payloads() {
+        let a = dax(
+            "add",
+            &json!({"device_path": "/dev/dax0.0", "size": "2GiB"}),
+        )
+        .unwrap();
+        assert_eq!(
+            a.payload,
+            json!({"device_path": "/dev/dax0.0", "size_bytes": 2_147_483_648u64})
+        );
+        assert_eq!(a.local_index, Some(0));
+        assert_eq!(a.add_path.as_deref(), Some("/dev/dax0.0"));
+        let r = dax("remove", &json!({"device_path": "p", "adapter_index": 2})).unwrap();
+        assert_eq!(
+            r.payload,
+            json!({"device_path": "p", "mode": "migrate", "force": false})
+        );
+        assert_eq!(r.local_index, Some(2));
+        assert!(r.add_path.is_none());
+        let r = dax(
+            "resize",
+            &json!({"device_path": "p", "size": 4096, "mode": "evict", "force": "yes"}),
+        )
+        .unwrap();
+        assert_eq!(
+            r.payload,
+            json!({"device_path": "p", "size_bytes": 4096, "mode": "evict", "force": true})
+        );
+        let r = dax(
+            "remove",
+            &json!({"device_path": "p", "mode": "drain", "force": 1}),
+        )
+        .unwrap();
+        assert_eq!(r.payload["mode"], "drain");
+        assert_eq!(r.payload["force"], true);
+        assert_eq!(
+            dax(
+                "add",
+                &json!({"adapter_index": -1, "device_path": "p", "size": 1})
+            )
+            .unwrap()
+            .local_index,
+            None
+        );
+    }
+
+    #[test]
+    fn dax_422s() {
+        let e = invalid("add", &json!({"device_path": "p", "size_bytes": 4096}));
+        assert_eq!(
+            types(&e),
+            [
+                ("missing", vec!["body", "size"]),
+                ("extra_forbidden", vec!["body", "size_bytes"])
+            ]
+        );
+        let e = invalid("add", &json!({"device_path": "p", "size": true}));
+        assert_eq!(
+            types(&e),
+            [
+                ("int_type", vec!["body", "size", "int"]),
+                ("string_type", vec!["body", "size", "str"])
+            ]
+        );
+        invalid("add", &json!({"device_path": "p", "size": 4096.0}));
+        invalid("add", &json!({"device_path": "p", "size": null}));
+        let e = invalid(
+            "resize",
+            &json!({"device_path": "p", "size": 1, "mode": "drain"}),
+        );
+        assert_eq!(types(&e), [("literal_error", vec!["body", "mode"])]);
+        assert_eq!(e[0]["ctx"]["expected"], "'migrate' or 'evict'");
+        let e = invalid("remove", &json!({"device_path": "p", "timeout_s": 5}));
+        assert_eq!(types(&e), [("extra_forbidden", vec!["body", "timeout_s"])]);
+        let e = invalid("add", &json!({"size": 1}));
+        assert_eq!(types(&e), [("missing", vec!["body", "device_path"])]);
+        assert_eq!(e[0]["input"], json!({"size": 1}));
+        let e = invalid(
+            "remove",
+            &json!({"device_path": 3, "force": "maybe", "adapter_index": true}),
+        );
+        assert_eq!(
+            types(&e),
+            [
+                ("int_type", vec!["body", "adapter_index"]),
+                ("string_type", vec!["body", "device_path"]),
+                ("bool_parsing", vec!["body", "force"]),
+            ]
+        );
+        let e = invalid("add", &json!([1, 2]));
+        assert_eq!(types(&e), [("model_attributes_type", vec!["body"])]);
+    }
+
+    #[test]
+    fn sizes_and_unsupported() {
+        for bad in [
+            json!("many"),
+            json!(0),
+            json!(-5),
+            json!(""),
+            json!("x".repeat(1000)),
+        ] {
+            assert!(
+                matches!(
+                    dax("add", &json!({"device_path": "p", "size": bad})),
+                    Err(Refusal::BadSize)
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            dax("status", &json!({})),
+            Err(Refusal::Unsupported)
+        ));
+        assert!(matches!(dax("ADD", &json!({})), Err(Refusal::Unsupported)));
+    }
+
+    #[test]
+    fn generic_bodies() {
+        let a = generic(&json!({"adapter_index": 1, "x": [1], "adapter": "y"})).unwrap();
+        assert_eq!(a.payload, json!({"x": [1], "adapter": "y"}));
+        assert_eq!(a.local_index, Some(1));
+        assert!(matches!(generic(&json!("s")), Err(Refusal::Invalid(_))));
+        assert!(matches!(
+            generic(&json!({"adapter_index": "1"})),
+            Err(Refusal::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn json_errors() {
+        let bad = b"{\n \"a\": }";
+        let e = serde_json::from_slice::<Value>(bad).unwrap_err();
+        let v = json_error(bad, &e);
+        assert_eq!(v["type"], "json_invalid");
+        assert_eq!(v["loc"], json!(["body", 8]));
+        let e = serde_json::from_slice::<Value>(b"").unwrap_err();
+        assert_eq!(json_error(b"", &e)["type"], "missing");
+    }
+}
