@@ -54,6 +54,7 @@ pub mod numa;
 pub mod probe;
 pub mod reconfigure;
 pub mod ring;
+pub mod serve;
 pub mod slot;
 pub mod store;
 pub mod sync;

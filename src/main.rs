@@ -114,6 +114,88 @@ enum Cmd {
         #[arg(long, hide = true, default_value = daxkv::probe::DEFAULT_SYSFS_ROOT)]
         sysfs_root: PathBuf,
     },
+    /// Run the engine with its HTTP control plane until SIGINT / SIGTERM.
+    ///
+    /// Without --config: one memfd device of 1 GiB in 2 MiB slots, hotplug
+    /// on. Prints `daxkv: serving on http://ADDR` on stdout once ready.
+    Serve {
+        /// LMCache's adapter JSON, or the same keys in a .toml file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Control-plane address (loopback; port 0 picks a free one).
+        #[arg(long, default_value = daxkv::serve::DEFAULT_HTTP)]
+        http: std::net::SocketAddr,
+        /// Require `Authorization: Bearer TOKEN` (every route but /health).
+        #[arg(long, env = "DAXKV_TOKEN")]
+        token: Option<String>,
+        /// Allow `add` only under this path prefix (repeatable).
+        #[arg(long)]
+        allow_prefix: Vec<PathBuf>,
+        /// Listen on a non-loopback address too (put a proxy in front).
+        #[arg(long)]
+        allow_non_loopback: bool,
+        /// Run the bench workload continuously against the engine (bytes
+        /// verified; figures in /metrics), to watch hotplug under load.
+        #[arg(long)]
+        traffic: bool,
+    },
+    /// Show a running server's devices.
+    Status {
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Add a device to a running server (`memfd` for an anonymous one).
+    Add {
+        /// Device path.
+        path: String,
+        /// Size: bytes, or a string like 64GiB.
+        size: String,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Remove (or drain) a device of a running server.
+    Remove {
+        /// Device path.
+        path: String,
+        /// migrate (default), evict or drain.
+        #[arg(long, default_value = "migrate")]
+        mode: String,
+        /// Discard locks and borrowed reads.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Resize a device of a running server.
+    Resize {
+        /// Device path.
+        path: String,
+        /// New size: bytes, or a string like 64GiB.
+        size: String,
+        /// What a shrink does with keys past the new end: migrate
+        /// (default) or evict (with --force).
+        #[arg(long, default_value = "migrate")]
+        mode: String,
+        /// Allow evicting, and discard locks.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+}
+
+/// Where a running server is.
+#[derive(clap::Args)]
+struct ServerArgs {
+    /// The server's control-plane address.
+    #[arg(long, default_value = daxkv::serve::DEFAULT_HTTP)]
+    server: String,
+    /// Bearer token, if the server wants one.
+    #[arg(long, env = "DAXKV_TOKEN")]
+    token: Option<String>,
+    /// Print the server's JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Progress on stderr: a live one-line bar on a terminal; otherwise one
@@ -223,6 +305,7 @@ fn bench_warnings(
 /// A user error is one clear line on stderr and exit status 1, whatever
 /// `RUST_BACKTRACE` says (returning `anyhow::Result` from `main` would print
 /// the error's debug form, with a backtrace when that variable is set).
+#[allow(clippy::too_many_lines)] // one arm per command
 fn main() -> std::process::ExitCode {
     let result = match Cli::parse().cmd {
         Cmd::Probe {
@@ -230,6 +313,56 @@ fn main() -> std::process::ExitCode {
             json,
             sysfs_root,
         } => probe(&path, json, &sysfs_root),
+        Cmd::Serve {
+            config,
+            http,
+            token,
+            allow_prefix,
+            allow_non_loopback,
+            traffic,
+        } => serve(&daxkv::serve::ServeConfig {
+            config,
+            http: daxkv::http::HttpConfig {
+                addr: http,
+                token,
+                allow_prefixes: allow_prefix,
+                allow_non_loopback,
+                ..daxkv::http::HttpConfig::default()
+            },
+            traffic,
+        }),
+        Cmd::Status { server } => client(&server, "GET", "/reconfigure/dax/l2/status", None),
+        Cmd::Add { path, size, server } => client(
+            &server,
+            "POST",
+            "/reconfigure/dax/l2/add",
+            Some(&serde_json::json!({"device_path": path, "size": size_arg(&size)})),
+        ),
+        Cmd::Remove {
+            path,
+            mode,
+            force,
+            server,
+        } => client(
+            &server,
+            "POST",
+            "/reconfigure/dax/l2/remove",
+            Some(&serde_json::json!({"device_path": path, "mode": mode, "force": force})),
+        ),
+        Cmd::Resize {
+            path,
+            size,
+            mode,
+            force,
+            server,
+        } => client(
+            &server,
+            "POST",
+            "/reconfigure/dax/l2/resize",
+            Some(
+                &serde_json::json!({"device_path": path, "size": size_arg(&size), "mode": mode, "force": force}),
+            ),
+        ),
         cmd @ Cmd::Bench { .. } => run(cmd),
     };
     match result {
@@ -239,6 +372,67 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `daxkv serve`: start, say where, wait for SIGINT / SIGTERM, stop.
+fn serve(cfg: &daxkv::serve::ServeConfig) -> anyhow::Result<()> {
+    // Before any thread starts: every thread inherits the blocked mask, so
+    // the signal reaches `sigwait` here and nothing dies of it.
+    daxkv::serve::block_shutdown_signals().context("blocking SIGINT / SIGTERM")?;
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+    let server = daxkv::serve::Server::start(cfg)?;
+    if let Some(addr) = server.addr() {
+        println!("daxkv: serving on http://{addr}");
+    }
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let sig = daxkv::serve::wait_for_shutdown_signal().context("waiting for a signal")?;
+    tracing::info!(signal = sig, "shutting down");
+    server.stop();
+    Ok(())
+}
+
+/// A size argument: a plain integer is sent as a JSON integer, anything
+/// else as the string (the server parses `64GiB`).
+fn size_arg(s: &str) -> serde_json::Value {
+    s.trim()
+        .parse::<u64>()
+        .map_or_else(|_| serde_json::json!(s), |n| serde_json::json!(n))
+}
+
+/// `daxkv status | add | remove | resize`: one request; the answer as a
+/// table (or JSON); exit 1 with the server's message on an error status.
+fn client(
+    a: &ServerArgs,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> anyhow::Result<()> {
+    let (status, text) = daxkv::serve::request(&a.server, method, path, body, a.token.as_deref())
+        .with_context(|| format!("{}: cannot reach the server", a.server))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    if !(200..300).contains(&status) {
+        let msg = v
+            .get("error")
+            .or_else(|| v.get("reason"))
+            .map_or_else(|| v.to_string(), ToString::to_string);
+        bail!("{method} {path}: {status}: {msg}");
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if path.ends_with("/status") {
+        print!("{}", daxkv::serve::status_table(&v));
+    } else {
+        for (k, val) in v.as_object().into_iter().flatten() {
+            if k != "device" {
+                println!("{k:>20}: {val}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `daxkv probe`: the report on stdout; exit 0 whatever the path is.
@@ -254,7 +448,6 @@ fn probe(path: &std::path::Path, json: bool, sysfs_root: &std::path::Path) -> an
 
 fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Probe { .. } => unreachable!("dispatched by main"),
         Cmd::Bench {
             sizes,
             total_bytes,
@@ -351,6 +544,7 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                 bail!("data verification failed");
             }
         }
+        _ => unreachable!("dispatched by main"),
     }
     Ok(())
 }

@@ -138,3 +138,46 @@ mod tests {
         assert!(add_seals(&plain, libc::F_SEAL_SHRINK).is_err());
     }
 }
+
+/// Block `signals` in the calling thread (threads it spawns afterwards
+/// inherit the mask), so that [`wait_signal`] can take them synchronously.
+pub(crate) fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
+    let set = sigset(signals)?;
+    // SAFETY: `set` is an initialized sigset_t; a null old-set pointer is
+    // allowed.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
+/// Wait for one of `signals` (blocked beforehand with [`block_signals`])
+/// and return it.
+pub(crate) fn wait_signal(signals: &[libc::c_int]) -> io::Result<libc::c_int> {
+    let set = sigset(signals)?;
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is an initialized sigset_t and `sig` a valid out pointer.
+    let r = unsafe { libc::sigwait(&raw const set, &raw mut sig) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(sig)
+}
+
+fn sigset(signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data; sigemptyset initializes it below
+    // before any other use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t we own.
+    if unsafe { libc::sigemptyset(&raw mut set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for &s in signals {
+        // SAFETY: as above; `s` is checked by the call.
+        if unsafe { libc::sigaddset(&raw mut set, s) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(set)
+}

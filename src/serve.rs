@@ -1,0 +1,492 @@
+//! # `daxkv serve`: the engine with its control plane, as a process
+//!
+//! Opens the engine from a config file (LMCache's adapter JSON, or the
+//! same keys in TOML) or from the embedded default (one memfd device of
+//! 1 GiB in 2 MiB slots, hotplug on), registers its DAX backend with the
+//! HTTP control plane ([`crate::http`]) on loopback, logs what it mapped
+//! and where its workers run, and with `traffic` runs the bench workload
+//! against its own engine (bytes verified) so hotplug can be watched under
+//! load in `/metrics`. [`Server::stop`] shuts down in order: traffic, HTTP,
+//! then the engine (in-flight tasks finish, devices unmapped).
+//!
+//! [`request`] is the small HTTP/1.1 client the `daxkv status | add |
+//! remove | resize` commands use.
+
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::buf::Buf;
+use crate::config::EngineConfig;
+use crate::engine::{Answer, Engine};
+use crate::http::{HttpConfig, HttpHooks, HttpServer};
+use crate::key::Key;
+use crate::reconfigure::{DaxReconfigure, Registry};
+
+/// The default control-plane address.
+pub const DEFAULT_HTTP: &str = "127.0.0.1:8765";
+
+/// The embedded default: one memfd device of 1 GiB in 2 MiB slots,
+/// hotplug on (devices can be added over HTTP).
+pub const DEFAULT_CONFIG: &str = r#"{"type": "dax", "slot_bytes": 2097152,
+  "devices": [{"device_path": "memfd", "max_dax_size_gb": 1}],
+  "hotplug_enabled": true}"#;
+
+/// What `daxkv serve` runs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The engine config file (`.toml` is read as TOML, anything else as
+    /// LMCache's JSON); `None`: [`DEFAULT_CONFIG`].
+    pub config: Option<PathBuf>,
+    /// The control plane's settings (address, token, allow-list, …).
+    pub http: HttpConfig,
+    /// Run the bench workload against the engine until stopped.
+    pub traffic: bool,
+}
+
+/// A serve error: one line naming what was wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The config file could not be read or parsed.
+    #[error("--config {path}: {why}")]
+    Config {
+        /// The file.
+        path: String,
+        /// What was wrong.
+        why: String,
+    },
+    /// The engine did not open.
+    #[error("engine: {0}")]
+    Engine(#[from] crate::engine::EngineError),
+    /// The control plane did not start.
+    #[error("http: {0}")]
+    Http(#[from] crate::http::HttpError),
+}
+
+/// Read an engine config: `path` (TOML by extension, else JSON), or the
+/// embedded default.
+pub fn load_config(path: Option<&Path>) -> Result<EngineConfig, ServeError> {
+    let Some(path) = path else {
+        return EngineConfig::from_json(DEFAULT_CONFIG).map_err(|e| ServeError::Config {
+            path: "(default)".into(),
+            why: e.to_string(),
+        });
+    };
+    let err = |why: String| ServeError::Config {
+        path: path.display().to_string(),
+        why,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let value: Value = if path.extension().is_some_and(|x| x == "toml") {
+        let t: toml::Value =
+            toml::from_str(&text).map_err(|e| err(format!("not valid TOML: {e}")))?;
+        serde_json::to_value(t).map_err(|e| err(e.to_string()))?
+    } else {
+        serde_json::from_str(&text).map_err(|e| err(format!("not valid JSON: {e}")))?
+    };
+    EngineConfig::from_value(&value).map_err(|e| err(e.to_string()))
+}
+
+/// A running server.
+pub struct Server {
+    engine: Arc<Engine>,
+    http: Option<HttpServer>,
+    traffic: Option<Traffic>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("addr", &self.addr())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counters of the `--traffic` workload, shared with `/metrics`.
+#[derive(Debug, Default)]
+struct TrafficStats {
+    rounds: AtomicU64,
+    verified: AtomicU64,
+    errors: AtomicU64,
+}
+
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Server {
+    /// Open the engine, start the control plane (and the traffic).
+    pub fn start(cfg: &ServeConfig) -> Result<Server, ServeError> {
+        let ecfg = load_config(cfg.config.as_deref())?;
+        let engine = Arc::new(ecfg.open()?);
+        log_engine(&engine);
+        let stats = Arc::new(TrafficStats::default());
+        let mut registry = Registry::new();
+        registry.register(Arc::new(DaxReconfigure::probing(
+            engine.clone(),
+            ecfg.sysfs_root.clone(),
+        )));
+        let metrics = {
+            let (engine, stats) = (engine.clone(), stats.clone());
+            let traffic = cfg.traffic;
+            Arc::new(move || {
+                let mut text = crate::metrics::encode(&engine);
+                if traffic {
+                    text.push_str(&traffic_metrics(&stats));
+                }
+                text
+            })
+        };
+        let health = {
+            let engine = engine.clone();
+            Arc::new(move || engine.status()["is_healthy"] == Value::Bool(true))
+        };
+        let hooks = HttpHooks {
+            metrics: Some(metrics),
+            health: Some(health),
+            owners: None,
+        };
+        let http = crate::http::serve(cfg.http.clone(), registry, hooks)?;
+        tracing::info!(addr = %http.local_addr(), "control plane listening");
+        let traffic = cfg.traffic.then(|| start_traffic(engine.clone(), stats));
+        Ok(Server {
+            engine,
+            http: Some(http),
+            traffic,
+        })
+    }
+
+    /// The control plane's address.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().map(HttpServer::local_addr)
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Stop: the traffic, then the control plane, then the engine (in-
+    /// flight tasks finish; devices are unmapped).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(t) = self.traffic.take() {
+            t.stop.store(true, Ordering::Relaxed);
+            let _ = t.thread.join();
+        }
+        if let Some(h) = self.http.take() {
+            h.shutdown();
+        }
+        self.engine.close();
+        tracing::info!("stopped: tasks finished, devices unmapped");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.http.is_some() {
+            self.shutdown();
+        }
+    }
+}
+
+/// Log what was mapped and where the workers run.
+fn log_engine(e: &Engine) {
+    for d in e.devices() {
+        tracing::info!(
+            device = d.id.0,
+            path = %d.path,
+            bytes = d.arena_bytes,
+            slot_bytes = d.slot_bytes,
+            slots = d.max_slots,
+            "mapped device"
+        );
+    }
+    let st = e.status();
+    let o = e.options();
+    tracing::info!(
+        store = o.num_store_workers,
+        lookup = o.num_lookup_workers,
+        load = o.num_load_workers,
+        cpus = %st["numa"]["cpus"],
+        placement = %st["numa"]["source"],
+        node = %st["numa"]["node"],
+        "workers started"
+    );
+}
+
+fn traffic_metrics(s: &TrafficStats) -> String {
+    // ORDERING: Relaxed — statistics.
+    let (r, v, e) = (
+        s.rounds.load(Ordering::Relaxed),
+        s.verified.load(Ordering::Relaxed),
+        s.errors.load(Ordering::Relaxed),
+    );
+    format!(
+        "# HELP daxkv_traffic_rounds_total Rounds of the --traffic workload.\n\
+         # TYPE daxkv_traffic_rounds_total counter\n\
+         daxkv_traffic_rounds_total {r}\n\
+         # HELP daxkv_traffic_verified_total Objects the --traffic workload loaded back with the right bytes.\n\
+         # TYPE daxkv_traffic_verified_total counter\n\
+         daxkv_traffic_verified_total {v}\n\
+         # HELP daxkv_traffic_errors_total Objects the --traffic workload could not store or read back correctly.\n\
+         # TYPE daxkv_traffic_errors_total counter\n\
+         daxkv_traffic_errors_total {e}\n"
+    )
+}
+
+/// Bytes of object `i` of round `r`.
+fn pattern(r: u64, i: usize, len: usize) -> Vec<u8> {
+    let mut x = (r << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The bench workload, continuously: each round stores 16 objects of
+/// 64 KiB (or the slot, if smaller), looks them up and locks them, loads
+/// and verifies them, unlocks and deletes them. A miss after a device was
+/// removed under it is not an error (the store may have landed there);
+/// wrong bytes are.
+fn start_traffic(engine: Arc<Engine>, stats: Arc<TrafficStats>) -> Traffic {
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("daxkv-traffic".into())
+            .spawn(move || {
+                let len = engine.slot_bytes().min(64 << 10);
+                let wait = Duration::from_secs(10);
+                let mut round = 0u64;
+                // ORDERING: Relaxed — a stop request; nothing is read on it.
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    let keys: Vec<Key> = (0..16)
+                        .map(|i| Key::digest(format!("traffic@{round}@{i}").as_bytes()))
+                        .collect();
+                    let bufs = (0..16).map(|i| Buf::from(pattern(round, i, len))).collect();
+                    let Ok(id) = engine.submit_store(keys.clone(), bufs) else {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
+                    let stored =
+                        matches!(engine.wait_store(id, wait), Answer::Ready(r) if r.success);
+                    if let Ok(id) = engine.submit_lookup_and_lock(keys.clone()) {
+                        let _ = engine.wait_lookup(id, wait);
+                    }
+                    if let Ok(id) = engine.submit_load(keys.clone(), vec![vec![0; len]; 16]) {
+                        if let Answer::Ready(r) = engine.wait_load(id, wait) {
+                            for i in 0..16 {
+                                let (v, e) = match r.payload(i) {
+                                    Some(p) if p == pattern(round, i, len) => (1, 0),
+                                    Some(_) => {
+                                        tracing::error!(round, object = i, "traffic: wrong bytes");
+                                        (0, 1)
+                                    }
+                                    None => (0, u64::from(!stored)),
+                                };
+                                // ORDERING: Relaxed — statistics.
+                                stats.verified.fetch_add(v, Ordering::Relaxed);
+                                stats.errors.fetch_add(e, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    engine.submit_unlock(&keys);
+                    engine.delete(&keys);
+                    // ORDERING: Relaxed — a statistic.
+                    stats.rounds.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+            .expect("spawn the traffic thread")
+    };
+    Traffic { stop, thread }
+}
+
+/// One HTTP/1.1 request to `server` (`host:port`, or an `http://` URL's
+/// authority): `(status, body)`. The client of `daxkv status | add |
+/// remove | resize`.
+pub fn request(
+    server: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    token: Option<&str>,
+) -> std::io::Result<(u16, String)> {
+    let authority = server
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let addr = authority
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{authority}: no address")))?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(600)))?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("malformed HTTP answer"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("malformed HTTP status line"))?;
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
+    let body = if chunked {
+        unchunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Ok((status, body))
+}
+
+/// Decode a chunked body.
+fn unchunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The devices of a `/reconfigure/dax/l2/status` answer as a table.
+pub fn status_table(status: &Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for a in status["adapters"].as_array().into_iter().flatten() {
+        let st = &a["status"];
+        let _ = writeln!(
+            out,
+            "adapter {}: {} devices, {} of {} bytes used, healthy: {}",
+            a["adapter_index"],
+            st["num_devices"],
+            st["total_used_bytes"],
+            st["max_dax_size_bytes"],
+            st["is_healthy"],
+        );
+        out.push_str("index  id state           used     slots locked  path\n");
+        for d in st["devices"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "{:>5} {:>3} {:<10} {:>9} {:>9} {:>6}  {}",
+                d["index"],
+                d["device_id"],
+                d["state"].as_str().unwrap_or("?"),
+                d["live_slot_count"],
+                d["max_slots"],
+                d["locked_key_count"],
+                d["device_path"].as_str().unwrap_or("?"),
+            );
+        }
+    }
+    out
+}
+
+/// Block SIGINT and SIGTERM in the calling thread and every thread it
+/// starts afterwards: call it first in `main`, so that
+/// [`wait_for_shutdown_signal`] takes them and no worker dies of them.
+pub fn block_shutdown_signals() -> std::io::Result<()> {
+    crate::sys::block_signals(&[libc::SIGINT, libc::SIGTERM])
+}
+
+/// Wait for SIGINT or SIGTERM (blocked with [`block_shutdown_signals`]);
+/// returns its name.
+pub fn wait_for_shutdown_signal() -> std::io::Result<&'static str> {
+    let s = crate::sys::wait_signal(&[libc::SIGINT, libc::SIGTERM])?;
+    Ok(if s == libc::SIGINT {
+        "SIGINT"
+    } else {
+        "SIGTERM"
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_config_is_one_memfd_gib_in_2mib_slots_with_hotplug() {
+        let c = load_config(None).unwrap();
+        assert_eq!(c.slot_bytes, 2 << 20);
+        assert_eq!(c.devices.len(), 1);
+        assert_eq!(c.devices[0].device_path, "memfd");
+        assert_eq!(c.devices[0].max_dax_size_bytes, 1 << 30);
+        assert!(c.hotplug_enabled);
+    }
+
+    #[test]
+    fn toml_and_json_configs_read_the_same_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("c.json");
+        let t = dir.path().join("c.toml");
+        std::fs::write(
+            &j,
+            r#"{"type":"dax","slot_bytes":4096,"hotplug_enabled":true,
+                "devices":[{"device_path":"memfd","max_dax_size_gb":0.0625}],"num_load_workers":2}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            &t,
+            "type = \"dax\"\nslot_bytes = 4096\nhotplug_enabled = true\nnum_load_workers = 2\n\
+             [[devices]]\ndevice_path = \"memfd\"\nmax_dax_size_gb = 0.0625\n",
+        )
+        .unwrap();
+        assert_eq!(
+            load_config(Some(&j)).unwrap(),
+            load_config(Some(&t)).unwrap()
+        );
+        std::fs::write(&t, "slot_bytes = [").unwrap();
+        let e = load_config(Some(&t)).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("--config {}: not valid TOML", t.display())),
+            "{e}"
+        );
+        std::fs::write(&j, r#"{"type":"dax","slot_bytes":0}"#).unwrap();
+        let e = load_config(Some(&j)).unwrap_err().to_string();
+        assert!(e.contains("slot_bytes"), "{e}");
+    }
+
+    #[test]
+    fn chunked_bodies_decode() {
+        assert_eq!(unchunk("4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n"), "Wikipedia");
+    }
+}

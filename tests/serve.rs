@@ -1,0 +1,242 @@
+//! `daxkv serve` as a process: started on a free loopback port, driven
+//! over real HTTP (by the test's client and by the `daxkv status | add |
+//! remove | resize` commands), stopped by SIGTERM / SIGINT (exit 0, port
+//! closed). With `--traffic`, hotplug runs under load: a device is added,
+//! the first one migrated away and the new one force-removed while the
+//! workload verifies every object it reads back, and `/metrics` shows it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use daxkv::serve::request;
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_daxkv");
+
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Serve {
+    fn start(args: &[&str]) -> Serve {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .args(["--http", "127.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("daxkv: serving on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Serve { child, addr }
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        request(&self.addr, "GET", path, None, None).unwrap()
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (s, b) = request(&self.addr, "POST", path, Some(body), None).unwrap();
+        (s, serde_json::from_str(&b).unwrap())
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(args)
+            .args(["--server", &self.addr])
+            .output()
+            .unwrap()
+    }
+
+    /// Send `sig`; the process must exit 0 within 30 s and its port close.
+    fn stop_with(mut self, sig: i32) -> String {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id().cast_signed(), sig) };
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "serve did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut self.child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(status.success(), "exit {status:?}; stderr:\n{err}");
+        assert!(
+            std::net::TcpStream::connect(&self.addr).is_err(),
+            "the control plane still listens after exit"
+        );
+        err
+    }
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name}"))
+}
+
+/// The embedded default starts, answers /health, /metrics and both status
+/// routes, takes an add through the CLI, and stops cleanly on SIGTERM.
+#[test]
+fn serve_starts_on_the_default_answers_and_stops_on_sigterm() {
+    let s = Serve::start(&[]);
+    let (code, body) = s.get("/health");
+    assert_eq!((code, body.as_str()), (200, r#"{"status":"ok"}"#));
+    let (code, m) = s.get("/metrics");
+    assert_eq!(code, 200);
+    assert_eq!(
+        metric(&m, "daxkv_slots_total{device=\"0\",path=\"memfd\"}"),
+        512
+    );
+    for route in ["/reconfigure/dax/l2/status", "/reconfigure/dax/status"] {
+        let (code, st) = s.get(route);
+        let st: Value = serde_json::from_str(&st).unwrap();
+        assert_eq!(code, 200, "{route}");
+        assert_eq!(st["num_adapters"], 1);
+        assert_eq!(st["adapters"][0]["status"]["slot_bytes"], 2 << 20);
+        assert_eq!(st["adapters"][0]["status"]["enabled"], true);
+    }
+    // The CLI: add a device, see it in the table, then JSON.
+    let out = s.cli(&["add", "memfd", "64MiB"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("add"));
+    let out = s.cli(&["status"]);
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(table.contains("2 devices"), "{table}");
+    assert_eq!(table.matches("memfd").count(), 2, "{table}");
+    let out = s.cli(&["status", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["adapters"][0]["status"]["devices"][1]["max_slots"], 32);
+    // A refused operation: one line, exit 1.
+    let out = s.cli(&["remove", "/dev/nothing"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "daxkv: POST /reconfigure/dax/l2/remove: 404: \"DAX device not found\""
+    );
+    let log = s.stop_with(libc::SIGTERM);
+    assert!(log.contains("mapped device"), "{log}");
+    assert!(log.contains("workers started"), "{log}");
+    assert!(log.contains("devices unmapped"), "{log}");
+}
+
+/// Hotplug over HTTP under `--traffic`: add a tmpfs device, migrate the
+/// first device away, grow and force-remove the new one, all while the
+/// workload runs; it never reads wrong bytes; SIGINT stops it.
+#[test]
+fn hotplug_over_http_under_traffic() {
+    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
+    let cfg = dir.path().join("serve.json");
+    std::fs::write(
+        &cfg,
+        json!({"type": "dax", "slot_bytes": 65536, "hotplug_enabled": true,
+               "devices": [{"device_path": "memfd", "max_dax_size_gb": 0.03125}]})
+        .to_string(),
+    )
+    .unwrap();
+    let s = Serve::start(&["--config", cfg.to_str().unwrap(), "--traffic"]);
+    let dev = dir.path().join("dax.img");
+    std::fs::File::create(&dev)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let dev = dev.display().to_string();
+    let rounds = |s: &Serve| metric(&s.get("/metrics").1, "daxkv_traffic_rounds_total");
+    let wait_rounds = |s: &Serve, n: u64| {
+        let t0 = Instant::now();
+        while rounds(s) < n {
+            assert!(t0.elapsed() < Duration::from_secs(30), "traffic stalled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_rounds(&s, 5);
+    let (code, out) = s.post(
+        "/reconfigure/dax/l2/add",
+        &json!({"device_path": dev, "size": "32MiB"}),
+    );
+    assert_eq!(code, 200, "{out}");
+    let r = rounds(&s);
+    wait_rounds(&s, r + 5);
+    // The embedded memfd is the first device: migrate it away.
+    let (code, out) = s.post(
+        "/reconfigure/dax/l2/remove",
+        &json!({"device_path": "memfd", "mode": "migrate", "force": true}),
+    );
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(out["state"], "removed");
+    let r = rounds(&s);
+    wait_rounds(&s, r + 5);
+    let (code, out) = s.post(
+        "/reconfigure/dax/l2/resize",
+        &json!({"device_path": dev, "size": "64MiB"}),
+    );
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(out["new_size_bytes"], 64 << 20);
+    let r = rounds(&s);
+    wait_rounds(&s, r + 5);
+    let t0 = Instant::now();
+    let (code, out) = s.post(
+        "/reconfigure/dax/l2/remove",
+        &json!({"device_path": dev, "mode": "evict", "force": true}),
+    );
+    let detach = t0.elapsed();
+    assert_eq!(code, 200, "{out}");
+    let m = s.get("/metrics").1;
+    assert_eq!(metric(&m, "daxkv_traffic_errors_total"), 0);
+    assert!(metric(&m, "daxkv_traffic_verified_total") > 0);
+    assert_eq!(
+        metric(
+            &m,
+            "daxkv_hotplug_operations_total{operation=\"remove\",outcome=\"ok\"}"
+        ),
+        2
+    );
+    eprintln!("forced detach under --traffic: {detach:?}");
+    s.stop_with(libc::SIGINT);
+}
+
+/// A bad config is one line and exit 1, before anything listens.
+#[test]
+fn a_bad_config_is_one_line_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "slot_bytes = \"big\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--http", "127.0.1:0", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("daxkv: --config "), "{err}");
+    assert!(err.contains("slot_bytes"), "{err}");
+    let out = Command::new(BIN)
+        .args(["serve", "--http", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("loopback"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
