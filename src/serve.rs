@@ -183,6 +183,7 @@ impl Server {
 
     fn shutdown(&mut self) {
         if let Some(t) = self.traffic.take() {
+            // ORDERING: Relaxed — a stop request; the join orders the rest.
             t.stop.store(true, Ordering::Relaxed);
             let _ = t.thread.join();
         }
