@@ -23,7 +23,7 @@ impl Serve {
     fn start(args: &[&str]) -> Serve {
         let mut child = Command::new(BIN)
             .arg("serve")
-            .args(["--http", "127.0.1:0"])
+            .args(["--http", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -220,12 +220,12 @@ fn a_bad_config_is_one_line_and_exit_1() {
     let cfg = dir.path().join("bad.toml");
     std::fs::write(&cfg, "slot_bytes = \"big\"\n").unwrap();
     let out = Command::new(BIN)
-        .args(["serve", "--http", "127.0.1:0", "--config"])
+        .args(["serve", "--http", "127.0.0.1:0", "--config"])
         .arg(&cfg)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("daxkv: --config "), "{err}");
     assert!(err.contains("slot_bytes"), "{err}");
