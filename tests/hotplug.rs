@@ -1,5 +1,6 @@
-//! Hotplug through the DAX reconfigure backend (the layer the HTTP routes
-//! call): docs/lmcache-dax-behavior.md §8.1 items 2–8 and §8.3 items 2–3,
+//! Hotplug over a real HTTP socket on 127.0.0.1 (`daxkv::http` serving
+//! the DAX reconfigure backend; validation cases that HTTP's schema
+//! answers with 422 call the backend directly): docs/lmcache-dax-behavior.md §8.1 items 2–8 and §8.3 items 2–3,
 //! with bytes verified after every migration and resize, plus the places
 //! daxkv does better than upstream (a migration that stops halfway leaves
 //! no duplicates and a retry succeeds; tombstones keep status healthy; a
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use daxkv::arena::ArenaSpec;
 use daxkv::buf::Buf;
 use daxkv::engine::{Answer, DeviceSpec, DeviceState, Engine, EngineOptions, Listener};
-use daxkv::reconfigure::{DaxReconfigure, Reconfigurable};
+use daxkv::reconfigure::{DaxReconfigure, Owners, Reconfigurable, ReconfigureError, Registry};
 use daxkv::{CoreConfig, Key};
 use serde_json::{json, Value};
 
@@ -71,9 +72,67 @@ fn file_of(
     )
 }
 
-fn open(devs: Vec<DeviceSpec>) -> (Arc<Engine>, DaxReconfigure) {
+/// The control plane of a test: the DAX backend behind a real HTTP
+/// server on 127.0.0.1.
+struct Ctl {
+    backend: Arc<DaxReconfigure>,
+    http: daxkv::http::HttpServer,
+}
+
+impl Ctl {
+    /// `operation` with `payload` (the backend's keys: `size_bytes`) as a
+    /// POST to `/reconfigure/dax/l2/{operation}` (the body's `size`).
+    /// `status`, and calls with an owners callback, go to the backend.
+    fn reconfigure(
+        &self,
+        op: &str,
+        payload: &Value,
+        owners: Owners<'_>,
+    ) -> Result<Value, ReconfigureError> {
+        if owners.is_some() || op == "status" {
+            return self.backend.reconfigure(op, payload, owners);
+        }
+        let mut body = payload.clone();
+        if let Some(size) = body.as_object_mut().and_then(|o| o.remove("size_bytes")) {
+            body["size"] = size;
+        }
+        let (status, text) = daxkv::serve::request(
+            &self.http.local_addr().to_string(),
+            "POST",
+            &format!("/reconfigure/dax/l2/{op}"),
+            Some(&body),
+            None,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        if status == 200 {
+            Ok(v)
+        } else {
+            Err(ReconfigureError::with_body(status, v))
+        }
+    }
+
+    fn reconfigure_status(&self) -> Value {
+        self.backend.reconfigure_status()
+    }
+}
+
+fn control(e: &Arc<Engine>) -> Ctl {
+    let backend = Arc::new(DaxReconfigure::new(e.clone(), |_, _, _| Ok(())));
+    let mut registry = Registry::new();
+    registry.register(backend.clone());
+    let http = daxkv::http::serve(
+        daxkv::http::HttpConfig::default(),
+        registry,
+        daxkv::http::HttpHooks::default(),
+    )
+    .unwrap();
+    Ctl { backend, http }
+}
+
+fn open(devs: Vec<DeviceSpec>) -> (Arc<Engine>, Ctl) {
     let e = Arc::new(Engine::open(devs, SLOT, true, EngineOptions::default()).unwrap());
-    let r = DaxReconfigure::new(e.clone(), |_, _, _| Ok(()));
+    let r = control(&e);
     (e, r)
 }
 
