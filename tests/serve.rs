@@ -200,7 +200,7 @@ fn hotplug_over_http_under_traffic() {
     let detach = t0.elapsed();
     assert_eq!(code, 200, "{out}");
     let m = s.get("/metrics").1;
-    assert_eq!(metric(&m, "daxkv_traffic_errors_total"), 0);
+    assert_eq!(metric(&m, "daxkv_traffic_wrong_bytes_total"), 0);
     assert!(metric(&m, "daxkv_traffic_verified_total") > 0);
     assert_eq!(
         metric(
