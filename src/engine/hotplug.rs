@@ -246,6 +246,19 @@ impl HotplugError {
     }
 }
 
+/// `Blocked` if a key of `dev` is locked or a read of it borrowed
+/// (upstream checks the whole device, not only the keys it will touch).
+fn unblocked(dev: &Device) -> Result<(), HotplugError> {
+    let st = dev.core().status();
+    if st.locked_key_count > 0 || st.borrowed_slot_count > 0 {
+        return Err(HotplugError::Blocked {
+            locked: st.locked_key_count,
+            borrowed: st.borrowed_slot_count,
+        });
+    }
+    Ok(())
+}
+
 /// Count `r` as one `op` in the metrics, and pass it on.
 fn counted<T>(e: &Engine, op: HotplugOp, r: Result<T, HotplugError>) -> Result<T, HotplugError> {
     let outcome = match &r {
@@ -460,13 +473,7 @@ impl Engine {
         dev.set_state(during);
         let mut restore = RestoreState(&dev, old, true);
         if !force {
-            let st = dev.core().status();
-            if st.locked_key_count > 0 || st.borrowed_slot_count > 0 {
-                return Err(HotplugError::Blocked {
-                    locked: st.locked_key_count,
-                    borrowed: st.borrowed_slot_count,
-                });
-            }
+            unblocked(&dev)?;
         }
         let keys = dev.core().snapshot_keys();
         let (mut moved, mut bytes, mut deleted) = (0, 0u64, 0);
@@ -550,13 +557,7 @@ impl Engine {
         let (mut moved, mut deleted) = (0, 0);
         if new_slots < dev.core().max_slots() {
             if !force {
-                let st = dev.core().status();
-                if st.locked_key_count > 0 || st.borrowed_slot_count > 0 {
-                    return Err(HotplugError::Blocked {
-                        locked: st.locked_key_count,
-                        borrowed: st.borrowed_slot_count,
-                    });
-                }
+                unblocked(&dev)?;
             }
             // A put that began before the state change may still land in a
             // high slot: look again a few times.

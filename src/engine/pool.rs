@@ -367,6 +367,25 @@ impl DevicePool {
         })
     }
 
+    /// Device `id` (if `keep` accepts it), unless the engine is closing.
+    /// Called under `admin`.
+    fn find_open(
+        &self,
+        id: DeviceId,
+        closing: &AtomicBool,
+        keep: impl Fn(&Device) -> bool,
+    ) -> Result<Arc<Device>, EngineError> {
+        // ORDERING: Acquire — as in `add`.
+        if closing.load(Ordering::Acquire) {
+            return Err(EngineError::Closing);
+        }
+        self.list()
+            .iter()
+            .find(|d| d.id == id && keep(d))
+            .cloned()
+            .ok_or(EngineError::NoSuchDevice { id: id.0 })
+    }
+
     /// Move device `id` to `to`; returns its previous state. A tombstone
     /// (closed, removed) never changes again, and no device becomes
     /// `Closed` this way (that is `close`'s).
@@ -377,15 +396,7 @@ impl DevicePool {
         closing: &AtomicBool,
     ) -> Result<DeviceState, EngineError> {
         let _admin = self.admin();
-        // ORDERING: Acquire — as in `add`.
-        if closing.load(Ordering::Acquire) {
-            return Err(EngineError::Closing);
-        }
-        let devs = self.list();
-        let d = devs
-            .iter()
-            .find(|d| d.id == id)
-            .ok_or(EngineError::NoSuchDevice { id: id.0 })?;
+        let d = self.find_open(id, closing, |_| true)?;
         let from = d.state();
         if from.is_tombstone() || to == DeviceState::Closed {
             return Err(EngineError::StateChange {
@@ -408,15 +419,7 @@ impl DevicePool {
         closing: &AtomicBool,
     ) -> Result<(), EngineError> {
         let _admin = self.admin();
-        // ORDERING: Acquire — as in `add`.
-        if closing.load(Ordering::Acquire) {
-            return Err(EngineError::Closing);
-        }
-        let devs = self.list();
-        let d = devs
-            .iter()
-            .find(|d| d.id == id && !d.state().is_tombstone())
-            .ok_or(EngineError::NoSuchDevice { id: id.0 })?;
+        let d = self.find_open(id, closing, |d| !d.state().is_tombstone())?;
         d.core
             .remap(bytes)
             .map_err(|source| EngineError::Resize { id: id.0, source })
