@@ -1172,9 +1172,12 @@ impl DaxCore {
     }
 
     fn delete_in(&self, key: Key, force: bool) -> bool {
-        let Some((e, gen, _)) = self.pin_published(key) else {
-            return false;
-        };
+        self.delete_locks_in(key, force).is_some()
+    }
+
+    /// Delete `key`; `Some(lock count of the copy deleted)` if it was.
+    fn delete_locks_in(&self, key: Key, force: bool) -> Option<u32> {
+        let (e, gen, _) = self.pin_published(key)?;
         let s = e.slot;
         match self.meta(s).state.detach(gen, force) {
             Ok(t) if !t.prev.has(WRITING) => {
@@ -1182,19 +1185,28 @@ impl DaxCore {
                 // We detached a committed copy: its bucket (validated under
                 // the pin) is ours to remove; the unlink drops the pin too.
                 self.unlink_owned(s, gen, e, true);
-                true
+                Some(t.prev.lock_count())
             }
             Ok(t) => {
                 // Canceled a store in flight: its writer removes its bucket.
                 self.settle(s, t);
                 self.unpin(s, gen);
-                true
+                Some(t.prev.lock_count())
             }
             Err(_) => {
                 self.unpin(s, gen);
-                false
+                None
             }
         }
+    }
+
+    /// Forced delete of `key` that returns the lock count its copy had at
+    /// the moment it was detached (`None`: not present). A migration hands
+    /// those locks to the key's new copy, so no lookup lock is lost or
+    /// released by another reader's unlock.
+    pub fn delete_taking_locks(&self, key: Key) -> Option<u32> {
+        let _g = self.arena.enter().ok()?;
+        self.delete_locks_in(key, true)
     }
 
     // ----- capacity -----
@@ -1288,6 +1300,17 @@ impl DaxCore {
             return false;
         }
         !self.bitmap.any_taken(new_slots, self.max_slots())
+    }
+
+    /// Wait until no operation is inside the mapping (new ones wait behind
+    /// this), then let them in again: after it returns, every operation
+    /// that began before it has finished. Bounded by the drain timeout
+    /// (`Busy` with the number of guards still held).
+    pub fn quiesce(&self) -> Result<(), CoreError> {
+        self.arena.exclusive(|_| ()).map_err(|e| match e {
+            GateError::Closed => CoreError::Closed,
+            busy @ GateError::Busy { .. } => CoreError::Busy(busy),
+        })
     }
 
     /// Grow or shrink the mapping to `new_bytes`. Waits for in-flight

@@ -15,8 +15,9 @@
 //! Under the key's claim (parent module doc, "Key ownership"): read the
 //! payload from the source, put it on the least-used writable device (the
 //! next one if full), then delete it from the source. A store of the key
-//! waits on the claim, so no third copy appears; a lookup or load sees one
-//! copy or the other, both the same bytes. If the source delete fails (a
+//! waits on the claim, so no third copy appears; a lookup or load may miss
+//! the key while it moves (a transient miss, never wrong bytes). If the
+//! source delete fails (a
 //! lookup locked the key meanwhile and `force` is off) the copy on the
 //! target is deleted again: the key stays where it was. So at every
 //! moment outside a claim each key has exactly one copy, and a migration
@@ -36,8 +37,10 @@ use crate::core::{CoreConfig, PutOutcome};
 use crate::error::PutError;
 use crate::key::Key;
 
-/// Address space reserved for a hotplugged memfd device to grow into.
-const MEMFD_GROW_BYTES: usize = 64 << 30;
+/// How far a hotplugged memfd device may grow (× its first size): the
+/// slot tables are sized for the largest size, so the headroom costs DRAM
+/// (review finding: a flat 64 GiB took 800 MiB of tables at 4 KiB slots).
+const MEMFD_GROW_FACTOR: usize = 4;
 
 /// How `remove_device` empties a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,6 +262,35 @@ fn unblocked(dev: &Device) -> Result<(), HotplugError> {
     Ok(())
 }
 
+/// Wait until every operation that entered `dev` before its state change
+/// has left (review finding: a store that chose the device while it was
+/// still writable, and committed after its keys were listed, was lost
+/// with it). Puts that enter later see the new state and go elsewhere
+/// (`store_one` checks writability inside its session). A guard held past
+/// the drain timeout (a long borrowed read) blocks, unless `force`.
+fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
+    match dev.core().quiesce() {
+        Err(crate::error::CoreError::Busy(crate::arena::GateError::Busy { guards, .. }))
+            if !force =>
+        {
+            Err(HotplugError::Blocked {
+                locked: 0,
+                borrowed: guards,
+            })
+        }
+        // Done, closed, or (forced) still busy: go on.
+        _ => Ok(()),
+    }
+}
+
+/// Take `n` lookup locks on `key` on `dev` (locks handed over from a
+/// moved copy).
+fn lock_n(dev: &Device, key: Key, n: u32) {
+    for _ in 0..n {
+        dev.core().exists(key, true);
+    }
+}
+
 /// Count `r` as one `op` in the metrics, and pass it on.
 fn counted<T>(e: &Engine, op: HotplugOp, r: Result<T, HotplugError>) -> Result<T, HotplugError> {
     let outcome = match &r {
@@ -401,7 +433,7 @@ impl Engine {
         if path == "memfd" {
             // Room to grow: address space only (a file or device can grow
             // up to its own length, which the arena reads at open).
-            arena = arena.max_size_bytes(size_bytes.max(MEMFD_GROW_BYTES));
+            arena = arena.max_size_bytes(size_bytes.saturating_mul(MEMFD_GROW_FACTOR));
         }
         let spec = DeviceSpec {
             path: path.to_string(),
@@ -475,6 +507,7 @@ impl Engine {
         if !force {
             unblocked(&dev)?;
         }
+        quiesce(&dev, force)?;
         let keys = dev.core().snapshot_keys();
         let (mut moved, mut bytes, mut deleted) = (0, 0u64, 0);
         match mode {
@@ -559,6 +592,7 @@ impl Engine {
             if !force {
                 unblocked(&dev)?;
             }
+            quiesce(&dev, force)?;
             // A put that began before the state change may still land in a
             // high slot: look again a few times.
             for _ in 0..4 {
@@ -639,6 +673,12 @@ impl Engine {
         let Some((_, meta)) = src.core().payload_len(key) else {
             return Move::Gone;
         };
+        // A locked key stays where its lock is (a lookup holds it), unless
+        // `force`; with `force` its locks move with it (below).
+        let locks = src.core().lock_count(key);
+        if locks > 0 && !force {
+            return Move::Locked;
+        }
         let Some(n) = src.core().load_into(key, buf) else {
             return Move::Gone;
         };
@@ -660,13 +700,29 @@ impl Engine {
             match target.core().put(key, &buf[..n], meta) {
                 Ok(PutOutcome::Stored | PutOutcome::AlreadyPresent) => {
                     // Deletes take the claim too, so the source copy is
-                    // still there: it goes now, unless a lookup locked it
-                    // meanwhile (without `force`); then the copy goes.
-                    if src.core().delete(key, force) {
+                    // still there. Forced: its locks, counted atomically
+                    // with its removal, move to the new copy
+                    // (docs/key-ownership.md, Migration).
+                    if force {
+                        let locks = src.core().delete_taking_locks(key).unwrap_or(0);
+                        lock_n(target, key, locks);
                         return Move::Moved(n);
                     }
-                    target.core().delete(key, true);
-                    return Move::Locked;
+                    if src.core().delete(key, false) {
+                        return Move::Moved(n);
+                    }
+                    // A lookup locked the source copy since the check: the
+                    // new copy goes again, unless a reader locked it too
+                    // meanwhile; then the source's locks move onto it and
+                    // the source copy goes (one copy, no lock lost, and an
+                    // unlock releases a lock its reader took; review
+                    // finding).
+                    if target.core().delete(key, false) {
+                        return Move::Locked;
+                    }
+                    let locks = src.core().delete_taking_locks(key).unwrap_or(0);
+                    lock_n(target, key, locks);
+                    return Move::Moved(n);
                 }
                 Err(PutError::Full | PutError::IndexFull | PutError::Closed) => {}
                 Err(e) => {
@@ -693,7 +749,13 @@ impl Engine {
             self.inner
                 .tell_listeners("on_keys_deleted", |l| l.on_keys_deleted(&deleted));
         }
-        let blocked = keys.len() - deleted.len();
+        // A key another thread deleted meanwhile is gone, not blocked
+        // (review finding: a forced evict was refused for it).
+        let blocked = keys
+            .iter()
+            .zip(&ok)
+            .filter(|(k, &d)| !d && dev.core().contains_live(**k))
+            .count();
         if blocked > 0 {
             return Err(HotplugError::Blocked {
                 locked: blocked,

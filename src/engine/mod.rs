@@ -107,15 +107,22 @@
 //!   stop at the first hit. With one copy there is one hit.
 //! - **Unlock.** Applied on every device (a lock lives where the key was
 //!   found; unlocking a device without it does nothing).
-//! - **Delete.** On every device, no claim needed: a delete never creates
-//!   a copy. A store racing a delete leaves zero or one copy.
-//! - **Migration (hotplug, later).** Under the key's claim: copy to the
-//!   target and commit there (two copies now, both the same bytes; a
-//!   reader may hit either: same bytes, so invisible), flip ownership (mark
-//!   the source device not-readable for this key by deleting it there, the
-//!   last step), release the claim. A store of the key during the move
+//! - **Delete.** On every device, under the key's claim (the device list
+//!   read under it), so a migration moving the key finishes first and the
+//!   delete finds its one copy. A claim holder never waits on an arena: a
+//!   device with a remap pending makes the delete let go of the claim,
+//!   wait, and do the key again.
+//! - **Migration** (`hotplug.rs`). Under the key's claim: copy to the
+//!   target and commit there (two copies now, both the same bytes), delete
+//!   the source copy (the last step; a forced move hands its lock count to
+//!   the new copy), release the claim. A store of the key during the move
 //!   waits on the claim, so it cannot add a third copy; a store of the key
-//!   that ran before the move finds the source copy and is a no-op.
+//!   that ran before the move finds the source copy and is a no-op. A
+//!   lookup or load of the key during the move may miss it (it scanned the
+//!   target before the copy landed and the source after it left): a
+//!   transient miss, never wrong bytes. Before listing a device's keys, a
+//!   removal takes it out of the writable set and waits for every session
+//!   on it to end, so no store commits there unseen.
 //! - **Limits.** Stores through the engine follow the protocol; code that
 //!   calls `DaxCore::put` on a device directly bypasses it. A device that
 //!   is no longer readable (removing, closed) is not consulted by step 3:
@@ -131,6 +138,8 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 
 pub mod claims;
 mod hotplug;
+#[cfg(all(test, debug_assertions, not(daxkv_loom)))]
+mod hotplug_races;
 mod metrics;
 mod options;
 mod pool;
@@ -533,19 +542,43 @@ impl Engine {
             return 0;
         }
         let before = out.len();
-        let devs = self.inner.pool.list();
-        for &k in keys {
+        let mut i = 0;
+        while i < keys.len() {
+            let k = keys[i];
             // Under the key's claim: a migration moving it (which holds the
             // claim from copy to source delete) finishes first, so the
             // delete finds the one copy and cannot be undone by the move.
-            let _claim = self.inner.pool.claims.claim(k);
+            // The device list is read under the claim (a key moved to a
+            // device added meanwhile is found there; review finding).
+            let claim = self.inner.pool.claims.claim(k);
+            let devs = self.inner.pool.list();
             let mut hit = false;
+            let mut busy = None;
             for d in devs.iter() {
-                hit |= d.core().delete(k, false);
+                // A claim holder never waits on an arena (a pending remap
+                // may wait for a worker that waits for this claim): enter
+                // without waiting, and on a pending remap let go of the
+                // claim, wait for the remap, and do the key again.
+                match d.core().try_session() {
+                    Ok(_held) => hit |= d.core().delete(k, false),
+                    Err(crate::arena::TryEnterError::Closed) => {}
+                    Err(crate::arena::TryEnterError::Busy) => {
+                        busy = Some(d.clone());
+                        break;
+                    }
+                }
+            }
+            drop(claim);
+            if let Some(d) = busy {
+                drop(d.core().session());
+                if !hit {
+                    continue;
+                }
             }
             if hit {
                 out.push(k);
             }
+            i += 1;
         }
         let deleted = &out[before..];
         self.inner

@@ -633,10 +633,22 @@ pub(super) fn store_one(
             return Stored::No;
         };
         tried |= 1 << i;
-        match in_session(devs, sessions, i, |s| s.put(key, data, 0)) {
-            Ok(Some(Ok(_))) => return Stored::Yes,
-            Ok(Some(Err(PutError::Full | PutError::IndexFull | PutError::Closed)) | None) => {}
-            Ok(Some(Err(_))) => return Stored::No,
+        // Writable is checked again inside the session: a hotplug operation
+        // takes a device out of the writable set, then waits for every
+        // session on it to end before it lists the device's keys, so a put
+        // under a session entered after that sees the new state and a put
+        // under an older session is listed (review finding: a store
+        // committed after the list was lost with the device).
+        let d = &devs[i];
+        match in_session(devs, sessions, i, |s| {
+            d.state().is_writable().then(|| s.put(key, data, 0))
+        }) {
+            Ok(Some(Some(Ok(_)))) => return Stored::Yes,
+            Ok(
+                Some(Some(Err(PutError::Full | PutError::IndexFull | PutError::Closed)) | None)
+                | None,
+            ) => {}
+            Ok(Some(Some(Err(_)))) => return Stored::No,
             Err(dev) => return Stored::WouldWait(dev),
         }
     }

@@ -1,0 +1,217 @@
+//! Hotplug races found by the issue-10 review, each seen failing on the
+//! first implementation (outputs in the test docs): in-crate because they
+//! reach a device's core for the debug-only stall hook.
+
+#![allow(clippy::many_single_char_names)] // scenario tests
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::arena::ArenaSpec;
+use crate::buf::Buf;
+use crate::core::{CoreConfig, StallPoint};
+
+const SLOT: usize = 4096;
+const W: Duration = Duration::from_secs(30);
+
+fn dev(slots: usize, max: usize) -> DeviceSpec {
+    DeviceSpec {
+        path: "memfd".into(),
+        core: CoreConfig::new(
+            ArenaSpec::memfd(slots * SLOT).max_size_bytes(max * SLOT),
+            SLOT,
+        ),
+    }
+}
+
+fn store(e: &Engine, k: Key) {
+    let id = e
+        .submit_store(vec![k], vec![Buf::from(vec![5u8; 100])])
+        .unwrap();
+    assert!(e.wait_store(id, W).ready().unwrap().success);
+}
+
+fn lookup_lock(e: &Engine, k: Key) -> bool {
+    let id = e.submit_lookup_and_lock(vec![k]).unwrap();
+    match e.wait_lookup(id, W) {
+        Answer::Ready(b) => b.test(0),
+        _ => panic!("lookup timed out"),
+    }
+}
+
+/// Issue C: `Engine::delete_into` holds the key's claim while it enters
+/// each device with a blocking `DaxCore::delete` (arena `enter`). With a
+/// store worker holding its part session on device 1 and waiting for
+/// that claim, a hotplug grow of device 1 (remap pending: waits for the
+/// worker's session) and the delete (waits for the remap) form the cycle
+/// docs/key-ownership.md forbids; it ends only when the remap gives up
+/// after the drain timeout (5 s) and the resize fails.
+#[test]
+fn delete_holding_a_claim_waits_on_a_pending_remap() {
+    let e = Arc::new(
+        Engine::open(
+            vec![dev(16, 16), dev(16, 64)],
+            SLOT,
+            true,
+            EngineOptions::default(),
+        )
+        .unwrap(),
+    );
+    let k = Key::digest(b"cycle");
+    e.set_device_state(DeviceId(1), DeviceState::Draining)
+        .unwrap();
+    store(&e, k); // on device 0
+    e.set_device_state(DeviceId(1), DeviceState::Active)
+        .unwrap();
+    let devs = e.inner.pool.snapshot();
+    let (stalled_tx, stalled_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    devs[0]
+        .core()
+        .inject_stall(StallPoint::AfterFind, move |_| {
+            stalled_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        });
+    let deleter = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let n = e.delete(&[k]).len();
+            (n, t.elapsed())
+        })
+    };
+    stalled_rx.recv().unwrap(); // the delete holds K's claim (inside device 0)
+                                // A store of K: its worker opens sessions on devices 0 and 1, then
+                                // waits for K's claim.
+    let sid = e
+        .submit_store(vec![k], vec![Buf::from(vec![6u8; 100])])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let resizer = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let r = e.resize_device_to(
+                DeviceId(1),
+                32 * SLOT,
+                ShrinkMode::Migrate,
+                false,
+                |_, _| Ok(()),
+            );
+            (
+                r.map(|r| r.new_size_bytes).map_err(|e| e.to_string()),
+                t.elapsed(),
+            )
+        })
+    };
+    while !devs[1].core().remap_pending() {
+        std::thread::yield_now();
+    }
+    go_tx.send(()).unwrap(); // the delete goes on to device 1
+    let (resize, rt) = resizer.join().unwrap();
+    let (deleted, dt) = deleter.join().unwrap();
+    let _ = e.wait_store(sid, W);
+    eprintln!("resize: {resize:?} after {rt:?}; delete of 1 key: {deleted} after {dt:?}");
+    assert!(
+        resize.is_ok() && dt < Duration::from_secs(2),
+        "claim holder (delete) waited on a remap: resize {resize:?} in {rt:?}, delete took {dt:?}"
+    );
+}
+
+/// Issue D: a move that is rolled back (`Move::Locked`: a lookup locked
+/// the source copy meanwhile) deletes the target copy with force = true,
+/// destroying a lookup lock another reader took on the target copy in
+/// between. That reader's unlock (applied to every device) then releases
+/// the first reader's lock on the source: the key is unlocked while a
+/// reader still holds its lock, and a plain delete removes it.
+#[test]
+fn a_rolled_back_move_destroys_a_lock_on_the_target_copy() {
+    let e = Arc::new(
+        Engine::open(
+            vec![dev(16, 16), dev(16, 16)],
+            SLOT,
+            true,
+            EngineOptions::default(),
+        )
+        .unwrap(),
+    );
+    let k = Key::digest(b"theft");
+    e.set_device_state(DeviceId(0), DeviceState::Draining)
+        .unwrap();
+    store(&e, k); // on device 1 (the source S); device 0 (target T) is first
+    e.set_device_state(DeviceId(0), DeviceState::Active)
+        .unwrap();
+    let devs = e.inner.pool.snapshot();
+    let (s, t) = (devs[1].clone(), devs[0].clone());
+    let locked_b = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        // Finds on S by move_key: 1 payload_len, 2 the lock check (no lock
+        // yet), 3 load_into: reader A locks K (found on S only), 4 the
+        // source delete, after the put on T: reader B locks K, found on T
+        // first. Both copies are then locked.
+        let (e, locked_b) = (e.clone(), locked_b.clone());
+        s.core().inject_stall(StallPoint::AfterFind, move |c| {
+            c.inject_stall(StallPoint::AfterFind, move |c| {
+                c.inject_stall(StallPoint::AfterFind, move |c| {
+                    assert!(lookup_lock(&e, k), "reader A locks K on S");
+                    c.inject_stall(StallPoint::AfterFind, move |_| {
+                        // ORDERING: SeqCst — a test flag, read after the join.
+                        locked_b.store(lookup_lock(&e, k), std::sync::atomic::Ordering::SeqCst);
+                    });
+                });
+            });
+        });
+    }
+    let r = e.remove_device(DeviceId(1), RemoveMode::Migrate, false);
+    eprintln!("remove: {r:?}");
+    assert!(
+        // ORDERING: SeqCst — a test flag (see the store).
+        locked_b.load(std::sync::atomic::Ordering::SeqCst),
+        "reader B locked K"
+    );
+    assert_eq!(r.unwrap().moved_keys, 1, "the key moved with both locks");
+    assert_eq!(e.devices_holding(k), [DeviceId(0)], "one copy, on T");
+    assert_eq!(t.core().lock_count(k), 2, "A's lock joined B's on T");
+    // Reader B is done: it unlocks (on every device, as the API says).
+    e.submit_unlock(&[k]);
+    assert_eq!(t.core().lock_count(k), 1, "reader A still holds its lock");
+    assert!(e.delete(&[k]).is_empty(), "a locked key is not deleted");
+    e.submit_unlock(&[k]);
+    assert_eq!(e.delete(&[k]), [k]);
+}
+
+/// Issue D2: a forced migration drops lookup locks instead of handing
+/// them over (docs/key-ownership.md, Migration step 2: "the lock count
+/// moves to T's copy"): the source copy is force-deleted and the new copy
+/// has lock count 0, so a plain delete removes a key a reader holds locked.
+#[test]
+fn a_forced_migration_drops_lookup_locks() {
+    let e = Arc::new(
+        Engine::open(
+            vec![dev(16, 16), dev(16, 16)],
+            SLOT,
+            true,
+            EngineOptions::default(),
+        )
+        .unwrap(),
+    );
+    let k = Key::digest(b"handover");
+    e.set_device_state(DeviceId(0), DeviceState::Draining)
+        .unwrap();
+    store(&e, k); // on device 1
+    e.set_device_state(DeviceId(0), DeviceState::Active)
+        .unwrap();
+    assert!(lookup_lock(&e, k), "a reader locks K");
+    let r = e
+        .remove_device(DeviceId(1), RemoveMode::Migrate, true)
+        .unwrap();
+    let t = e.inner.pool.snapshot()[0].clone();
+    let n = t.core().lock_count(k);
+    let deleted = e.delete(&[k]);
+    eprintln!(
+        "moved {}; lock count on the new copy {n}; plain delete while locked removed {deleted:?}",
+        r.moved_keys
+    );
+    assert_eq!(n, 1, "the reader's lock was not handed over");
+}
