@@ -275,3 +275,27 @@ fn a_hotplugged_memfd_costs_dram_in_proportion_to_its_size() {
     // A flat 64 GiB of headroom took 800 MiB of slot tables here.
     assert!(after < before + 64, "RSS {before} MiB -> {after} MiB");
 }
+
+/// Tombstones stay in the device list (ids are never reused), so a
+/// long-lived pool outgrows 64 entries: placement chose only among the
+/// first 64 (a bitmask), so stores to a device added after that failed,
+/// and a migration onto it reported no capacity. Checked once with the
+/// bitmask: the store after 70 add / remove rounds failed.
+#[test]
+fn placement_reaches_devices_past_the_64th_entry() {
+    const SLOT: usize = 4096;
+    let e = Engine::open(vec![memfd(128, SLOT)], SLOT, true, EngineOptions::default()).unwrap();
+    let mut cur = DeviceId(0);
+    for round in 0..70u64 {
+        let (_, info) = e.hotplug_add("memfd", 128 * SLOT, |_, _| Ok(())).unwrap();
+        assert!(
+            store(&e, vec![key("tomb", round)], vec![pat(round, 100)]),
+            "round {round}"
+        );
+        e.remove_device(cur, RemoveMode::Migrate, false)
+            .unwrap_or_else(|err| panic!("round {round}: {err:?}"));
+        cur = info.id;
+    }
+    assert_eq!(e.devices().len(), 71);
+    assert_eq!(e.devices_holding(key("tomb", 0)), [cur]);
+}

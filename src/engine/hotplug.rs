@@ -30,7 +30,7 @@
 
 use std::sync::{Arc, MutexGuard};
 
-use super::pool::{Device, DeviceSpec, DeviceState};
+use super::pool::{next_writable, Device, DeviceSpec, DeviceState};
 use super::{DeviceId, DeviceInfo, Engine, EngineError, HotplugOp, HotplugOutcome};
 use crate::arena::{ArenaSource, ArenaSpec};
 use crate::core::{CoreConfig, PutOutcome};
@@ -683,20 +683,13 @@ impl Engine {
             return Move::Gone;
         };
         let devs = pool.list();
-        let mut tried: u64 = 0;
-        for _ in 0..devs.len().min(64) {
-            let Some((i, target)) = devs
-                .iter()
-                .enumerate()
-                .take(64)
-                .filter(|(i, d)| {
-                    tried & (1 << i) == 0 && d.id() != src.id() && d.state().is_writable()
-                })
-                .min_by(|a, b| a.1.usage().total_cmp(&b.1.usage()))
-            else {
+        let mut last = None;
+        for _ in 0..devs.len() {
+            let Some((usage, i)) = next_writable(&devs, last, Some(src.id())) else {
                 return Move::NoRoom;
             };
-            tried |= 1 << i;
+            last = Some((usage, i));
+            let target = &devs[i];
             match target.core().put(key, &buf[..n], meta) {
                 Ok(PutOutcome::Stored | PutOutcome::AlreadyPresent) => {
                     // Deletes take the claim too, so the source copy is

@@ -586,6 +586,29 @@ fn in_session<R>(
     }
 }
 
+/// The writable device to try after `after` (a `(usage, index)` already
+/// tried): the least used, ties by position, skipping `except`. Called in
+/// a loop it walks the writable devices in ascending usage without
+/// allocating and without a limit on the list's length (tombstones stay in
+/// it; review finding: a 64-device bitmask skipped every device past the
+/// 64th).
+pub(super) fn next_writable(
+    devs: &[Arc<Device>],
+    after: Option<(f64, usize)>,
+    except: Option<DeviceId>,
+) -> Option<(f64, usize)> {
+    let later = |u: f64, i: usize| match after {
+        None => true,
+        Some((au, ai)) => u.total_cmp(&au).then(i.cmp(&ai)).is_gt(),
+    };
+    devs.iter()
+        .enumerate()
+        .filter(|(_, d)| d.state().is_writable() && Some(d.id) != except)
+        .map(|(i, d)| (d.usage(), i))
+        .filter(|&(u, i)| later(u, i))
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+}
+
 /// Store one key under its claim (parent module doc, "Key ownership"): a
 /// key already on a readable device stays there (success, no copy); a new
 /// key goes to the active device with the lowest slot usage, then the next
@@ -621,18 +644,12 @@ pub(super) fn store_one(
     }
     // Try writable devices in ascending usage: pick the least used one not
     // yet tried, each round (devices are few; no allocation per key).
-    let mut tried: u64 = 0;
-    for _ in 0..devs.len().min(64) {
-        let Some((i, _)) = devs
-            .iter()
-            .enumerate()
-            .take(64)
-            .filter(|(i, d)| tried & (1 << i) == 0 && d.state().is_writable())
-            .min_by(|a, b| a.1.usage().total_cmp(&b.1.usage()))
-        else {
+    let mut last = None;
+    for _ in 0..devs.len() {
+        let Some((usage, i)) = next_writable(devs, last, None) else {
             return Stored::No;
         };
-        tried |= 1 << i;
+        last = Some((usage, i));
         // Writable is checked again inside the session: a hotplug operation
         // takes a device out of the writable set, then waits for every
         // session on it to end before it lists the device's keys, so a put
