@@ -21,7 +21,7 @@
 //!
 //! Each memoryview is exported with `PyObject_GetBuffer` (C-contiguous;
 //! writable for `get` destinations) and described to the engine as a
-//! [`RawBuf`]: zero-copy. The export (a [`View`]) is kept in the pending
+//! [`RawBuf`]: zero-copy. The export (a `View`) is kept in the pending
 //! future until the completion is drained (or the connector is closed), so
 //! the memory stays valid while workers use it; it is released with the
 //! GIL held, after the collection.
