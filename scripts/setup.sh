@@ -40,4 +40,25 @@ for tool in rustfmt clippy; do
     fi
   fi
 done
+
+# The Python package's tests (python/, scripts/test-python.sh): with
+# DAXKV_PYTHON=1, a venv with LMCache 0.5.6 (about 6.3 GB with torch and
+# the CUDA wheels, ~5 min on a fast mirror; imports fine on a CPU-only
+# machine) at DAXKV_VENV (default ~/.cache/daxkv/venv-lmcache). Cached: a
+# venv that already imports lmcache 0.5.6 is left as it is.
+if [ "${DAXKV_PYTHON:-0}" = 1 ]; then
+  venv="${DAXKV_VENV:-$HOME/.cache/daxkv/venv-lmcache}"
+  if "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("lmcache") != "0.5.6")' 2>/dev/null; then
+    echo "setup: LMCache 0.5.6 venv at $venv (cached)"
+  else
+    py="${DAXKV_PYTHON_BIN:-python3}"
+    "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+      { echo "setup: $py is older than 3.11 (the daxkv module is abi3 for 3.11+)" >&2; exit 1; }
+    mkdir -p "$(dirname "$venv")"
+    "$py" -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q lmcache==0.5.6 pytest
+    echo "setup: LMCache 0.5.6 installed into $venv"
+  fi
+fi
 echo "setup: ok"

@@ -437,3 +437,30 @@ fn close_drains_then_waiters_and_collectors_get_their_results() {
         })
     ));
 }
+
+/// `Engine::exists` (the native connector's `submit_batch_exists`) looks
+/// up without locking: a hit pins nothing, so a delete right after it
+/// succeeds, the key then misses, and a load of it misses too.
+#[test]
+fn exists_is_a_lookup_without_lock() {
+    let e = engine(64, EngineOptions::default());
+    let keys = vec![k(1), k(2), k(3)];
+    let id = e
+        .submit_store(
+            vec![k(1), k(3)],
+            vec![Buf::from(payload(1, 100)), Buf::from(payload(3, 4000))],
+        )
+        .unwrap();
+    assert!(e.wait_store(id, T).ready().unwrap().success);
+    assert_eq!(e.exists(&keys), vec![true, false, true]);
+    let mut out = [true; 4];
+    assert_eq!(e.exists_into(&keys, &mut out), 2);
+    assert_eq!(out, [true, false, true, true], "the extra entry is left");
+    assert_eq!(e.status()["locked_key_count"], 0, "exists took no lock");
+    assert_eq!(e.delete(&[k(1)]), vec![k(1)], "not pinned by exists");
+    assert_eq!(e.exists(&keys), vec![false, false, true]);
+    let id = e.submit_load(vec![k(1)], vec![vec![0; SLOT]]).unwrap();
+    assert!(!e.wait_load(id, T).ready().unwrap().bitmap.test(0));
+    e.close();
+    assert_eq!(e.exists(&keys), vec![false; 3], "closed: every key misses");
+}

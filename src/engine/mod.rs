@@ -523,6 +523,45 @@ impl Engine {
             .record_call(Op::Unlock, keys.len(), keys.len());
     }
 
+    /// Look up `keys` without locking them, on the calling thread: key `i`
+    /// is a hit when a readable device holds it committed now (a store in
+    /// flight is a miss, as for lookups). No task, no completion, no lock:
+    /// the answer may be stale as soon as it returns (a hit can be deleted
+    /// or evicted before a later load, which then misses). For callers
+    /// whose lookups must not pin keys, such as LMCache's native-connector
+    /// bridge, which keeps its locks on its own side and never unlocks in
+    /// the engine (python/README.md). Not counted in the metrics.
+    pub fn exists(&self, keys: &[Key]) -> Vec<bool> {
+        let mut out = vec![false; keys.len()];
+        self.exists_into(keys, &mut out);
+        out
+    }
+
+    /// [`Engine::exists`] into `out` (as long as `keys`; extra entries are
+    /// left as they are); returns the number of hits.
+    pub fn exists_into(&self, keys: &[Key], out: &mut [bool]) -> usize {
+        let n = keys.len().min(out.len());
+        let out = &mut out[..n];
+        out.fill(false);
+        // ORDERING: Acquire — observes `close`'s store; a racing exists is
+        // kept safe by each core's own closing gate (a closed core answers
+        // miss); pairs with `request_close`.
+        if self.inner.closing.load(Ordering::Acquire) {
+            return 0;
+        }
+        for d in self.inner.pool.list().iter() {
+            if !d.state().is_readable() {
+                continue;
+            }
+            for (o, &k) in out.iter_mut().zip(&keys[..n]) {
+                if !*o {
+                    *o = d.core().exists(k, false);
+                }
+            }
+        }
+        out.iter().filter(|&&b| b).count()
+    }
+
     /// Delete unlocked, committed keys from every device; returns the keys
     /// deleted (each once) and tells the listeners.
     pub fn delete(&self, keys: &[Key]) -> Vec<Key> {

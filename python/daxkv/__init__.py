@@ -1,0 +1,10 @@
+"""daxkv: a KV-cache store for LLM inference caches in CXL / DAX memory.
+
+``daxkv.DaxConnector`` is LMCache's ``native_plugin`` connector over the
+Rust engine; ``daxkv.lmcache`` (imported lazily, needs LMCache) holds the
+``plugin``-path adapter. See python/README.md.
+"""
+
+from ._daxkv import DaxConnector
+
+__all__ = ["DaxConnector"]

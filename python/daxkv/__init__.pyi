@@ -1,0 +1,3 @@
+from ._daxkv import DaxConnector as DaxConnector
+
+__all__ = ["DaxConnector"]

@@ -1,0 +1,651 @@
+//! # `daxkv._daxkv`: the Python extension module
+//!
+//! [`DaxConnector`] is LMCache's `native_plugin` connector contract
+//! (docs/lmcache-dax-behavior.md §7.1) over the Rust [`Engine`]:
+//! `submit_batch_set / get / exists / delete` return a future id without
+//! blocking, `drain_completions()` hands back `(future_id, ok, error,
+//! per_key_bools_or_None)` tuples and resets the one pollable fd,
+//! `close()` is idempotent.
+//!
+//! ## The one fd
+//!
+//! The engine has three completion eventfds (store, lookup, load); the
+//! bridge polls one. `event_fd()` is an epoll fd watching the engine's
+//! three plus one eventfd of our own (for futures completed on the caller
+//! thread: exists, delete, refusals). An epoll fd is readable while any
+//! watched fd is, so `select.poll` on it works; `drain_completions` reads
+//! all four eventfds to zero *before* collecting, so a completion published
+//! after the collection signals again and is never lost.
+//!
+//! ## Buffers
+//!
+//! Each memoryview is exported with `PyObject_GetBuffer` (C-contiguous;
+//! writable for `get` destinations) and described to the engine as a
+//! [`RawBuf`]: zero-copy. The export (a `View`) is kept in the pending
+//! future until the completion is drained (or the connector is closed), so
+//! the memory stays valid while workers use it; it is released with the
+//! GIL held, after the collection.
+//!
+//! ## Exists does not lock
+//!
+//! LMCache's bridge keeps lookup locks on its own side and never sends an
+//! unlock to a native connector, so `submit_batch_exists` runs
+//! [`Engine::exists`] (a lookup without lock) on the caller thread, with
+//! the GIL released, and completes its future at once. A key deleted
+//! between exists and get loads as a miss; a load in progress is kept
+//! safe by the slot's read pin in the engine, not by a lookup lock.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use daxkv::buf::{Buf, RawBuf};
+use daxkv::config::EngineConfig;
+use daxkv::engine::{Answer, Engine, EngineError, TaskId};
+use daxkv::Key;
+use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+
+/// One completion as the bridge reads it.
+type Completion = (u64, bool, String, Option<Vec<bool>>);
+
+/// An exported Python buffer, released (with the GIL) on drop.
+struct View {
+    buf: Box<ffi::Py_buffer>,
+}
+
+// SAFETY: the export is only read (ptr, len) off the GIL; releasing it
+// (`Drop`) takes the GIL. The exporter keeps the memory alive and in
+// place until the release.
+unsafe impl Send for View {}
+
+impl View {
+    /// Export `obj`'s buffer: C-contiguous, and writable when `writable`.
+    fn get(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<View> {
+        let mut buf = Box::new(std::mem::MaybeUninit::<ffi::Py_buffer>::zeroed());
+        let flags = ffi::PyBUF_C_CONTIGUOUS | if writable { ffi::PyBUF_WRITABLE } else { 0 };
+        // SAFETY: `obj` is a live object (we hold a reference and the
+        // GIL); `buf` points to room for one Py_buffer.
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), buf.as_mut_ptr(), flags) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        // SAFETY: a successful PyObject_GetBuffer filled the struct.
+        let buf = unsafe { Box::from_raw(Box::into_raw(buf).cast::<ffi::Py_buffer>()) };
+        Ok(View { buf })
+    }
+
+    fn len(&self) -> usize {
+        usize::try_from(self.buf.len).unwrap_or(0)
+    }
+
+    /// The engine's descriptor of these bytes.
+    ///
+    /// # Safety
+    /// The caller keeps `self` alive until the task using the descriptor
+    /// has completed (drained or collected at close), and — for a load
+    /// destination — nobody else reads or writes the bytes meanwhile (the
+    /// bridge's contract: LMCache holds the objects for the task).
+    unsafe fn raw(&self) -> RawBuf {
+        // SAFETY: valid for `len` bytes while the export lives (the
+        // exporter's guarantee), which the caller extends past the task.
+        unsafe { RawBuf::new(self.buf.buf.cast::<u8>(), self.len()) }
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        Python::with_gil(|_| {
+            // SAFETY: the struct was filled by PyObject_GetBuffer and is
+            // released exactly once, here, with the GIL held.
+            unsafe { ffi::PyBuffer_Release(&mut *self.buf) };
+        });
+    }
+}
+
+/// A future waiting for an engine task.
+struct Pending {
+    fid: u64,
+    keys: usize,
+    /// Keeps the buffers exported until the task completes.
+    views: Vec<View>,
+}
+
+/// Everything behind the connector's one mutex.
+struct State {
+    /// `None` once closed.
+    engine: Option<Arc<Engine>>,
+    /// Sets in flight, by engine task id.
+    sets: HashMap<TaskId, Pending>,
+    /// Gets in flight, by engine task id.
+    gets: HashMap<TaskId, Pending>,
+    /// Completed, not yet drained.
+    ready: Vec<Completion>,
+    /// Exports whose tasks completed, to release with the GIL.
+    release: Vec<View>,
+}
+
+/// LMCache's `native_plugin` connector over the daxkv engine
+/// (docs/lmcache-dax-behavior.md §7.1). Thread-safe: the bridge's store
+/// and prefetch controllers call it concurrently.
+#[pyclass(module = "daxkv._daxkv", frozen)]
+pub struct DaxConnector {
+    state: Mutex<State>,
+    next: AtomicU64,
+    slot_bytes: usize,
+    /// The epoll fd handed out by `event_fd` (`None` once closed).
+    epoll: Mutex<Option<OwnedFd>>,
+    /// Our own eventfd, for futures completed on the caller thread.
+    efd: Mutex<Option<OwnedFd>>,
+    /// The engine's three completion fds (owned by the engine), read to
+    /// zero by `drain_completions`.
+    engine_fds: [RawFd; 3],
+}
+
+fn closed() -> PyErr {
+    PyRuntimeError::new_err("daxkv: connector is closed")
+}
+
+/// Read an eventfd (or any non-blocking fd) to zero; errors ignored.
+fn reset_fd(fd: RawFd) {
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into a local; a stale or closed fd only
+    // makes the read fail.
+    let _ = unsafe { libc::read(fd, std::ptr::addr_of_mut!(v).cast(), 8) };
+}
+
+fn notify_fd(fd: RawFd) {
+    let v = 1u64;
+    // SAFETY: writes 8 bytes from a local to an eventfd we own.
+    let _ = unsafe { libc::write(fd, std::ptr::addr_of!(v).cast(), 8) };
+}
+
+/// Digest LMCache's key strings (`str`, or `bytes`) as the Rust side does.
+fn digest_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    let mut out = Vec::new();
+    for k in keys.try_iter()? {
+        let k = k?;
+        if let Ok(s) = k.downcast::<PyString>() {
+            out.push(Key::digest(s.to_str()?.as_bytes()));
+        } else if let Ok(b) = k.downcast::<PyBytes>() {
+            out.push(Key::digest(b.as_bytes()));
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "daxkv: keys must be str or bytes (got {})",
+                k.get_type().name()?
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// Export every buffer (writable for destinations).
+fn export(bufs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
+    let what = if writable { "destination" } else { "source" };
+    let mut out = Vec::new();
+    for (i, b) in bufs.try_iter()?.enumerate() {
+        let b = b?;
+        out.push(View::get(&b, writable).map_err(|e| {
+            PyBufferError::new_err(format!(
+                "daxkv: {what} buffer {i}: {} (need a C-contiguous{} buffer)",
+                e.value(b.py()),
+                if writable { ", writable" } else { "" }
+            ))
+        })?);
+    }
+    Ok(out)
+}
+
+fn new_fd(fd: libc::c_int, what: &str) -> PyResult<OwnedFd> {
+    if fd < 0 {
+        return Err(PyRuntimeError::new_err(format!(
+            "daxkv: {what}: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: a fresh fd just returned by the kernel, owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl DaxConnector {
+    fn fid(&self) -> u64 {
+        // ORDERING: Relaxed — a unique number, nothing published through it.
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn signal(&self) {
+        if let Some(fd) = self
+            .efd
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            notify_fd(fd.as_raw_fd());
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Complete a future at once (on the caller thread) and signal.
+    fn complete_now(&self, st: &mut State, c: Completion) -> u64 {
+        let fid = c.0;
+        st.ready.push(c);
+        self.signal();
+        fid
+    }
+
+    /// Move every finished task into `ready` (no GIL needed).
+    fn collect(st: &mut State) {
+        let Some(engine) = st.engine.clone() else {
+            return;
+        };
+        for (id, r) in engine.pop_completed_stores() {
+            if let Some(p) = st.sets.remove(&id) {
+                let err = if r.success {
+                    String::new()
+                } else {
+                    format!(
+                        "daxkv: store of {} keys failed (a key did not fit: device full, or \
+                         the engine is closing)",
+                        p.keys
+                    )
+                };
+                st.ready.push((p.fid, r.success, err, None));
+                st.release.extend(p.views);
+            }
+        }
+        let ids: Vec<TaskId> = st.gets.keys().copied().collect();
+        for id in ids {
+            let done = match engine.query_load(id) {
+                Answer::Pending => continue,
+                Answer::Ready(r) => Ok(r.bitmap.to_vec()),
+                Answer::Closed => Err("daxkv: engine closed before the load ran".to_string()),
+                Answer::Unknown | Answer::WrongKind(_) => {
+                    Err("daxkv: load result lost (unknown task)".to_string())
+                }
+            };
+            let p = st.gets.remove(&id).expect("listed above");
+            let c = match done {
+                Ok(bits) => {
+                    let hits = bits.iter().filter(|&&b| b).count();
+                    let ok = hits == bits.len();
+                    let err = if ok {
+                        String::new()
+                    } else {
+                        format!(
+                            "daxkv: {} of {} keys not loaded (missing, or the destination is \
+                             smaller than the stored payload)",
+                            bits.len() - hits,
+                            bits.len()
+                        )
+                    };
+                    (p.fid, ok, err, Some(bits))
+                }
+                Err(e) => (p.fid, false, e, Some(vec![false; p.keys])),
+            };
+            st.ready.push(c);
+            st.release.extend(p.views);
+        }
+    }
+}
+
+#[pymethods]
+impl DaxConnector {
+    /// `DaxConnector(**adapter_params)`: the engine's config keys (those of
+    /// LMCache's `dax` adapter, `type` optional). `_panic_on_key` (a key
+    /// string) is a test hook: a task part meeting that key panics.
+    #[new]
+    #[pyo3(signature = (**adapter_params))]
+    fn new(py: Python<'_>, adapter_params: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let params = match adapter_params {
+            Some(d) => d.copy()?,
+            None => PyDict::new(py),
+        };
+        let panic_key = match params.get_item("_panic_on_key")? {
+            Some(k) => {
+                params.del_item("_panic_on_key")?;
+                Some(Key::digest(k.extract::<String>()?.as_bytes()))
+            }
+            None => None,
+        };
+        let json: String = py
+            .import("json")?
+            .call_method1("dumps", (params,))?
+            .extract()?;
+        let cfg =
+            EngineConfig::from_json(&json).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut opts = cfg.options();
+        opts.panic_on_key = panic_key;
+        let engine = py
+            .allow_threads(|| {
+                Engine::open(
+                    cfg.device_specs(),
+                    cfg.slot_bytes,
+                    cfg.hotplug_enabled,
+                    opts,
+                )
+            })
+            .map_err(|e| PyRuntimeError::new_err(format!("daxkv: open: {e}")))?;
+        let engine_fds = engine.event_fds();
+        // SAFETY: plain syscalls creating new fds.
+        let efd = new_fd(
+            unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) },
+            "eventfd",
+        )?;
+        // SAFETY: as above.
+        let epoll = new_fd(
+            unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
+            "epoll_create1",
+        )?;
+        for fd in engine_fds.iter().copied().chain([efd.as_raw_fd()]) {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: fd as u64,
+            };
+            // SAFETY: both fds are open; `ev` is a valid event.
+            let rc =
+                unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+            if rc != 0 {
+                engine.close();
+                return Err(PyRuntimeError::new_err(format!(
+                    "daxkv: epoll_ctl: {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+        }
+        Ok(DaxConnector {
+            slot_bytes: engine.slot_bytes(),
+            state: Mutex::new(State {
+                engine: Some(Arc::new(engine)),
+                sets: HashMap::new(),
+                gets: HashMap::new(),
+                ready: Vec::new(),
+                release: Vec::new(),
+            }),
+            next: AtomicU64::new(1),
+            epoll: Mutex::new(Some(epoll)),
+            efd: Mutex::new(Some(efd)),
+            engine_fds,
+        })
+    }
+
+    /// The one pollable fd (an epoll fd; POLLIN when completions wait).
+    /// -1 after `close()`.
+    fn event_fd(&self) -> i32 {
+        self.epoll
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(-1, AsRawFd::as_raw_fd)
+    }
+
+    /// Bytes per slot: the largest value a key can hold.
+    #[getter]
+    fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Store `bufs[i]` under `keys[i]` (zero-copy; the caller keeps the
+    /// buffers unchanged until the future completes). Returns a future id.
+    fn submit_batch_set(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        bufs: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        let keys = digest_keys(keys)?;
+        let views = export(bufs, false)?;
+        if keys.len() != views.len() {
+            return Err(PyValueError::new_err(format!(
+                "daxkv: submit_batch_set: {} keys but {} buffers",
+                keys.len(),
+                views.len()
+            )));
+        }
+        let fid = self.fid();
+        let slot = self.slot_bytes;
+        py.allow_threads(move || {
+            let mut st = self.lock();
+            let engine = st.engine.clone().ok_or_else(closed)?;
+            if let Some((i, v)) = views.iter().enumerate().find(|(_, v)| v.len() > slot) {
+                let err = format!(
+                    "daxkv: source buffer {i} is {} bytes, more than slot_bytes {slot}",
+                    v.len()
+                );
+                st.release.extend(views);
+                return Ok(self.complete_now(&mut st, (fid, false, err, None)));
+            }
+            // SAFETY: `views` is kept in the pending entry until the
+            // store's completion is collected (`collect`, or `close`).
+            let srcs: Vec<Buf> = views.iter().map(|v| Buf::Raw(unsafe { v.raw() })).collect();
+            let n = keys.len();
+            match engine.submit_store(keys, srcs) {
+                Ok(id) => {
+                    st.sets.insert(
+                        id,
+                        Pending {
+                            fid,
+                            keys: n,
+                            views,
+                        },
+                    );
+                    Ok(fid)
+                }
+                Err(r) if matches!(r.error, EngineError::Closing) => Err(closed()),
+                Err(r) => {
+                    let err = format!("daxkv: {}", r.error);
+                    drop(r);
+                    st.release.extend(views);
+                    Ok(self.complete_now(&mut st, (fid, false, err, None)))
+                }
+            }
+        })
+    }
+
+    /// Load `keys[i]` into `bufs[i]` (zero-copy; each must be writable,
+    /// C-contiguous and at least the stored payload's length). Returns a
+    /// future id; its per-key bools say which keys were loaded.
+    fn submit_batch_get(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        bufs: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        let keys = digest_keys(keys)?;
+        let views = export(bufs, true)?;
+        if keys.len() != views.len() {
+            return Err(PyValueError::new_err(format!(
+                "daxkv: submit_batch_get: {} keys but {} buffers",
+                keys.len(),
+                views.len()
+            )));
+        }
+        let fid = self.fid();
+        py.allow_threads(move || {
+            let mut st = self.lock();
+            let engine = st.engine.clone().ok_or_else(closed)?;
+            // SAFETY: `views` is kept in the pending entry until the load's
+            // completion is collected; the bridge leaves the destinations
+            // alone until then.
+            let dsts: Vec<RawBuf> = views.iter().map(|v| unsafe { v.raw() }).collect();
+            let n = keys.len();
+            match engine.submit_load_raw(keys, dsts) {
+                Ok(id) => {
+                    st.gets.insert(
+                        id,
+                        Pending {
+                            fid,
+                            keys: n,
+                            views,
+                        },
+                    );
+                    Ok(fid)
+                }
+                Err(r) if matches!(r.error, EngineError::Closing) => Err(closed()),
+                Err(r) => {
+                    let err = format!("daxkv: {}", r.error);
+                    drop(r);
+                    st.release.extend(views);
+                    Ok(self.complete_now(&mut st, (fid, false, err, Some(vec![false; n]))))
+                }
+            }
+        })
+    }
+
+    /// Which keys are stored now, without locking them (see the module
+    /// doc). Completes at once; returns its future id.
+    fn submit_batch_exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let keys = digest_keys(keys)?;
+        let fid = self.fid();
+        py.allow_threads(move || {
+            let engine = self.lock().engine.clone().ok_or_else(closed)?;
+            let hits = engine.exists(&keys);
+            let mut st = self.lock();
+            Ok(self.complete_now(&mut st, (fid, true, String::new(), Some(hits))))
+        })
+    }
+
+    /// Delete the keys (committed and not locked in the engine); per-key
+    /// bools say which were deleted. Completes at once.
+    fn submit_batch_delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let keys = digest_keys(keys)?;
+        let fid = self.fid();
+        py.allow_threads(move || {
+            let engine = self.lock().engine.clone().ok_or_else(closed)?;
+            let deleted = engine.delete(&keys);
+            let mut left: Vec<Key> = deleted;
+            let bits: Vec<bool> = keys
+                .iter()
+                .map(|k| {
+                    if let Some(p) = left.iter().position(|d| d == k) {
+                        left.swap_remove(p);
+                        true
+                    } else {
+                        false
+                    }
+                })
+                .collect();
+            let mut st = self.lock();
+            Ok(self.complete_now(&mut st, (fid, true, String::new(), Some(bits))))
+        })
+    }
+
+    /// Every completion not drained before, as `(future_id, ok, error,
+    /// per_key_bools_or_None)`; resets the event fd. Never blocks on the
+    /// engine.
+    fn drain_completions(&self, py: Python<'_>) -> Vec<Completion> {
+        let (out, release) = py.allow_threads(|| {
+            // Reset first, then collect: a completion published after the
+            // collection signals again.
+            if let Some(fd) = self
+                .efd
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+            {
+                reset_fd(fd.as_raw_fd());
+            }
+            let mut st = self.lock();
+            if st.engine.is_some() {
+                for &fd in &self.engine_fds {
+                    reset_fd(fd);
+                }
+            }
+            Self::collect(&mut st);
+            (
+                std::mem::take(&mut st.ready),
+                std::mem::take(&mut st.release),
+            )
+        });
+        drop(release);
+        out
+    }
+
+    /// Engine status (a dict: `is_healthy`, `locked_key_count`, devices…).
+    /// `{"is_healthy": False, "closed": True}` after `close()`.
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = py.allow_threads(|| {
+            self.lock().engine.clone().map_or_else(
+                || r#"{"is_healthy": false, "closed": true}"#.to_string(),
+                |e| e.status().to_string(),
+            )
+        });
+        py.import("json")?.call_method1("loads", (s,))
+    }
+
+    /// Futures submitted and not yet drained.
+    fn pending(&self) -> usize {
+        let st = self.lock();
+        st.sets.len() + st.gets.len() + st.ready.len()
+    }
+
+    /// Wait for the tasks in flight, stop the engine, release every buffer
+    /// and close the fds. Completions not drained stay drainable.
+    /// Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let release = py.allow_threads(|| {
+            let Some(engine) = self.lock().engine.clone() else {
+                return Vec::new();
+            };
+            engine.close();
+            let mut st = self.lock();
+            Self::collect(&mut st);
+            st.engine = None;
+            // Anything still pending can no longer complete: fail it so
+            // every future completes.
+            let st = &mut *st;
+            let left: Vec<Pending> = st
+                .sets
+                .drain()
+                .chain(st.gets.drain())
+                .map(|(_, p)| p)
+                .collect();
+            for p in left {
+                st.ready
+                    .push((p.fid, false, "daxkv: connector closed".into(), None));
+                st.release.extend(p.views);
+            }
+            *self.epoll.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            *self.efd.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            std::mem::take(&mut st.release)
+        });
+        drop(release);
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) {
+        self.close(py);
+    }
+}
+
+impl Drop for DaxConnector {
+    fn drop(&mut self) {
+        let engine = self
+            .state
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .engine
+            .take();
+        if let Some(e) = engine {
+            // Tasks using exported buffers finish before the exports are
+            // released (the state, dropped after this, holds them).
+            e.close();
+        }
+    }
+}
+
+/// The extension module.
+#[pymodule]
+fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<DaxConnector>()?;
+    Ok(())
+}
