@@ -85,7 +85,8 @@ fn err(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
 /// One configured device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceConfig {
-    /// A devdax node, a file (created if missing), or `"memfd"`.
+    /// A devdax node, an existing file (on tmpfs or fsdax, at least
+    /// `max_dax_size_bytes` long), or `"memfd"`.
     pub device_path: String,
     /// Bytes to map (`max_dax_size_gb` × 2³⁰, whole slots).
     pub max_dax_size_bytes: usize,
