@@ -469,7 +469,7 @@ impl CpuSample {
 }
 
 /// A source object: distinct bytes per object id.
-fn fill(buf: &mut [u8], id: usize) {
+pub(crate) fn fill(buf: &mut [u8], id: usize) {
     let mut x = (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     for chunk in buf.chunks_mut(8) {
         x ^= x << 13;
@@ -1570,36 +1570,9 @@ impl Report {
 /// Parse a size like `4K`, `64KiB`, `2M`, `1.5GiB` or `4096`. Every suffix
 /// is binary, with or without the `i`: `K` = `KB` = `KiB` = 1024 bytes.
 pub fn parse_size(s: &str) -> Option<usize> {
-    let t = s.trim();
-    if t.is_empty() || t.len() > 64 {
-        return None;
-    }
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
-    let mult: u128 = match unit.as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return None,
-    };
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty()
-        || !int.chars().all(|c| c.is_ascii_digit())
-        || !frac.chars().all(|c| c.is_ascii_digit())
-        || (num.contains('.') && frac.is_empty())
-    {
-        return None;
-    }
-    let whole: u128 = int.parse().ok()?;
-    let mut bytes = whole.checked_mul(mult)?;
-    if !frac.is_empty() {
-        let f: u128 = frac.parse().ok()?;
-        let scale = 10u128.checked_pow(frac.len() as u32)?;
-        bytes = bytes.checked_add(f.checked_mul(mult)? / scale)?;
-    }
-    (bytes > 0).then(|| usize::try_from(bytes).ok()).flatten()
+    // One grammar for every size the project reads: the control plane's
+    // (docs/lmcache-dax-behavior.md §5.4, exact on integers).
+    crate::http::parse_size(s).and_then(|n| usize::try_from(n).ok())
 }
 
 #[cfg(test)]

@@ -256,17 +256,11 @@ fn traffic_metrics(stats: &TrafficStats) -> String {
     )
 }
 
-/// Bytes of object `i` of round `r`.
+/// Bytes of object `i` of round `r` (the bench's source pattern).
 fn pattern(r: u64, i: usize, len: usize) -> Vec<u8> {
-    let mut x = (r << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut v = vec![0u8; len];
+    crate::bench::fill(&mut v, (r << 20) as usize | i);
+    v
 }
 
 /// The bench workload, continuously: each round stores 16 objects of
