@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite: lints, unit and integration tests, the bolero model
-# tests, the criterion benches (one pass each, so they never rot), loom, and
-# a small `daxkv bench` run. Exits non-zero on any failure.
+# tests, the criterion benches (one pass each, so they never rot), loom, the
+# Python package inside the real LMCache, and a small `daxkv bench` run. Exits non-zero on any failure.
 #
 # Knobs: BOLERO_RANDOM_TEST_TIME_MS (model test time per target, default
 # 15000); DAXKV_SKIP_LOOM=1 to skip the loom build; DAXKV_HWLOC=1 to
 # require the `hwloc` feature's tests (by default they run when libhwloc
 # and libudev are installed, `DAXKV_HWLOC=1 bash scripts/setup.sh`, and are
-# skipped with a note otherwise); CARGO_TARGET_DIR is honoured (the loom
-# build goes to its `loom/` subfolder).
+# skipped with a note otherwise); DAXKV_SKIP_PYTHON=1 to skip the Python
+# package's tests (they need the LMCache venv of `DAXKV_PYTHON=1 bash
+# scripts/setup.sh`, at DAXKV_VENV); CARGO_TARGET_DIR is honoured (the loom
+# build goes to its `loom/` subfolder, the Python build to `python/`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Build outputs go wherever CARGO_TARGET_DIR says (default: ./target).
@@ -46,6 +48,13 @@ if [ "${DAXKV_SKIP_LOOM:-0}" != 1 ]; then
   RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR="$out/loom" cargo test --release \
     --test loom_slot --test loom_core --test loom_ring --test loom_cell \
     --test loom_task_table --test loom_claims
+fi
+
+if [ "${DAXKV_SKIP_PYTHON:-0}" != 1 ]; then
+  step "Python package (pip install ./python) inside LMCache 0.5.6, built-in dax as the control"
+  bash scripts/test-python.sh
+else
+  step "Python package: skipped (DAXKV_SKIP_PYTHON=1)"
 fi
 
 step "daxkv bench (small)"

@@ -3,7 +3,8 @@
 //! [`encode`] renders [`Engine::metrics`] and [`Engine::devices`] in the
 //! Prometheus text format 0.0.4 (serve it with [`CONTENT_TYPE`]); an HTTP
 //! server that takes a `Fn() -> String` gets one from [`handler`]. There is
-//! no global registry: each call reads one engine.
+//! no global registry: each call reads one engine. [`encode_labeled`] adds
+//! constant labels to every sample (the LMCache faces add `l2_name`).
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -89,6 +90,71 @@ pub fn encode(engine: &Engine) -> String {
     encode_ops(&mut out, &m);
     encode_durations(&mut out, &m);
     encode_engine(&mut out, &m);
+    out
+}
+
+/// [`encode`] with constant labels added to every sample, first in its
+/// label set: `encode_labeled(&engine, &[("l2_name", "dax0")])` is what the
+/// LMCache faces serve, so one scrape target can carry several adapters.
+/// Label names must be valid Prometheus names (`[a-zA-Z_][a-zA-Z0-9_]*`,
+/// not starting with `__`); values are escaped here.
+///
+/// # Panics
+/// On an invalid label name (a programming error, not input).
+pub fn encode_labeled(engine: &Engine, labels: &[(&str, &str)]) -> String {
+    with_const_labels(&encode(engine), labels)
+}
+
+/// Add `labels` to every sample line of a text-format document (comment
+/// lines are kept as they are). Exposed for documents that append their
+/// own families to [`encode`]'s (`daxkv serve --traffic`).
+///
+/// # Panics
+/// On an invalid label name (see [`encode_labeled`]).
+pub fn with_const_labels(text: &str, labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return text.to_string();
+    }
+    for (name, _) in labels {
+        let mut bytes = name.bytes();
+        let ok = bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !name.starts_with("__");
+        assert!(ok, "invalid Prometheus label name {name:?}");
+    }
+    let set: Vec<String> = labels
+        .iter()
+        .map(|(n, v)| format!("{n}=\"{}\"", escape_label_value(v)))
+        .collect();
+    let set = set.join(",");
+    let mut out = String::with_capacity(text.len() + text.lines().count() * (set.len() + 3));
+    for line in text.lines() {
+        if line.starts_with('#') || line.is_empty() {
+            out.push_str(line);
+        } else {
+            // A metric name holds neither `{` nor a space: the first of
+            // them ends it.
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            let (name, rest) = line.split_at(end);
+            out.push_str(name);
+            out.push('{');
+            out.push_str(&set);
+            match rest.strip_prefix('{') {
+                Some(more) if more.starts_with('}') => out.push_str(more),
+                Some(more) => {
+                    out.push(',');
+                    out.push_str(more);
+                }
+                None => {
+                    out.push('}');
+                    out.push_str(rest);
+                }
+            }
+        }
+        out.push('\n');
+    }
     out
 }
 

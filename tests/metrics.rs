@@ -309,3 +309,45 @@ fn handler_serves_the_text() {
     assert!(text.contains("daxkv_ops_total{op=\"store\"} 0\n"));
     assert!(daxkv::metrics::CONTENT_TYPE.contains("version=0.0.4"));
 }
+
+/// `encode_labeled` puts the constant label on every sample (with and
+/// without labels of its own, histogram buckets included), escapes its
+/// value, keeps the text valid, and leaves values unchanged.
+#[test]
+fn constant_labels_reach_every_sample() {
+    let e = open(WEIRD, EngineOptions::default());
+    let id = e
+        .submit_store(vec![k(1)], vec![Buf::from(vec![7u8; 100])])
+        .unwrap();
+    assert!(e.wait_store(id, T).ready().unwrap().success);
+    let plain = parse(&daxkv::metrics::encode(&e));
+    let name = "l2 \"a\"\\b";
+    let text = daxkv::metrics::encode_labeled(&e, &[("l2_name", name)]);
+    let labeled = parse(&text);
+    assert_eq!(plain.len(), labeled.len(), "one sample per sample");
+    for (p, l) in plain.iter().zip(&labeled) {
+        assert_eq!(p.name, l.name);
+        assert_eq!(p.value.to_bits(), l.value.to_bits(), "{}", p.name);
+        let mut want = p.labels.clone();
+        assert!(want.insert("l2_name".into(), name.into()).is_none());
+        assert_eq!(want, l.labels, "{}", p.name);
+    }
+    // A sample without labels of its own and a histogram bucket.
+    assert!(text.contains("daxkv_worker_panics_total{l2_name=\"l2 \\\"a\\\"\\\\b\"} 0\n"));
+    assert!(text.contains("daxkv_task_duration_seconds_bucket{l2_name="));
+    // No labels: the text as it was.
+    assert_eq!(
+        daxkv::metrics::with_const_labels("a 1\n# x\nb{c=\"d\"} 2\n", &[]),
+        "a 1\n# x\nb{c=\"d\"} 2\n"
+    );
+    assert_eq!(
+        daxkv::metrics::with_const_labels("a 1\nb{c=\"d\"} 2\nz{} 3\n", &[("l", "v")]),
+        "a{l=\"v\"} 1\nb{l=\"v\",c=\"d\"} 2\nz{l=\"v\"} 3\n"
+    );
+}
+
+#[test]
+#[should_panic(expected = "invalid Prometheus label name")]
+fn constant_label_names_are_checked() {
+    daxkv::metrics::with_const_labels("a 1\n", &[("l2-name", "x")]);
+}

@@ -49,6 +49,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
+mod control;
+
 /// One completion as the bridge reads it.
 type Completion = (u64, bool, String, Option<Vec<bool>>);
 
@@ -143,6 +145,12 @@ pub struct DaxConnector {
     /// The engine's three completion fds (owned by the engine), read to
     /// zero by `drain_completions`.
     engine_fds: [RawFd; 3],
+    /// The `l2_name` label of `metrics_text` and the control plane.
+    l2_name: String,
+    /// The control plane, when `adapter_params` asked for one.
+    http: Mutex<Option<daxkv::http::HttpServer>>,
+    /// Its address (kept after close, for error messages).
+    http_addr: Option<std::net::SocketAddr>,
 }
 
 fn closed() -> PyErr {
@@ -313,6 +321,7 @@ impl DaxConnector {
             }
             None => None,
         };
+        let control = control::take_control_params(py, &params)?;
         let json: String = py
             .import("json")?
             .call_method1("dumps", (params,))?
@@ -358,10 +367,27 @@ impl DaxConnector {
                 )));
             }
         }
+        let engine = Arc::new(engine);
+        let http = match control.http {
+            Some(h) => {
+                let (e, root) = (engine.clone(), cfg.sysfs_root.clone());
+                match py.allow_threads(|| control::start_http(h, e, root, &control.l2_name)) {
+                    Ok(s) => Some(s),
+                    Err(err) => {
+                        engine.close();
+                        return Err(err);
+                    }
+                }
+            }
+            None => None,
+        };
         Ok(DaxConnector {
             slot_bytes: engine.slot_bytes(),
+            l2_name: control.l2_name,
+            http_addr: http.as_ref().map(daxkv::http::HttpServer::local_addr),
+            http: Mutex::new(http),
             state: Mutex::new(State {
-                engine: Some(Arc::new(engine)),
+                engine: Some(engine),
                 sets: HashMap::new(),
                 gets: HashMap::new(),
                 ready: Vec::new(),
@@ -382,6 +408,36 @@ impl DaxConnector {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(-1, AsRawFd::as_raw_fd)
+    }
+
+    /// `"host:port"` of the control plane started from
+    /// `adapter_params["http"]`, or `None` when none was asked for (also
+    /// after `close()`, which stops it).
+    #[getter]
+    fn http_address(&self) -> Option<String> {
+        let running = self
+            .http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        running
+            .then(|| self.http_addr.map(|a| a.to_string()))
+            .flatten()
+    }
+
+    /// The `l2_name` label value (`adapter_params["l2_name"]`).
+    #[getter]
+    fn l2_name(&self) -> &str {
+        &self.l2_name
+    }
+
+    /// The engine's metrics in the Prometheus text format, every series
+    /// labelled `l2_name` (the names of `daxkv serve`'s `/metrics`).
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        py.allow_threads(|| {
+            let engine = self.lock().engine.clone().ok_or_else(closed)?;
+            Ok(control::metrics_text(&engine, &self.l2_name))
+        })
     }
 
     /// Bytes per slot: the largest value a key can hold.
@@ -589,6 +645,16 @@ impl DaxConnector {
     /// Idempotent.
     fn close(&self, py: Python<'_>) {
         let release = py.allow_threads(|| {
+            // The control plane first: no reconfigure runs on a closing
+            // engine, and the port is free when close returns.
+            let http = self
+                .http
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(h) = http {
+                h.shutdown();
+            }
             let Some(engine) = self.lock().engine.clone() else {
                 return Vec::new();
             };
@@ -629,6 +695,13 @@ impl DaxConnector {
 
 impl Drop for DaxConnector {
     fn drop(&mut self) {
+        // The control plane first (as in `close`).
+        drop(
+            self.http
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
         let engine = self
             .state
             .get_mut()

@@ -1,0 +1,161 @@
+//! The connector's metrics label and optional control plane.
+//!
+//! LMCache's `native_plugin` path has no reconfigure route, so
+//! `adapter_params` may ask the connector to start daxkv's own HTTP control
+//! plane (the same server as `daxkv serve`: `/reconfigure/dax/l2/*`,
+//! `/metrics`, `/health`). It is off unless `"http"` is given. Two keys are
+//! taken out of `adapter_params` before the engine's config is read:
+//!
+//! - `"l2_name"` (string, default the adapter type LMCache labels its own
+//!   L2 metrics with, `"native_plugin"`): the constant `l2_name` label on
+//!   every daxkv series, so they join LMCache's `lmcache_mp.l2_*` ones;
+//! - `"http"` (object): `host` (default `"127.0.0.1"`), `port` (default 0:
+//!   a free port, read back from `DaxConnector.http_address`), `token`
+//!   (bearer token for every route but `/health`), `allow_prefixes` (the
+//!   device paths an `add` may name), `allow_non_loopback` (default
+//!   false). Unknown keys are an error, as in the engine's config.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use daxkv::engine::Engine;
+use daxkv::http::{HttpConfig, HttpHooks, HttpServer};
+use daxkv::reconfigure::{DaxReconfigure, Registry};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde_json::Value;
+
+/// The `l2_name` label when `adapter_params` names none.
+pub const DEFAULT_L2_NAME: &str = "native_plugin";
+
+/// What `adapter_params` asked for besides the engine.
+#[derive(Debug)]
+pub struct ControlParams {
+    /// The `l2_name` label value.
+    pub l2_name: String,
+    /// The control plane's config, when asked for.
+    pub http: Option<HttpConfig>,
+}
+
+fn bad(what: &str, why: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("config: {what}: {why}"))
+}
+
+/// Remove `l2_name` and `http` from `params` (a copy of the caller's) and
+/// parse them.
+pub fn take_control_params(py: Python<'_>, params: &Bound<'_, PyDict>) -> PyResult<ControlParams> {
+    let l2_name = match params.get_item("l2_name")? {
+        Some(v) => {
+            params.del_item("l2_name")?;
+            let s: String = v
+                .extract()
+                .map_err(|_| bad("l2_name", "must be a string"))?;
+            if s.is_empty() {
+                return Err(bad("l2_name", "must not be empty"));
+            }
+            s
+        }
+        None => DEFAULT_L2_NAME.to_string(),
+    };
+    let http = match params.get_item("http")? {
+        Some(v) => {
+            params.del_item("http")?;
+            let json: String = py.import("json")?.call_method1("dumps", (v,))?.extract()?;
+            let v: Value = serde_json::from_str(&json).map_err(|e| bad("http", e))?;
+            Some(http_config(&v)?)
+        }
+        None => None,
+    };
+    Ok(ControlParams { l2_name, http })
+}
+
+/// `"http": {…}` → the server's config (strict: unknown keys are errors).
+fn http_config(v: &Value) -> PyResult<HttpConfig> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad("http", format!("must be an object (got {v})")))?;
+    let mut cfg = HttpConfig::default();
+    let mut host: IpAddr = cfg.addr.ip();
+    let mut port: u16 = 0;
+    for (k, v) in obj {
+        let what = format!("http.{k}");
+        match k.as_str() {
+            "host" => {
+                let s = v.as_str().ok_or_else(|| bad(&what, "must be a string"))?;
+                host = s
+                    .parse()
+                    .map_err(|_| bad(&what, format!("not an IP address: {s:?}")))?;
+            }
+            "port" => {
+                port = v
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .ok_or_else(|| {
+                        bad(&what, format!("must be a port number 0-65535 (got {v})"))
+                    })?;
+            }
+            "token" => {
+                cfg.token = match v {
+                    Value::Null => None,
+                    Value::String(s) => Some(s.clone()),
+                    _ => return Err(bad(&what, "must be a string")),
+                };
+            }
+            "allow_prefixes" => {
+                let arr = v
+                    .as_array()
+                    .ok_or_else(|| bad(&what, "must be a list of paths"))?;
+                cfg.allow_prefixes = arr
+                    .iter()
+                    .map(|p| {
+                        p.as_str()
+                            .map(PathBuf::from)
+                            .ok_or_else(|| bad(&what, format!("not a path: {p}")))
+                    })
+                    .collect::<PyResult<_>>()?;
+            }
+            "allow_non_loopback" => {
+                cfg.allow_non_loopback = v
+                    .as_bool()
+                    .ok_or_else(|| bad(&what, "must be true or false"))?;
+            }
+            _ => return Err(bad(&what, "unknown key")),
+        }
+    }
+    cfg.addr = SocketAddr::new(host, port);
+    Ok(cfg)
+}
+
+/// The prometheus text of `engine` with the `l2_name` label.
+pub fn metrics_text(engine: &Engine, l2_name: &str) -> String {
+    daxkv::metrics::encode_labeled(engine, &[("l2_name", l2_name)])
+}
+
+/// Start the control plane for `engine` (reconfigure gated by the device
+/// probe under `sysfs_root`, metrics with `l2_name`, health).
+pub fn start_http(
+    cfg: HttpConfig,
+    engine: Arc<Engine>,
+    sysfs_root: PathBuf,
+    l2_name: &str,
+) -> PyResult<HttpServer> {
+    let mut registry = Registry::new();
+    registry.register(Arc::new(DaxReconfigure::probing(
+        engine.clone(),
+        sysfs_root,
+    )));
+    let metrics = {
+        let (engine, l2_name) = (engine.clone(), l2_name.to_string());
+        Arc::new(move || metrics_text(&engine, &l2_name))
+    };
+    let health = Arc::new(move || engine.status()["is_healthy"] == Value::Bool(true));
+    let hooks = HttpHooks {
+        metrics: Some(metrics),
+        health: Some(health),
+        owners: None,
+    };
+    daxkv::http::serve(cfg, registry, hooks)
+        .map_err(|e| PyRuntimeError::new_err(format!("daxkv: control plane: {e}")))
+}

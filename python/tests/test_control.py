@@ -1,0 +1,171 @@
+"""The native_plugin connector's metrics label and optional control plane
+(adapter_params "l2_name" and "http"): a real HTTP server on 127.0.0.1,
+driven with urllib, reconfiguring the connector's own engine."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+import daxkv
+from conftest import SLOT, drain_until, payload
+
+
+def request(addr: str, method: str, path: str, body: object = None, token: str | None = None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def devices(addr: str) -> list[dict]:
+    status, body = request(addr, "GET", "/reconfigure/dax/l2/status")
+    assert status == 200, body
+    (adapter,) = json.loads(body)["adapters"]
+    return adapter["status"]["devices"]
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample `name{labels}` (labels matched exactly)."""
+    hits = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = re.fullmatch(r"([a-z_]+)\{(.*)\} (\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'([a-z_0-9]+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+        if got == labels:
+            hits.append(float(m.group(3)))
+    assert len(hits) == 1, f"{name}{labels}: {len(hits)} samples"
+    return hits[0]
+
+
+def test_metrics_carry_l2_name(make_connector):
+    c = make_connector(l2_name="dax-cxl0")
+    assert c.l2_name == "dax-cxl0"
+    assert c.http_address is None, "no control plane unless asked"
+    keys = [f"m@k{i}" for i in range(3)]
+    f = c.submit_batch_set(keys, [memoryview(payload(i, 1000)) for i in range(3)])
+    assert drain_until(c, {f})[f][0]
+    text = c.metrics_text()
+    assert sample(text, "daxkv_ops_total", l2_name="dax-cxl0", op="store") == 1
+    assert sample(text, "daxkv_keys_total", l2_name="dax-cxl0", op="store", result="ok") == 3
+    assert sample(text, "daxkv_bytes_total", l2_name="dax-cxl0", op="store") == 3000
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            assert 'l2_name="dax-cxl0"' in line, line
+    # The default label is the adapter type LMCache labels its L2 metrics with.
+    d = make_connector()
+    assert d.l2_name == "native_plugin"
+    assert 'l2_name="native_plugin"' in d.metrics_text()
+    c.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        c.metrics_text()
+
+
+def test_control_plane_reconfigures_the_connector(make_connector, dax_file):
+    with open(dax_file, "wb") as f:
+        f.truncate(64 * SLOT)
+    c = make_connector(hotplug_enabled=True, http={"port": 0}, l2_name="d0")
+    addr = c.http_address
+    assert addr is not None and addr.startswith("127.0.0.1:")
+    assert request(addr, "GET", "/health")[0] == 200
+    before = len(devices(addr))
+
+    status, body = request(
+        addr, "POST", "/reconfigure/dax/l2/add", {"device_path": dax_file, "size": 64 * SLOT}
+    )
+    assert status == 200, body
+    after = devices(addr)
+    assert len(after) == before + 1
+    assert any(d["device_path"] == dax_file and d["state"] == "active" for d in after), after
+
+    # The connector's engine is the one reconfigured: stores keep working,
+    # and /metrics is the labelled text.
+    keys = [f"m@h{i}" for i in range(40)]
+    data = [payload(i, SLOT) for i in range(40)]
+    f = c.submit_batch_set(keys, [memoryview(d) for d in data])
+    assert drain_until(c, {f})[f][0]
+    dst = [bytearray(SLOT) for _ in keys]
+    f = c.submit_batch_get(keys, [memoryview(d) for d in dst])
+    assert drain_until(c, {f})[f][0]
+    assert [bytes(d) for d in dst] == data
+    status, text = request(addr, "GET", "/metrics")
+    assert status == 200
+    assert sample(text, "daxkv_hotplug_operations_total", l2_name="d0", operation="add", outcome="ok") == 1
+
+    # Bad input over HTTP: a clear error, nothing changed.
+    status, body = request(addr, "POST", "/reconfigure/dax/l2/add", {"device_path": dax_file + "-missing", "size": 8192})
+    assert status in (400, 404), body
+    assert len(devices(addr)) == before + 1
+
+    # close() stops the server: the port no longer accepts.
+    host, port = addr.rsplit(":", 1)
+    c.close()
+    assert c.http_address is None
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=2).close()
+    c.close()  # idempotent
+
+
+def test_control_plane_token(make_connector):
+    c = make_connector(http={"host": "127.0.0.1", "port": 0, "token": "s3cret"})
+    addr = c.http_address
+    assert request(addr, "GET", "/health")[0] == 200, "health needs no token"
+    assert request(addr, "GET", "/reconfigure/dax/l2/status")[0] == 401
+    assert request(addr, "GET", "/reconfigure/dax/l2/status", token="wrong")[0] == 401
+    assert request(addr, "GET", "/reconfigure/dax/l2/status", token="s3cret")[0] == 200
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"http": {"port": 0, "prot": 1}}, "http.prot: unknown key"),
+        ({"http": {"port": 70000}}, "http.port: must be a port number"),
+        ({"http": {"host": "localhost"}}, "http.host: not an IP address"),
+        ({"http": {"allow_non_loopback": "yes"}}, "http.allow_non_loopback: must be true or false"),
+        ({"http": [8080]}, "http: must be an object"),
+        ({"l2_name": 3}, "l2_name: must be a string"),
+        ({"l2_name": ""}, "l2_name: must not be empty"),
+    ],
+)
+def test_bad_control_params_name_the_key(make_connector, params, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_connector(**params)
+
+
+def test_refused_server_leaves_nothing_running(make_connector):
+    # A non-loopback address without allow_non_loopback is refused; the
+    # engine opened for it is closed again (its worker threads end).
+    import os
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    before = threads()
+    with pytest.raises(RuntimeError, match="non-loopback"):
+        make_connector(http={"host": "0.0.0.0", "port": 0})
+    # A busy port: the bind error names the address.
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        port = s.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}"):
+            make_connector(http={"port": port})
+    finally:
+        s.close()
+    assert threads() == before, "the refused connectors' engines left threads"
