@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""LMCache's built-in ``dax`` L2 adapter against daxkv through LMCache's two
+MP plugin paths, with one workload, in one run.
+
+Every adapter is built by LMCache's own factory from the ``--l2-adapter``
+JSON a user writes (``dax``; ``native_plugin`` with ``daxkv.DaxConnector``;
+``plugin`` with ``daxkv.lmcache.DaxL2Adapter``) and driven through LMCache's
+``L2AdapterInterface`` as its controllers drive it: tasks of ``--task``
+keys, ``--in-flight`` tasks outstanding, completions found by polling the
+adapter's event fds and querying. Per size (one fresh adapter per path and
+size, ``slot_bytes`` = the size, the device a prefaulted /dev/shm file):
+
+- store: every object stored;
+- lookup: every key looked up and locked (then unlocked, untimed);
+- load: every key loaded into preallocated LMCache memory objects, the
+  bytes compared with the sources afterwards (untimed; a mismatch aborts).
+
+Rounds are interleaved (round 1 of every path, then round 2, ...), and the
+median round is reported: objects/s, GB/s, and daxkv's ratio to ``dax``.
+The same worker counts for every path (``--store-workers``,
+``--lookup-workers``, ``--load-workers``).
+
+    python python/bench/bench_l2.py                   # 4K..8M, 3 rounds
+    python python/bench/bench_l2.py --sizes 4K,2M --rounds 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import select
+import statistics
+import sys
+import time
+import uuid
+import warnings
+from typing import Any, Callable
+
+# Quiet imports: LMCache's INFO lines and its dependencies' FutureWarnings.
+os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+from lmcache.v1.distributed.api import ObjectKey  # noqa: E402
+from lmcache.v1.distributed.l2_adapters import create_l2_adapter  # noqa: E402
+from lmcache.v1.distributed.l2_adapters.config import (  # noqa: E402
+    add_l2_adapters_args,
+    parse_args_to_l2_adapters_config,
+)
+from lmcache.v1.memory_management import (  # noqa: E402
+    MemoryFormat,
+    MemoryObjMetadata,
+    TensorMemoryObj,
+)
+
+PATHS = ("dax", "native_plugin", "plugin")
+PHASES = ("store", "lookup", "load")
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(s.rstrip("KMG")) * mult
+
+
+def human(n: int) -> str:
+    for unit, m in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {unit}"
+    return f"{n} B"
+
+
+def spec(path_kind: str, dev: str, slot: int, cap: int, workers: dict[str, int]) -> dict:
+    gb = cap / 2**30
+    engine = {
+        "slot_bytes": slot,
+        "device_path": dev,
+        "max_dax_size_gb": gb,
+        **{f"num_{k}_workers": v for k, v in workers.items()},
+    }
+    if path_kind == "dax":
+        return {"type": "dax", **engine}
+    if path_kind == "native_plugin":
+        return {
+            "type": "native_plugin",
+            "module_path": "daxkv",
+            "class_name": "DaxConnector",
+            "adapter_params": engine,
+            "max_capacity_gb": gb,
+        }
+    return {
+        "type": "plugin",
+        "module_path": "daxkv.lmcache",
+        "class_name": "DaxL2Adapter",
+        "adapter_params": engine,
+    }
+
+
+def build(path_kind: str, dev: str, slot: int, cap: int, workers: dict[str, int]) -> Any:
+    parser = add_l2_adapters_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--l2-adapter", json.dumps(spec(path_kind, dev, slot, cap, workers))])
+    return create_l2_adapter(parse_args_to_l2_adapters_config(args).adapters[0])
+
+
+def memory_obj(n: int) -> TensorMemoryObj:
+    t = torch.empty(n, dtype=torch.uint8)
+    meta = MemoryObjMetadata(
+        shape=torch.Size([n]),
+        dtype=torch.uint8,
+        address=0,
+        phy_size=n,
+        ref_count=1,
+        fmt=MemoryFormat.KV_2LTD,
+        shapes=[torch.Size([n])],
+        dtypes=[torch.uint8],
+    )
+    return TensorMemoryObj(t, meta, None)
+
+
+def key(i: int, run: int) -> ObjectKey:
+    return ObjectKey(chunk_hash=i.to_bytes(8, "big"), model_name=f"bench{run}", kv_rank=0)
+
+
+def reset(fd: int) -> None:
+    try:
+        os.read(fd, 8)
+    except BlockingIOError:
+        pass
+
+
+def pipeline(
+    n_tasks: int,
+    submit: Callable[[int], int],
+    fd: int,
+    finished: Callable[[set[int]], dict[int, Any]],
+    in_flight: int,
+) -> dict[int, Any]:
+    """Submit tasks 0..n_tasks with `in_flight` outstanding; wait on `fd`
+    as LMCache's controllers do (poll, read the counter, then collect).
+    Returns {task index: result}."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    pending: dict[int, int] = {}
+    results: dict[int, Any] = {}
+    nxt = 0
+    deadline = time.monotonic() + 300
+    while nxt < n_tasks or pending:
+        while nxt < n_tasks and len(pending) < in_flight:
+            pending[submit(nxt)] = nxt
+            nxt += 1
+        got = finished(set(pending))
+        if not got:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{len(pending)} tasks never completed")
+            if poller.poll(100):
+                reset(fd)
+            continue
+        for tid, r in got.items():
+            results[pending.pop(tid)] = r
+    return results
+
+
+def bits(bm: Any, n: int) -> int:
+    return sum(1 for i in range(n) if bm.test(i))
+
+
+def one_round(a: Any, n: int, size: int, task: int, in_flight: int, run: int,
+              srcs: list[TensorMemoryObj], dsts: list[TensorMemoryObj]) -> dict[str, float]:
+    keys = [key(i, run) for i in range(n)]
+    n_tasks = (n + task - 1) // task
+    span = [(t * task, min(n, (t + 1) * task)) for t in range(n_tasks)]
+    out: dict[str, float] = {}
+
+    stored: dict[int, Any] = {}
+
+    def store_done(ids: set[int]) -> dict[int, Any]:
+        stored.update(a.pop_completed_store_tasks())
+        return {t: stored.pop(t) for t in list(ids) if t in stored}
+
+    t0 = time.perf_counter()
+    res = pipeline(n_tasks, lambda t: a.submit_store_task(keys[span[t][0]:span[t][1]], srcs[span[t][0]:span[t][1]]),
+                   a.get_store_event_fd(), store_done, in_flight)
+    out["store"] = time.perf_counter() - t0
+    if any(not bool(r) for r in res.values()):
+        raise RuntimeError(f"a store task failed at {human(size)}: {res}")
+
+    def query(fn: Callable[[int], Any]) -> Callable[[set[int]], dict[int, Any]]:
+        def done(ids: set[int]) -> dict[int, Any]:
+            got = {}
+            for t in ids:
+                r = fn(t)
+                if r is not None:
+                    got[t] = r
+            return got
+        return done
+
+    t0 = time.perf_counter()
+    res = pipeline(n_tasks, lambda t: a.submit_lookup_and_lock_task(keys[span[t][0]:span[t][1]], {}),
+                   a.get_lookup_and_lock_event_fd(), query(a.query_lookup_and_lock_result), in_flight)
+    out["lookup"] = time.perf_counter() - t0
+    hits = sum(bits(res[t], span[t][1] - span[t][0]) for t in range(n_tasks))
+    if hits != n:
+        raise RuntimeError(f"lookup found {hits} of {n} keys at {human(size)}")
+    a.submit_unlock(keys)
+
+    for d in dsts:
+        d.tensor.zero_()
+    t0 = time.perf_counter()
+    res = pipeline(n_tasks, lambda t: a.submit_load_task(keys[span[t][0]:span[t][1]], dsts[span[t][0]:span[t][1]]),
+                   a.get_load_event_fd(), query(a.query_load_result), in_flight)
+    out["load"] = time.perf_counter() - t0
+    hits = sum(bits(res[t], span[t][1] - span[t][0]) for t in range(n_tasks))
+    if hits != n:
+        raise RuntimeError(f"load found {hits} of {n} keys at {human(size)}")
+    for i, (s, d) in enumerate(zip(srcs, dsts)):
+        if not torch.equal(s.tensor, d.tensor):
+            raise RuntimeError(f"object {i} loaded with wrong bytes at {human(size)}")
+    a.delete(keys)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="4K,64K,256K,2M,8M")
+    ap.add_argument("--paths", default=",".join(PATHS), help="of " + ", ".join(PATHS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--task", type=int, default=16, help="keys per task")
+    ap.add_argument("--in-flight", type=int, default=8)
+    ap.add_argument("--total-bytes", default="256M", help="bytes per round and size (capped by --max-objects)")
+    ap.add_argument("--max-objects", type=int, default=4096)
+    ap.add_argument("--store-workers", type=int, default=1)
+    ap.add_argument("--lookup-workers", type=int, default=1)
+    ap.add_argument("--load-workers", type=int, default=2)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    paths = [p for p in args.paths.split(",") if p]
+    for p in paths:
+        if p not in PATHS:
+            ap.error(f"--paths: unknown path {p!r} (known: {', '.join(PATHS)})")
+    if "plugin" in paths:
+        try:
+            import daxkv.lmcache
+
+            daxkv.lmcache.DaxL2Adapter  # noqa: B018 (import check)
+        except (ImportError, AttributeError) as e:
+            print(f"note: the plugin path is skipped ({e})", file=sys.stderr)
+            paths.remove("plugin")
+    workers = {"store": args.store_workers, "lookup": args.lookup_workers, "load": args.load_workers}
+    total = parse_size(args.total_bytes)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), platform.processor())
+    print(f"CPU: {cpu}, {os.cpu_count()} CPUs; tasks of {args.task} keys, {args.in_flight} in flight; "
+          f"workers store {args.store_workers} / lookup {args.lookup_workers} / load {args.load_workers}; "
+          f"median of {args.rounds} interleaved rounds")
+
+    rows = []
+    for size in sizes:
+        n = max(args.task, min(args.max_objects, total // size))
+        cap = n * size + (64 << 20)
+        srcs = [memory_obj(size) for _ in range(n)]
+        for i, s in enumerate(srcs):
+            s.tensor.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(i)))
+        dsts = [memory_obj(size) for _ in range(n)]
+        adapters = {}
+        files = []
+        for p in paths:
+            dev = f"/dev/shm/daxkv-bench-{uuid.uuid4().hex}"
+            with open(dev, "wb") as f:  # prefaulted: the first touch of tmpfs is slow
+                chunk = b"\0" * (8 << 20)
+                for _ in range(0, cap, len(chunk)):
+                    f.write(chunk)
+                f.truncate(cap)
+            files.append(dev)
+            adapters[p] = build(p, dev, size, cap, workers)
+        times: dict[str, dict[str, list[float]]] = {p: {ph: [] for ph in PHASES} for p in paths}
+        try:
+            for r in range(args.rounds):
+                for p in paths:
+                    gc.collect()
+                    t = one_round(adapters[p], n, size, args.task, args.in_flight, r, srcs, dsts)
+                    for ph in PHASES:
+                        times[p][ph].append(t[ph])
+        finally:
+            for a in adapters.values():
+                a.close()
+            for f in files:
+                os.unlink(f)
+        for p in paths:
+            for ph in PHASES:
+                med = statistics.median(times[p][ph])
+                rows.append({
+                    "size": size, "path": p, "phase": ph, "objects": n,
+                    "objects_per_s": n / med,
+                    "gb_per_s": (n * size / med / 1e9) if ph != "lookup" else None,
+                    "seconds": times[p][ph],
+                })
+        del srcs, dsts
+
+    base = {(r["size"], r["phase"]): r["objects_per_s"] for r in rows if r["path"] == "dax"}
+    print()
+    print(f"{'size':>8} {'phase':>6} " + " ".join(f"{p + ' obj/s':>20} {'GB/s':>6}" for p in paths)
+          + "".join(f" {p + ' / dax':>18}" for p in paths if p != "dax"))
+    for size in sizes:
+        for ph in PHASES:
+            cells = []
+            ratios = []
+            for p in paths:
+                r = next(x for x in rows if x["size"] == size and x["path"] == p and x["phase"] == ph)
+                gbs = f"{r['gb_per_s']:6.2f}" if r["gb_per_s"] is not None else f"{'-':>6}"
+                cells.append(f"{r['objects_per_s']:>20,.0f} {gbs}")
+                if p != "dax" and (size, ph) in base:
+                    ratios.append(f"{r['objects_per_s'] / base[(size, ph)]:>17.1f}x")
+            print(f"{human(size):>8} {ph:>6} " + " ".join(cells) + " " + " ".join(ratios))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu, "args": vars(args), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
