@@ -7,10 +7,15 @@
 //! one slot per object.
 //!
 //! Each size runs `rounds` rounds on the same engine and mapping. In every
-//! round the raw limit is measured right before the phase it bounds, on the
+//! round the raw limit is measured around the phase it bounds, on the
 //! same bytes of the same mapping: the non-temporal copy of the N objects
-//! into the mapping (and a plain `memcpy` in) right before the store, the
-//! copy out into the same destination buffers right before the load. With
+//! into the mapping (and a plain `memcpy` in) right before the store and
+//! again once the round has deleted every object (a pass right after the
+//! store would overwrite objects the engine put in other slots), the copy
+//! out into the same destination buffers right before the load and right
+//! after it (once its bytes are checked). A phase is compared with the mean
+//! of its two passes, so a drift of the machine's speed during the phase
+//! (another process, frequency) moves both sides of the ratio. With
 //! more than one store (load) worker the limit is also measured with that
 //! many threads copying disjoint parts, and the phase is compared with it.
 //! A phase's ratio is the median of its per-round ratios, reported with
@@ -218,6 +223,8 @@ impl MemoryNeed {
 }
 
 /// Raw limits of one mapping for one object size, in one round (GB/s).
+/// Each but `memcpy_in` is the mean of a pass right before the phase it
+/// bounds and one after it (module doc).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LimitRound {
     /// One thread, non-temporal stores into the mapping.
@@ -390,6 +397,11 @@ fn signal_name(s: Signal) -> &'static str {
         Signal::Always => "always",
         Signal::WhenWaiting => "when_waiting",
     }
+}
+
+/// The mean of a limit measured before a phase and after it.
+fn mean2(before: f64, after: f64) -> f64 {
+    (before + after) / 2.0
 }
 
 fn gb_s(bytes: usize, secs: f64) -> f64 {
@@ -1153,8 +1165,6 @@ fn run_size(
             }
         }
         store.secs.push(t0.elapsed().as_secs_f64());
-        store.limit.push(nt_in_threads);
-        store.limit1.push(nt_in);
         if stored_ok != tasks {
             return Err(BenchError::Failed(format!(
                 "{} of {tasks} store tasks failed ({size} bytes)",
@@ -1237,13 +1247,27 @@ fn run_size(
             )?;
         }
         load.secs.push(t0.elapsed().as_secs_f64());
-        load.limit.push(out_threads);
-        load.limit1.push(out);
         let ok = loaded == n
             && verify_ids
                 .iter()
                 .all(|&i| dests[i].as_deref() == Some(&sources[i % ring][..]));
         load.verified = Some(load.verified.unwrap_or(true) && ok);
+        // The copy-out limits again, right after the load (the buffers
+        // have been checked; reading the mapping changes nothing): the
+        // load is compared with the mean of the passes around it.
+        let (out, out_threads) = {
+            let g = guards()?;
+            let o = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::Out, 1)?;
+            let on = if load_threads > 1 {
+                let p = Pass::Out;
+                raw_pass(&g, per_dev, size, &sources, &mut dests, p, load_threads)?
+            } else {
+                o
+            };
+            (mean2(out, o), mean2(out_threads, on))
+        };
+        load.limit.push(out_threads);
+        load.limit1.push(out);
 
         // unlock and delete are synchronous calls.
         tell("unlock/delete");
@@ -1270,6 +1294,23 @@ fn run_size(
                 "deleted {deleted} of {n}; {live} slots still live"
             )));
         }
+        // The copy-in limit again, now that every slot is free (a pass
+        // right after the store would overwrite objects it stored in
+        // other slots): the store is compared with the mean of the passes
+        // around it.
+        let (nt_in, nt_in_threads) = {
+            let g = guards()?;
+            let nt = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::NtIn, 1)?;
+            let ntn = if store_threads > 1 {
+                let p = Pass::NtIn;
+                raw_pass(&g, per_dev, size, &sources, &mut dests, p, store_threads)?
+            } else {
+                nt
+            };
+            (mean2(nt_in, nt), mean2(nt_in_threads, ntn))
+        };
+        store.limit.push(nt_in_threads);
+        store.limit1.push(nt_in);
         limit_rounds.push(LimitRound {
             nt_copy_in: nt_in,
             memcpy_in,

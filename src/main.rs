@@ -87,8 +87,8 @@ enum Cmd {
         /// Tasks in flight per phase.
         #[arg(long, default_value_t = 8)]
         inflight: usize,
-        /// Rounds per size, each measuring the raw limit right before the
-        /// phase it bounds; ratios are the median of the rounds.
+        /// Rounds per size, each measuring the raw limit before and after
+        /// the phase it bounds; ratios are the median of the rounds.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// Do not pre-fault the mapping.
