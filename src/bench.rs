@@ -401,7 +401,7 @@ fn signal_name(s: Signal) -> &'static str {
 
 /// The mean of a limit measured before a phase and after it.
 fn mean2(before: f64, after: f64) -> f64 {
-    (before + after) / 2.0
+    f64::midpoint(before, after)
 }
 
 fn gb_s(bytes: usize, secs: f64) -> f64 {
