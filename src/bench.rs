@@ -23,6 +23,16 @@
 //! longer skews the ratio; throughput and objects/s are the medians of the
 //! rounds, the latency percentiles pool every task of every round.
 //!
+//! Placement: with [`BenchConfig::pin`] (the default) and more CPUs than
+//! the largest worker pool, the submitting thread is pinned to one CPU and
+//! the workers to the others (worker `w` of each pool on the `w`-th), and
+//! each raw pass copies on the CPU of the worker whose phase it bounds.
+//! Unpinned, a worker and the raw pass ran on whichever vCPUs the
+//! scheduler chose, and one vCPU of a VM can be slower than the other for
+//! seconds (a busy hyperthread sibling on the host, invisible in
+//! `/proc/stat`): the same tree's store ratio at 8 MiB went 97 / 75 / 87 %
+//! in three runs in a row unpinned, 99–101 % pinned (README, Performance).
+//!
 //! Units: object sizes are binary (`4K` = `4KiB` = 4096 bytes), throughput
 //! is decimal GB/s (10^9 bytes per second), latency is µs per task.
 // Unsafe only for the raw-copy baselines on the device's own mapping
@@ -111,6 +121,58 @@ pub struct BenchConfig {
     pub verify_every: usize,
     /// Where the caller writes the JSON document (only recorded in it).
     pub json: Option<PathBuf>,
+    /// Pin the submitting thread to one CPU and the workers and the raw
+    /// copies to the others, when there are enough CPUs (module doc,
+    /// "Placement").
+    pub pin: bool,
+}
+
+/// Where a run's threads ran ([`BenchConfig::pin`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The submitting (and waiting) thread's CPU.
+    pub caller: usize,
+    /// The workers' CPUs: worker `w` of each pool on `workers[w % len]`,
+    /// and copy thread `k` of a raw pass on `workers[k % len]`, the CPU of
+    /// the worker whose work it bounds.
+    pub workers: Vec<usize>,
+}
+
+impl Placement {
+    /// The placement for `cfg` given the CPUs the thread may use: the
+    /// first for the caller, the rest for the workers, when there are at
+    /// least one more than the largest pool (else `None`: unpinned, as
+    /// two workers sharing one CPU would measure the sharing).
+    pub fn choose(cfg: &BenchConfig, allowed: &[usize]) -> Option<Placement> {
+        let pool = cfg
+            .store_workers
+            .max(cfg.lookup_workers)
+            .max(cfg.load_workers)
+            .max(1);
+        (cfg.pin && allowed.len() > pool).then(|| Placement {
+            caller: allowed[0],
+            workers: allowed[1..].to_vec(),
+        })
+    }
+}
+
+/// Pins the calling thread for a run and puts its mask back on drop.
+struct Pinned {
+    old: libc::cpu_set_t,
+}
+
+impl Pinned {
+    fn new(cpu: usize) -> Option<Pinned> {
+        let old = crate::sys::thread_affinity().ok()?;
+        crate::sys::pin_thread(cpu).ok()?;
+        Some(Pinned { old })
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = crate::sys::set_thread_affinity(&self.old);
+    }
 }
 
 impl Default for BenchConfig {
@@ -136,6 +198,7 @@ impl Default for BenchConfig {
             prefault: true,
             verify_every: 64,
             json: None,
+            pin: true,
         }
     }
 }
@@ -337,6 +400,8 @@ pub struct Report {
     pub other_cpu: Option<f64>,
     /// The same per size, in `sizes` order.
     pub other_cpu_by_size: Vec<Option<f64>>,
+    /// Where the threads ran; `None`: unpinned.
+    pub placement: Option<Placement>,
     /// Every size's limits, in `sizes` order.
     pub limits: Vec<Limits>,
     /// Every phase of every size.
@@ -732,6 +797,7 @@ enum Pass {
 /// before has been collected), so no worker touches the mappings. The only
 /// unsafe code of the module: the three raw copies below.
 #[allow(unsafe_code)]
+#[allow(clippy::too_many_arguments)] // the pass's whole setting, all used
 fn raw_pass(
     guards: &[ArenaGuard<'_>],
     per_dev: usize,
@@ -740,6 +806,7 @@ fn raw_pass(
     dests: &mut [Option<Vec<u8>>],
     pass: Pass,
     threads: usize,
+    cpus: &[usize],
 ) -> Result<f64, BenchError> {
     let n = dests.len();
     let threads = threads.clamp(1, n.max(1));
@@ -763,7 +830,7 @@ fn raw_pass(
         }
         Ok(())
     };
-    if threads == 1 {
+    if threads == 1 && cpus.is_empty() {
         let t = Instant::now();
         copy(0, dests)?;
         return Ok(gb_s(n * size, t.elapsed().as_secs_f64()));
@@ -778,7 +845,13 @@ fn raw_pass(
             let (part, tail) = rest.split_at_mut(hi - lo);
             rest = tail;
             let (barrier, copy) = (&barrier, &copy);
+            let cpu = (!cpus.is_empty()).then(|| cpus[k % cpus.len()]);
             handles.push(s.spawn(move || {
+                if let Some(cpu) = cpu {
+                    // Where the engine's worker `k` runs: the limit is
+                    // measured on the same CPU as the work it bounds.
+                    let _ = crate::sys::pin_thread(cpu);
+                }
                 barrier.wait();
                 let start = Instant::now();
                 copy(lo, part).map(|()| (start, Instant::now()))
@@ -981,13 +1054,26 @@ pub fn run(
         },
         other_cpu: None,
         other_cpu_by_size: Vec::new(),
+        placement: None,
         limits: Vec::new(),
         results: Vec::new(),
     };
+    let allowed = crate::sys::thread_affinity()
+        .map(|s| crate::sys::cpus_of(&s))
+        .unwrap_or_default();
+    let placement = Placement::choose(cfg, &allowed);
+    // Pinned for the run only: the caller's mask comes back on return.
+    let pinned = placement.as_ref().and_then(|p| Pinned::new(p.caller));
+    report.placement = placement.filter(|_| pinned.is_some());
+    let workers_cpus = report
+        .placement
+        .as_ref()
+        .map_or(&[][..], |p| &p.workers[..]);
     let run_start = CpuSample::now();
     for (index, &size) in cfg.sizes.iter().enumerate() {
         let size_start = CpuSample::now();
-        let (limits, results) = run_size(cfg, index, size, &sources_of, &mut progress)?;
+        let (limits, results) =
+            run_size(cfg, index, size, &sources_of, workers_cpus, &mut progress)?;
         report
             .other_cpu_by_size
             .push(CpuSample::others_share(size_start, CpuSample::now()));
@@ -998,6 +1084,7 @@ pub fn run(
         report.results.extend(results);
     }
     report.other_cpu = CpuSample::others_share(run_start, CpuSample::now());
+    drop(pinned);
     drop(created);
     Ok(report)
 }
@@ -1009,6 +1096,7 @@ fn run_size(
     index: usize,
     size: usize,
     sources_of: &[ArenaSource],
+    cpus: &[usize],
     progress: &mut impl FnMut(Progress<'_>),
 ) -> Result<(Limits, [PhaseResult; 5]), BenchError> {
     let fail = |e: &dyn std::fmt::Display| BenchError::Failed(e.to_string());
@@ -1048,6 +1136,7 @@ fn run_size(
         spin: cfg.effective_spin(),
         wait_spin: cfg.effective_wait_spin(),
         signal: cfg.signal,
+        cpus: cpus.to_vec(),
         ..EngineOptions::default()
     };
     let engine = Engine::open(specs, size, false, opts).map_err(|e| fail(&e))?;
@@ -1121,11 +1210,29 @@ fn run_size(
         tell("store");
         let (memcpy_in, nt_in, nt_in_threads) = {
             let g = guards()?;
-            let mc = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::MemcpyIn, 1)?;
-            let nt = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::NtIn, 1)?;
+            let mc = raw_pass(
+                &g,
+                per_dev,
+                size,
+                &sources,
+                &mut dests,
+                Pass::MemcpyIn,
+                1,
+                cpus,
+            )?;
+            let nt = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::NtIn, 1, cpus)?;
             let ntn = if store_threads > 1 {
                 let p = Pass::NtIn;
-                raw_pass(&g, per_dev, size, &sources, &mut dests, p, store_threads)?
+                raw_pass(
+                    &g,
+                    per_dev,
+                    size,
+                    &sources,
+                    &mut dests,
+                    p,
+                    store_threads,
+                    cpus,
+                )?
             } else {
                 nt
             };
@@ -1197,7 +1304,7 @@ fn run_size(
         tell("load");
         let (out, out_threads) = {
             let g = guards()?;
-            let o = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::Out, 1)?;
+            let o = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::Out, 1, cpus)?;
             let on = if load_threads > 1 {
                 raw_pass(
                     &g,
@@ -1207,6 +1314,7 @@ fn run_size(
                     &mut dests,
                     Pass::Out,
                     load_threads,
+                    cpus,
                 )?
             } else {
                 o
@@ -1257,10 +1365,19 @@ fn run_size(
         // load is compared with the mean of the passes around it.
         let (out, out_threads) = {
             let g = guards()?;
-            let o = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::Out, 1)?;
+            let o = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::Out, 1, cpus)?;
             let on = if load_threads > 1 {
                 let p = Pass::Out;
-                raw_pass(&g, per_dev, size, &sources, &mut dests, p, load_threads)?
+                raw_pass(
+                    &g,
+                    per_dev,
+                    size,
+                    &sources,
+                    &mut dests,
+                    p,
+                    load_threads,
+                    cpus,
+                )?
             } else {
                 o
             };
@@ -1300,10 +1417,19 @@ fn run_size(
         // around it.
         let (nt_in, nt_in_threads) = {
             let g = guards()?;
-            let nt = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::NtIn, 1)?;
+            let nt = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::NtIn, 1, cpus)?;
             let ntn = if store_threads > 1 {
                 let p = Pass::NtIn;
-                raw_pass(&g, per_dev, size, &sources, &mut dests, p, store_threads)?
+                raw_pass(
+                    &g,
+                    per_dev,
+                    size,
+                    &sources,
+                    &mut dests,
+                    p,
+                    store_threads,
+                    cpus,
+                )?
             } else {
                 nt
             };
@@ -1368,6 +1494,18 @@ fn format_row(r: &PhaseResult) -> String {
 }
 
 impl Report {
+    /// Where the threads ran, in words.
+    pub fn placement_line(&self) -> String {
+        match &self.placement {
+            Some(p) => format!(
+                "placement: caller on CPU {}; workers and raw copies on CPU {:?} (--no-pin: unpinned)",
+                p.caller, p.workers
+            ),
+            None if self.config.pin => "placement: unpinned (fewer CPUs than the largest pool + 1, or no affinity)".into(),
+            None => "placement: unpinned (--no-pin)".into(),
+        }
+    }
+
     /// How much of the CPUs other processes took during the run, per size,
     /// with a warning when that disturbs the ratios.
     fn other_load_line(&self) -> Option<String> {
@@ -1422,6 +1560,7 @@ impl Report {
         if let Some(line) = self.other_load_line() {
             let _ = writeln!(s, "{line}");
         }
+        let _ = writeln!(s, "{}", self.placement_line());
         let _ = writeln!(
             s,
             "\nlimits, GB/s (raw copies of the same objects on the same mapping, xN = N threads on disjoint parts; median of {} rounds):",
@@ -1506,6 +1645,7 @@ impl Report {
             "rounds": c.rounds,
             "prefault": c.prefault,
             "verify_every": c.verify_every,
+            "pin": c.pin,
             "json": c.json.as_ref().map(|p| p.display().to_string()),
         });
         let limits: serde_json::Map<String, serde_json::Value> = self
@@ -1587,6 +1727,10 @@ impl Report {
             "spin_us": self.spin_us,
             "wait_spin_us": self.wait_spin_us,
             "signal": self.signal,
+            "placement": self.placement.as_ref().map(|p| json!({
+                "caller": p.caller,
+                "workers": p.workers,
+            })),
             "copy_kernel": self.kernel,
             "copy_kernel_description": self.kernel_description,
             "device": self.device,
@@ -1723,5 +1867,32 @@ mod tests {
             )
         );
         assert!(b.rounds >= 3);
+    }
+
+    #[test]
+    fn placement_needs_a_cpu_more_than_the_largest_pool() {
+        let cfg = BenchConfig {
+            store_workers: 1,
+            lookup_workers: 1,
+            load_workers: 1,
+            ..BenchConfig::default()
+        };
+        let p = Placement::choose(&cfg, &[0, 1]).unwrap();
+        assert_eq!((p.caller, p.workers), (0, vec![1]));
+        let p = Placement::choose(&cfg, &[2, 5, 7]).unwrap();
+        assert_eq!((p.caller, p.workers), (2, vec![5, 7]));
+        assert_eq!(Placement::choose(&cfg, &[3]), None, "one CPU: unpinned");
+        let two = BenchConfig {
+            load_workers: 2,
+            ..cfg.clone()
+        };
+        assert_eq!(
+            Placement::choose(&two, &[0, 1]),
+            None,
+            "two load workers would share one CPU"
+        );
+        assert!(Placement::choose(&two, &[0, 1, 2]).is_some());
+        let off = BenchConfig { pin: false, ..cfg };
+        assert_eq!(Placement::choose(&off, &[0, 1, 2, 3]), None);
     }
 }

@@ -91,6 +91,11 @@ enum Cmd {
         /// the phase it bounds; ratios are the median of the rounds.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Do not pin threads (by default, with more CPUs than the largest
+        /// worker pool, the caller runs on one CPU and the workers and the
+        /// raw copies on the others).
+        #[arg(long)]
+        no_pin: bool,
         /// Do not pre-fault the mapping.
         #[arg(long)]
         no_prefault: bool,
@@ -466,6 +471,7 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             inflight,
             rounds,
             no_prefault,
+            no_pin,
             json,
         } => {
             for w in bench_warnings(park, spin_us, wait_spin_us, &path, devices, create, force) {
@@ -503,6 +509,7 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                 inflight_tasks: inflight,
                 rounds,
                 prefault: !no_prefault,
+                pin: !no_pin,
                 json: json.clone(),
                 ..d
             };

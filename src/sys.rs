@@ -96,6 +96,57 @@ pub(crate) fn page_size() -> u64 {
     }
 }
 
+/// The calling thread's CPU affinity mask (`sched_getaffinity(0)`).
+pub(crate) fn thread_affinity() -> io::Result<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is plain data (a bit array); all-zero is the empty
+    // set, and sched_getaffinity fills it below.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    let r =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw mut set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(set)
+}
+
+/// Set the calling thread's CPU affinity mask (`sched_setaffinity(0)`).
+pub(crate) fn set_thread_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; only read.
+    let r = unsafe {
+        libc::sched_setaffinity(
+            0,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            std::ptr::from_ref(set),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The CPUs of a mask, in order.
+pub(crate) fn cpus_of(set: &libc::cpu_set_t) -> Vec<usize> {
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: CPU_ISSET reads one bit of a valid set; the index is
+        // below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, set) })
+        .collect()
+}
+
+/// Pin the calling thread to `cpu` alone.
+pub(crate) fn pin_thread(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: as in `thread_affinity`: the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` < CPU_SETSIZE (checked above); `set` is ours.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set_thread_affinity(&set)
+}
+
 #[cfg(all(test, not(miri)))]
 mod tests {
     use super::*;
@@ -136,6 +187,30 @@ mod tests {
         let plain = memfd_create("plain").unwrap();
         assert_eq!(seals(&plain).unwrap(), libc::F_SEAL_SEAL);
         assert!(add_seals(&plain, libc::F_SEAL_SHRINK).is_err());
+    }
+
+    #[test]
+    fn a_thread_pins_to_one_cpu_and_restores_its_mask() {
+        std::thread::spawn(|| {
+            let all = thread_affinity().unwrap();
+            let cpus = cpus_of(&all);
+            assert!(!cpus.is_empty());
+            let last = *cpus.last().unwrap();
+            pin_thread(last).unwrap();
+            assert_eq!(cpus_of(&thread_affinity().unwrap()), [last]);
+            // SAFETY: sched_getcpu takes no arguments.
+            let on = unsafe { libc::sched_getcpu() };
+            assert_eq!(
+                usize::try_from(on).unwrap(),
+                last,
+                "runs where it is pinned"
+            );
+            set_thread_affinity(&all).unwrap();
+            assert_eq!(cpus_of(&thread_affinity().unwrap()), cpus);
+            assert!(pin_thread(libc::CPU_SETSIZE as usize).is_err());
+        })
+        .join()
+        .unwrap();
     }
 }
 

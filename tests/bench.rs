@@ -271,9 +271,24 @@ fn json_records_version_options_kernel_and_machine() {
         "rounds": 2,
         "prefault": true,
         "verify_every": 64,
+        "pin": true,
         "json": json.display().to_string(),
     });
     assert_eq!(o, &want);
+    // Two store and two load workers: pinned only with a CPU more than
+    // that for the caller (bench::Placement::choose).
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let p = &j["placement"];
+    if cores > 2 {
+        let caller = p["caller"].as_u64().unwrap();
+        let workers = p["workers"].as_array().unwrap();
+        assert!(
+            !workers.is_empty() && !workers.contains(&caller.into()),
+            "{p}"
+        );
+    } else {
+        assert!(p.is_null(), "{p}");
+    }
     assert_eq!(j["signal"], "when_waiting");
     assert_eq!(j["spin_us"], 250);
     assert_eq!(j["wait_spin_us"], 250);
@@ -518,4 +533,56 @@ fn moot_create_and_force_warn() {
             && se.contains("daxkv: warning: --force has no effect without --path"),
         "{se}"
     );
+}
+
+/// One worker per pool on a machine with two CPUs or more: the caller is
+/// pinned to the first CPU it may use and the workers to the others, and
+/// the table says so; `--no-pin` leaves them unpinned.
+#[test]
+fn one_worker_per_pool_runs_pinned_unless_told_not_to() {
+    let allowed: Vec<u64> = {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string();
+        list.split(',')
+            .flat_map(|part| match part.split_once('-') {
+                Some((a, b)) => (a.parse().unwrap()..=b.parse().unwrap()).collect::<Vec<u64>>(),
+                None => vec![part.parse().unwrap()],
+            })
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let one = [
+        "--store-workers",
+        "1",
+        "--lookup-workers",
+        "1",
+        "--load-workers",
+        "1",
+    ];
+    for pin in [true, false] {
+        let json = dir.path().join(format!("pin-{pin}.json"));
+        let no_pin: &[&str] = if pin { &[] } else { &["--no-pin"] };
+        let out = daxkv(&[&TINY[..], &one, no_pin, &["--json"]].concat(), &[&json]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let table = text(&out.stdout);
+        if pin && allowed.len() >= 2 {
+            assert_eq!(j["placement"]["caller"], allowed[0]);
+            assert_eq!(j["placement"]["workers"], serde_json::json!(allowed[1..]));
+            assert!(
+                table.contains(&format!("placement: caller on CPU {}", allowed[0])),
+                "{table}"
+            );
+        } else {
+            assert!(j["placement"].is_null(), "{}", j["placement"]);
+            assert!(table.contains("placement: unpinned"), "{table}");
+        }
+        assert_eq!(j["options"]["pin"], pin);
+    }
 }
