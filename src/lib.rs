@@ -39,6 +39,7 @@
 pub mod arena;
 pub mod bench;
 pub mod buf;
+pub mod busy;
 pub mod cell;
 pub mod config;
 pub mod copy;

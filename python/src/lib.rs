@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use daxkv::buf::{Buf, RawBuf};
+use daxkv::busy::{Busy, Clash, Held};
 use daxkv::config::EngineConfig;
 use daxkv::engine::{Answer, Engine, EngineError, TaskId};
 use daxkv::Key;
@@ -60,8 +61,12 @@ struct View {
 }
 
 // SAFETY: the export is only read (ptr, len) off the GIL; releasing it
-// (`Drop`) takes the GIL. The exporter keeps the memory alive and in
-// place until the release.
+// (`Drop`) takes the GIL. What keeps the memory alive: an exporter that
+// owns it (bytearray, numpy) keeps it until the release; a view that does
+// not own it (LMCache's `byte_array`, a ctypes overlay on L1 memory) is
+// kept alive by the caller until the future completes — the submit
+// methods' documented contract, which LMCache's controllers keep by
+// holding the memory objects for the task.
 unsafe impl Send for View {}
 
 impl View {
@@ -90,10 +95,14 @@ impl View {
     /// The caller keeps `self` alive until the task using the descriptor
     /// has completed (drained or collected at close), and — for a load
     /// destination — nobody else reads or writes the bytes meanwhile (the
-    /// bridge's contract: LMCache holds the objects for the task).
+    /// bridge's contract: LMCache holds the objects for the task; other
+    /// buffers of the connector's own tasks are ruled out by `busy`). A
+    /// read-only export (`bytes`) may only be a store source: the engine
+    /// only reads sources, though `RawBuf::new` is written for both ways.
     unsafe fn raw(&self) -> RawBuf {
-        // SAFETY: valid for `len` bytes while the export lives (the
-        // exporter's guarantee), which the caller extends past the task.
+        // SAFETY: valid for `len` bytes while the export lives (see the
+        // `Send` note for what keeps it), which the caller extends past
+        // the task.
         unsafe { RawBuf::new(self.buf.buf.cast::<u8>(), self.len()) }
     }
 }
@@ -114,6 +123,8 @@ struct Pending {
     keys: usize,
     /// Keeps the buffers exported until the task completes.
     views: Vec<View>,
+    /// Its buffers' ranges in [`State::busy`], given back with the views.
+    held: Held,
 }
 
 /// Everything behind the connector's one mutex.
@@ -128,6 +139,37 @@ struct State {
     ready: Vec<Completion>,
     /// Exports whose tasks completed, to release with the GIL.
     release: Vec<View>,
+    /// The memory of the tasks in flight: a submit whose buffers would
+    /// alias one in flight is refused (`daxkv::busy`).
+    busy: Busy,
+}
+
+impl State {
+    /// A task's end: its exports to release, its ranges given back.
+    fn finish(&mut self, p: Pending) {
+        self.busy.release(p.held);
+        self.release.extend(p.views);
+    }
+}
+
+/// The `ValueError` of a buffer refused by [`Busy`].
+fn clash_error(what: &str, i: usize, c: &Clash) -> PyErr {
+    let with = match c {
+        Clash::Batch(j) => format!("{what} buffer {j} of the same call"),
+        Clash::InFlight(fid) => format!("a buffer of future {fid}, still in flight"),
+    };
+    PyValueError::new_err(format!(
+        "daxkv: {what} buffer {i} shares memory with {with} (a load destination must not \
+         alias any other buffer in flight)"
+    ))
+}
+
+/// `(address, length)` of each export.
+fn ranges(views: &[View]) -> Vec<(usize, usize)> {
+    views
+        .iter()
+        .map(|v| (v.buf.buf as usize, v.len()))
+        .collect()
 }
 
 /// LMCache's `native_plugin` connector over the daxkv engine
@@ -151,6 +193,9 @@ pub struct DaxConnector {
     http: Mutex<Option<daxkv::http::HttpServer>>,
     /// Its address (kept after close, for error messages).
     http_addr: Option<std::net::SocketAddr>,
+    /// Held by `close` from start to end: a second `close` returns when
+    /// the first has finished, not before.
+    closing: Mutex<()>,
 }
 
 fn closed() -> PyErr {
@@ -160,8 +205,11 @@ fn closed() -> PyErr {
 /// Read an eventfd (or any non-blocking fd) to zero; errors ignored.
 fn reset_fd(fd: RawFd) {
     let mut v = 0u64;
-    // SAFETY: reads 8 bytes into a local; a stale or closed fd only
-    // makes the read fail.
+    // SAFETY: reads 8 bytes into a local. Callers pass an fd that is open
+    // and ours: the connector's eventfd under its mutex, or an engine
+    // eventfd while the state (whose mutex the caller holds) still has the
+    // engine — `close` takes it out before the engine closes those fds, so
+    // the number never names another file here.
     let _ = unsafe { libc::read(fd, std::ptr::addr_of_mut!(v).cast(), 8) };
 }
 
@@ -249,9 +297,14 @@ impl DaxConnector {
 
     /// Move every finished task into `ready` (no GIL needed).
     fn collect(st: &mut State) {
-        let Some(engine) = st.engine.clone() else {
-            return;
-        };
+        if let Some(engine) = st.engine.clone() {
+            Self::collect_from(&engine, st);
+        }
+    }
+
+    /// [`collect`](Self::collect) from `engine` (which `close` has already
+    /// taken out of the state).
+    fn collect_from(engine: &Engine, st: &mut State) {
         for (id, r) in engine.pop_completed_stores() {
             if let Some(p) = st.sets.remove(&id) {
                 let err = if r.success {
@@ -264,7 +317,7 @@ impl DaxConnector {
                     )
                 };
                 st.ready.push((p.fid, r.success, err, None));
-                st.release.extend(p.views);
+                st.finish(p);
             }
         }
         let ids: Vec<TaskId> = st.gets.keys().copied().collect();
@@ -297,7 +350,7 @@ impl DaxConnector {
                 Err(e) => (p.fid, false, e, Some(vec![false; p.keys])),
             };
             st.ready.push(c);
-            st.release.extend(p.views);
+            st.finish(p);
         }
     }
 }
@@ -368,6 +421,7 @@ impl DaxConnector {
             }
         }
         let engine = Arc::new(engine);
+        let slot_bytes = engine.slot_bytes();
         let http = match control.http {
             Some(h) => {
                 let (e, root) = (engine.clone(), cfg.sysfs_root.clone());
@@ -382,7 +436,7 @@ impl DaxConnector {
             None => None,
         };
         Ok(DaxConnector {
-            slot_bytes: engine.slot_bytes(),
+            slot_bytes,
             l2_name: control.l2_name,
             http_addr: http.as_ref().map(daxkv::http::HttpServer::local_addr),
             http: Mutex::new(http),
@@ -392,8 +446,10 @@ impl DaxConnector {
                 gets: HashMap::new(),
                 ready: Vec::new(),
                 release: Vec::new(),
+                busy: Busy::new(slot_bytes),
             }),
             next: AtomicU64::new(1),
+            closing: Mutex::new(()),
             epoll: Mutex::new(Some(epoll)),
             efd: Mutex::new(Some(efd)),
             engine_fds,
@@ -476,27 +532,37 @@ impl DaxConnector {
                 st.release.extend(views);
                 return Ok(self.complete_now(&mut st, (fid, false, err, None)));
             }
+            let held = match st.busy.hold_reads(fid, &ranges(&views)) {
+                Ok(h) => h,
+                Err((i, c)) => {
+                    st.release.extend(views);
+                    return Err(clash_error("source", i, &c));
+                }
+            };
             // SAFETY: `views` is kept in the pending entry until the
-            // store's completion is collected (`collect`, or `close`).
+            // store's completion is collected (`collect`, or `close`), and
+            // no load destination in flight shares their bytes (`busy`).
             let srcs: Vec<Buf> = views.iter().map(|v| Buf::Raw(unsafe { v.raw() })).collect();
             let n = keys.len();
+            let p = Pending {
+                fid,
+                keys: n,
+                views,
+                held,
+            };
             match engine.submit_store(keys, srcs) {
                 Ok(id) => {
-                    st.sets.insert(
-                        id,
-                        Pending {
-                            fid,
-                            keys: n,
-                            views,
-                        },
-                    );
+                    st.sets.insert(id, p);
                     Ok(fid)
                 }
-                Err(r) if matches!(r.error, EngineError::Closing) => Err(closed()),
                 Err(r) => {
+                    let closing = matches!(r.error, EngineError::Closing);
                     let err = format!("daxkv: {}", r.error);
                     drop(r);
-                    st.release.extend(views);
+                    st.finish(p);
+                    if closing {
+                        return Err(closed());
+                    }
                     Ok(self.complete_now(&mut st, (fid, false, err, None)))
                 }
             }
@@ -525,28 +591,38 @@ impl DaxConnector {
         py.allow_threads(move || {
             let mut st = self.lock();
             let engine = st.engine.clone().ok_or_else(closed)?;
+            let held = match st.busy.hold_writes(fid, &ranges(&views)) {
+                Ok(h) => h,
+                Err((i, c)) => {
+                    st.release.extend(views);
+                    return Err(clash_error("destination", i, &c));
+                }
+            };
             // SAFETY: `views` is kept in the pending entry until the load's
-            // completion is collected; the bridge leaves the destinations
+            // completion is collected; no other buffer in flight shares
+            // their bytes (`busy`), and the bridge leaves the destinations
             // alone until then.
             let dsts: Vec<RawBuf> = views.iter().map(|v| unsafe { v.raw() }).collect();
             let n = keys.len();
+            let p = Pending {
+                fid,
+                keys: n,
+                views,
+                held,
+            };
             match engine.submit_load_raw(keys, dsts) {
                 Ok(id) => {
-                    st.gets.insert(
-                        id,
-                        Pending {
-                            fid,
-                            keys: n,
-                            views,
-                        },
-                    );
+                    st.gets.insert(id, p);
                     Ok(fid)
                 }
-                Err(r) if matches!(r.error, EngineError::Closing) => Err(closed()),
                 Err(r) => {
+                    let closing = matches!(r.error, EngineError::Closing);
                     let err = format!("daxkv: {}", r.error);
                     drop(r);
-                    st.release.extend(views);
+                    st.finish(p);
+                    if closing {
+                        return Err(closed());
+                    }
                     Ok(self.complete_now(&mut st, (fid, false, err, Some(vec![false; n]))))
                 }
             }
@@ -645,8 +721,11 @@ impl DaxConnector {
     /// Idempotent.
     fn close(&self, py: Python<'_>) {
         let release = py.allow_threads(|| {
-            // The control plane first: no reconfigure runs on a closing
-            // engine, and the port is free when close returns.
+            let _one_closer = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
+            // The control plane first: it stops accepting, and the port is
+            // free when close returns. An operation it already runs goes
+            // on, on its own thread; `Engine::close` waits for it (the
+            // engine's admin lock orders hotplug against close).
             let http = self
                 .http
                 .lock()
@@ -655,13 +734,16 @@ impl DaxConnector {
             if let Some(h) = http {
                 h.shutdown();
             }
-            let Some(engine) = self.lock().engine.clone() else {
+            // Closed for everyone else before the engine closes its fds: a
+            // submit now fails with "closed", and `drain_completions`,
+            // seeing no engine, no longer reads the engine's eventfds
+            // (their numbers may belong to another file by then).
+            let Some(engine) = self.lock().engine.take() else {
                 return Vec::new();
             };
             engine.close();
             let mut st = self.lock();
-            Self::collect(&mut st);
-            st.engine = None;
+            Self::collect_from(&engine, &mut st);
             // Anything still pending can no longer complete: fail it so
             // every future completes.
             let st = &mut *st;
@@ -674,8 +756,11 @@ impl DaxConnector {
             for p in left {
                 st.ready
                     .push((p.fid, false, "daxkv: connector closed".into(), None));
-                st.release.extend(p.views);
+                st.finish(p);
             }
+            // Wake a poller blocked on `event_fd()` for the last
+            // completions (its fd then reads as closed).
+            self.signal();
             *self.epoll.lock().unwrap_or_else(PoisonError::into_inner) = None;
             *self.efd.lock().unwrap_or_else(PoisonError::into_inner) = None;
             std::mem::take(&mut st.release)

@@ -271,3 +271,46 @@ def test_gil_released_during_a_large_load(make_connector):
     assert all(bytes(d) == data for d in dst)
     # Each call released the GIL at least once, letting the counter step.
     assert after - before >= calls // 2, (after - before, calls)
+
+
+def test_aliasing_buffers_are_refused_and_leave_nothing_held(make_connector):
+    """A load destination may share no byte with another buffer in flight
+    (two workers would write the same bytes): refused before the engine
+    sees it, naming both buffers; nothing is submitted or held."""
+    c = make_connector()
+    keys = [f"alias{i}" for i in range(3)]
+    data = [payload(i, 1000) for i in range(3)]
+    f = c.submit_batch_set(keys, [memoryview(d) for d in data])
+    assert drain_until(c, {f})[f][0]
+
+    dst = bytearray(1000)
+    with pytest.raises(ValueError, match="destination buffer 1 shares memory with destination buffer 0 of the same call"):
+        c.submit_batch_get(keys[:2], [dst, dst])
+    big = bytearray(3000)
+    mv = memoryview(big)
+    with pytest.raises(ValueError, match="destination buffer 2 shares memory with destination buffer 1"):
+        c.submit_batch_get(keys, [mv[0:1000], mv[1000:2000], mv[1999:2999]])
+    assert c.pending() == 0, "a refused call submits nothing"
+
+    # Adjacent slices are fine.
+    f = c.submit_batch_get(keys, [mv[0:1000], mv[1000:2000], mv[2000:3000]])
+    # Until that load is drained its buffers are in flight: another get
+    # into them, or a set from them, is refused and names the future.
+    with pytest.raises(ValueError, match=f"destination buffer 0 shares memory with a buffer of future {f}"):
+        c.submit_batch_get(keys[:1], [mv[500:600]])
+    with pytest.raises(ValueError, match=f"source buffer 0 shares memory with a buffer of future {f}"):
+        c.submit_batch_set(["other"], [mv[2500:2600]])
+    ok, _, bits = drain_until(c, {f})[f]
+    assert ok and bits == [True] * 3
+    assert bytes(big) == b"".join(data)
+
+    # Sources may share bytes (both only read); once drained, the same
+    # memory is free for a load again.
+    src = payload(9, 1000)
+    f1 = c.submit_batch_set(["s1", "s2"], [src, src])
+    f2 = c.submit_batch_set(["s3"], [memoryview(src)[10:20]])
+    done = drain_until(c, {f1, f2})
+    assert done[f1][0] and done[f2][0]
+    f = c.submit_batch_get(["s1"], [mv[0:1000]])
+    assert drain_until(c, {f})[f][0] and bytes(big[:1000]) == src
+    assert c.status()["locked_key_count"] == 0

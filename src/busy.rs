@@ -1,0 +1,203 @@
+//! # The caller memory of an FFI face's tasks in flight
+//!
+//! The engine's [`RawBuf`](crate::buf::RawBuf) contract is that a
+//! descriptor's bytes are reached only through it while its task runs.
+//! A foreign caller (the Python connector) can break that with nothing
+//! but safe calls of its own language: the same
+//! `bytearray` twice in one `submit_batch_get`, a destination that is also
+//! the source of a set in flight, or a get into a buffer an earlier get is
+//! still writing. Two workers would then hold `&mut` to the same bytes (or
+//! one `&` and one `&mut`): undefined behaviour in Rust, torn data in
+//! practice. [`Busy`], kept by the face next to its pending tasks,
+//! refuses such a submit before anything reaches the
+//! engine, naming both buffers.
+//!
+//! Rules: a load destination shares no byte with any other buffer in
+//! flight; store sources may share bytes with each other (both only read).
+//! Empty buffers share nothing. A task's ranges are held from its submit
+//! until its completion is collected (when its exports are released), so
+//! the check covers exactly the time the engine may touch them.
+
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+/// The ranges of one task, to give back when it is collected.
+#[derive(Debug, Default)]
+pub struct Held {
+    writes: Vec<usize>,
+    reads: Vec<(usize, u64)>,
+}
+
+/// Why a buffer was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Clash {
+    /// Another buffer of the same batch, by index.
+    Batch(usize),
+    /// A buffer of the task whose future id this is.
+    InFlight(u64),
+}
+
+/// The memory of every task in flight.
+#[derive(Debug, Default)]
+pub struct Busy {
+    /// Load destinations, disjoint: start → (end, future id).
+    writes: BTreeMap<usize, (usize, u64)>,
+    /// Store sources: (start, serial) → (end, future id); each at most
+    /// `max_read` bytes long, so a query scans a bounded window.
+    reads: BTreeMap<(usize, u64), (usize, u64)>,
+    max_read: usize,
+    serial: u64,
+}
+
+impl Busy {
+    /// `max_read`: the longest store source ever held (the slot size:
+    /// longer sources are refused before they get here).
+    pub fn new(max_read: usize) -> Busy {
+        Busy {
+            max_read,
+            ..Busy::default()
+        }
+    }
+
+    /// The destination overlapping `[s, e)`, if any. The destinations are
+    /// disjoint, so sorted by start they are sorted by end too: only the
+    /// last one starting before `e` can reach past `s`.
+    fn write_at(&self, s: usize, e: usize) -> Option<u64> {
+        self.writes
+            .range(..e)
+            .next_back()
+            .and_then(|(_, &(end, fid))| (end > s).then_some(fid))
+    }
+
+    /// A source overlapping `[s, e)`, if any.
+    fn read_at(&self, s: usize, e: usize) -> Option<u64> {
+        self.reads
+            .range((s.saturating_sub(self.max_read), 0)..(e, 0))
+            .find(|(_, &(end, _))| end > s)
+            .map(|(_, &(_, fid))| fid)
+    }
+
+    /// Hold `ranges` (`(ptr, len)`) as load destinations of future `fid`,
+    /// or refuse the first that clashes (`(its index, with what)`),
+    /// holding nothing.
+    pub fn hold_writes(
+        &mut self,
+        fid: u64,
+        ranges: &[(usize, usize)],
+    ) -> Result<Held, (usize, Clash)> {
+        let mut held = Held::default();
+        for (i, &(s, len)) in ranges.iter().enumerate() {
+            let e = s.saturating_add(len);
+            if len == 0 {
+                continue;
+            }
+            let clash = match self.write_at(s, e).or_else(|| self.read_at(s, e)) {
+                Some(other) if other == fid => {
+                    // One of this batch: say which.
+                    let j = ranges[..i]
+                        .iter()
+                        .position(|&(s2, l2)| l2 > 0 && s2 < e && s2.saturating_add(l2) > s)
+                        .unwrap_or(0);
+                    Some(Clash::Batch(j))
+                }
+                Some(other) => Some(Clash::InFlight(other)),
+                None => None,
+            };
+            if let Some(c) = clash {
+                self.release(held);
+                return Err((i, c));
+            }
+            self.writes.insert(s, (e, fid));
+            held.writes.push(s);
+        }
+        Ok(held)
+    }
+
+    /// Hold `ranges` as store sources of future `fid`, or refuse the first
+    /// that overlaps a load destination in flight, holding nothing.
+    pub fn hold_reads(
+        &mut self,
+        fid: u64,
+        ranges: &[(usize, usize)],
+    ) -> Result<Held, (usize, Clash)> {
+        let mut held = Held::default();
+        for (i, &(s, len)) in ranges.iter().enumerate() {
+            if len == 0 {
+                continue;
+            }
+            if let Some(other) = self.write_at(s, s.saturating_add(len)) {
+                self.release(held);
+                return Err((i, Clash::InFlight(other)));
+            }
+            self.serial += 1;
+            let key = (s, self.serial);
+            self.max_read = self.max_read.max(len);
+            self.reads.insert(key, (s.saturating_add(len), fid));
+            held.reads.push(key);
+        }
+        Ok(held)
+    }
+
+    /// Give a task's ranges back.
+    pub fn release(&mut self, held: Held) {
+        for s in held.writes {
+            self.writes.remove(&s);
+        }
+        for k in held.reads {
+            self.reads.remove(&k);
+        }
+    }
+
+    /// Ranges held (for tests and status).
+    pub fn len(&self) -> usize {
+        self.writes.len() + self.reads.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_are_exclusive_sources_are_shared() {
+        let mut b = Busy::new(100);
+        let a = b.hold_writes(1, &[(1000, 100), (1200, 50)]).unwrap();
+        // Touching ends do not overlap; one byte in does.
+        let c = b.hold_writes(2, &[(1100, 100)]).unwrap();
+        assert_eq!(
+            b.hold_writes(3, &[(0, 10), (1249, 1)]).unwrap_err(),
+            (1, Clash::InFlight(1))
+        );
+        assert_eq!(b.len(), 3, "a refused batch holds nothing");
+        assert_eq!(
+            b.hold_writes(3, &[(5000, 10), (5005, 10)]).unwrap_err(),
+            (1, Clash::Batch(0))
+        );
+        assert_eq!(
+            b.hold_reads(4, &[(0, 10), (1150, 10)]).unwrap_err(),
+            (1, Clash::InFlight(2))
+        );
+        let r1 = b.hold_reads(5, &[(3000, 80), (3000, 80)]).unwrap();
+        let r2 = b.hold_reads(6, &[(3040, 80)]).unwrap();
+        assert_eq!(
+            b.hold_writes(7, &[(3119, 5)]).unwrap_err(),
+            (0, Clash::InFlight(6))
+        );
+        assert_eq!(
+            b.hold_writes(7, &[(2990, 11)]).unwrap_err(),
+            (0, Clash::InFlight(5))
+        );
+        assert!(b.hold_writes(7, &[(3120, 5), (0, 0), (3125, 0)]).is_ok());
+        for h in [a, c, r1, r2] {
+            b.release(h);
+        }
+        assert_eq!(b.len(), 1);
+        assert!(b.hold_writes(8, &[(1000, 300)]).is_ok());
+    }
+}
