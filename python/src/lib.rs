@@ -49,11 +49,13 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
+mod l2;
+
 /// One completion as the bridge reads it.
 type Completion = (u64, bool, String, Option<Vec<bool>>);
 
 /// An exported Python buffer, released (with the GIL) on drop.
-struct View {
+pub(crate) struct View {
     buf: Box<ffi::Py_buffer>,
 }
 
@@ -64,7 +66,7 @@ unsafe impl Send for View {}
 
 impl View {
     /// Export `obj`'s buffer: C-contiguous, and writable when `writable`.
-    fn get(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<View> {
+    pub(crate) fn get(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<View> {
         let mut buf = Box::new(std::mem::MaybeUninit::<ffi::Py_buffer>::zeroed());
         let flags = ffi::PyBUF_C_CONTIGUOUS | if writable { ffi::PyBUF_WRITABLE } else { 0 };
         // SAFETY: `obj` is a live object (we hold a reference and the
@@ -78,8 +80,13 @@ impl View {
         Ok(View { buf })
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         usize::try_from(self.buf.len).unwrap_or(0)
+    }
+
+    /// The first byte's address (for overlap checks; never dereferenced).
+    pub(crate) fn addr(&self) -> usize {
+        self.buf.buf as usize
     }
 
     /// The engine's descriptor of these bytes.
@@ -89,7 +96,7 @@ impl View {
     /// has completed (drained or collected at close), and — for a load
     /// destination — nobody else reads or writes the bytes meanwhile (the
     /// bridge's contract: LMCache holds the objects for the task).
-    unsafe fn raw(&self) -> RawBuf {
+    pub(crate) unsafe fn raw(&self) -> RawBuf {
         // SAFETY: valid for `len` bytes while the export lives (the
         // exporter's guarantee), which the caller extends past the task.
         unsafe { RawBuf::new(self.buf.buf.cast::<u8>(), self.len()) }
@@ -150,14 +157,14 @@ fn closed() -> PyErr {
 }
 
 /// Read an eventfd (or any non-blocking fd) to zero; errors ignored.
-fn reset_fd(fd: RawFd) {
+pub(crate) fn reset_fd(fd: RawFd) {
     let mut v = 0u64;
     // SAFETY: reads 8 bytes into a local; a stale or closed fd only
     // makes the read fail.
     let _ = unsafe { libc::read(fd, std::ptr::addr_of_mut!(v).cast(), 8) };
 }
 
-fn notify_fd(fd: RawFd) {
+pub(crate) fn notify_fd(fd: RawFd) {
     let v = 1u64;
     // SAFETY: writes 8 bytes from a local to an eventfd we own.
     let _ = unsafe { libc::write(fd, std::ptr::addr_of!(v).cast(), 8) };
@@ -208,6 +215,55 @@ fn new_fd(fd: libc::c_int, what: &str) -> PyResult<OwnedFd> {
     }
     // SAFETY: a fresh fd just returned by the kernel, owned by no one else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The engine's config from adapter params (the keys of LMCache's `dax`
+/// adapter, `type` optional), without opening anything. `_panic_on_key` (a
+/// key string) is taken out and returned digested: a test hook, a task
+/// part meeting that key panics.
+pub(crate) fn parse_config(
+    py: Python<'_>,
+    adapter_params: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(EngineConfig, Option<Key>)> {
+    let params = match adapter_params {
+        Some(d) => d.copy()?,
+        None => PyDict::new(py),
+    };
+    let panic_key = match params.get_item("_panic_on_key")? {
+        Some(k) => {
+            params.del_item("_panic_on_key")?;
+            Some(Key::digest(k.extract::<String>()?.as_bytes()))
+        }
+        None => None,
+    };
+    let json: String = py
+        .import("json")?
+        .call_method1("dumps", (params,))?
+        .extract()?;
+    let cfg = EngineConfig::from_json(&json).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((cfg, panic_key))
+}
+
+/// Open an engine from adapter params ([`parse_config`]), with the GIL
+/// released while devices are mapped; returns it with its config.
+pub(crate) fn open_engine(
+    py: Python<'_>,
+    adapter_params: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(Engine, EngineConfig)> {
+    let (cfg, panic_key) = parse_config(py, adapter_params)?;
+    let mut opts = cfg.options();
+    opts.panic_on_key = panic_key;
+    let engine = py
+        .allow_threads(|| {
+            Engine::open(
+                cfg.device_specs(),
+                cfg.slot_bytes,
+                cfg.hotplug_enabled,
+                opts,
+            )
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("daxkv: open: {e}")))?;
+    Ok((engine, cfg))
 }
 
 impl DaxConnector {
@@ -302,35 +358,7 @@ impl DaxConnector {
     #[new]
     #[pyo3(signature = (**adapter_params))]
     fn new(py: Python<'_>, adapter_params: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let params = match adapter_params {
-            Some(d) => d.copy()?,
-            None => PyDict::new(py),
-        };
-        let panic_key = match params.get_item("_panic_on_key")? {
-            Some(k) => {
-                params.del_item("_panic_on_key")?;
-                Some(Key::digest(k.extract::<String>()?.as_bytes()))
-            }
-            None => None,
-        };
-        let json: String = py
-            .import("json")?
-            .call_method1("dumps", (params,))?
-            .extract()?;
-        let cfg =
-            EngineConfig::from_json(&json).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let mut opts = cfg.options();
-        opts.panic_on_key = panic_key;
-        let engine = py
-            .allow_threads(|| {
-                Engine::open(
-                    cfg.device_specs(),
-                    cfg.slot_bytes,
-                    cfg.hotplug_enabled,
-                    opts,
-                )
-            })
-            .map_err(|e| PyRuntimeError::new_err(format!("daxkv: open: {e}")))?;
+        let (engine, _) = open_engine(py, adapter_params)?;
         let engine_fds = engine.event_fds();
         // SAFETY: plain syscalls creating new fds.
         let efd = new_fd(
@@ -647,5 +675,6 @@ impl Drop for DaxConnector {
 #[pymodule]
 fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DaxConnector>()?;
+    l2::register(m)?;
     Ok(())
 }
