@@ -384,26 +384,10 @@ impl DaxL2Core {
             rel.objs.extend(keys.into_iter().chain(record));
             return (Err(closing_err()), rel);
         }
-        let Task {
-            kind,
-            n,
-            keys,
-            digests,
-            record,
-            objs,
-            views,
-            ..
-        } = task;
-        let (r, views) = go(&self.engine, views);
-        let task = Task {
-            kind,
-            n,
-            keys,
-            digests,
-            record,
-            objs,
-            views,
-        };
+        let mut task = task;
+        let kind = task.kind;
+        let (r, views) = go(&self.engine, std::mem::take(&mut task.views));
+        task.views = views;
         match r {
             Ok(id) => {
                 st.tasks.insert(Id::from(id.0), task);
@@ -420,9 +404,8 @@ impl DaxL2Core {
                     kind.name()
                 );
                 // The engine never saw the buffers: release them now.
-                let mut t = task;
-                rel.views.append(&mut t.views);
-                (Ok(self.refuse(&mut st, t)), rel)
+                rel.views.append(&mut task.views);
+                (Ok(self.refuse(&mut st, task)), rel)
             }
         }
     }
