@@ -293,6 +293,16 @@ fn force_of(payload: &Value) -> Result<bool, ReconfigureError> {
     }
 }
 
+/// 403 when hotplug is off, before the path is looked up (upstream answers
+/// a remove or resize with hotplug off 403, whatever the path).
+fn disabled_first(e: &crate::engine::Engine) -> Result<(), ReconfigureError> {
+    if e.hotplug_enabled() {
+        Ok(())
+    } else {
+        Err(hotplug_err(&crate::engine::HotplugError::Disabled))
+    }
+}
+
 impl Reconfigurable for DaxReconfigure {
     fn backend(&self) -> &'static str {
         "dax"
@@ -308,6 +318,9 @@ impl Reconfigurable for DaxReconfigure {
     fn status(&self) -> Value {
         let mut st = self.engine.status();
         st["enabled"] = json!(self.engine.hotplug_enabled());
+        // LMCache's `hotplug_status()` names the capacity so (the engine
+        // status calls it `max_dax_size_bytes`, as `report_status` does).
+        st["total_capacity_bytes"] = st["max_dax_size_bytes"].clone();
         st
     }
 
@@ -345,28 +358,23 @@ impl Reconfigurable for DaxReconfigure {
                 }))
             }
             "remove" => {
+                const BAD_MODE: &str = "mode must be migrate, evict, or drain";
                 let path = path_of(payload)?;
+                // Upstream's order: the payload's types (400), hotplug off
+                // (403), the mode's value (400), the path (404 / 409).
                 let mode = match payload.get("mode") {
-                    None | Some(Value::Null) => RemoveMode::Migrate,
-                    Some(Value::String(m)) => match m.as_str() {
-                        "migrate" => RemoveMode::Migrate,
-                        "evict" => RemoveMode::Evict,
-                        "drain" => RemoveMode::Drain,
-                        _ => {
-                            return Err(ReconfigureError::msg(
-                                400,
-                                "mode must be migrate, evict, or drain",
-                            ))
-                        }
-                    },
-                    Some(_) => {
-                        return Err(ReconfigureError::msg(
-                            400,
-                            "mode must be migrate, evict, or drain",
-                        ))
-                    }
+                    None | Some(Value::Null) => "migrate",
+                    Some(Value::String(m)) => m.as_str(),
+                    Some(_) => return Err(ReconfigureError::msg(400, BAD_MODE)),
                 };
                 let force = force_of(payload)?;
+                disabled_first(e)?;
+                let mode = match mode {
+                    "migrate" => RemoveMode::Migrate,
+                    "evict" => RemoveMode::Evict,
+                    "drain" => RemoveMode::Drain,
+                    _ => return Err(ReconfigureError::msg(400, BAD_MODE)),
+                };
                 let id = e.find_device(&path).map_err(|err| hotplug_err(&err))?;
                 let r = e
                     .remove_device(id, mode, force)
@@ -395,17 +403,21 @@ impl Reconfigurable for DaxReconfigure {
                 }))
             }
             "resize" => {
+                const BAD_MODE: &str = "mode must be migrate or evict";
                 let path = path_of(payload)?;
                 let size = size_of(payload)?;
                 let mode = match payload.get("mode") {
-                    None | Some(Value::Null) => ShrinkMode::Migrate,
-                    Some(Value::String(m)) if m == "migrate" => ShrinkMode::Migrate,
-                    Some(Value::String(m)) if m == "evict" => ShrinkMode::Evict,
-                    Some(_) => {
-                        return Err(ReconfigureError::msg(400, "mode must be migrate or evict"))
-                    }
+                    None | Some(Value::Null) => "migrate",
+                    Some(Value::String(m)) => m.as_str(),
+                    Some(_) => return Err(ReconfigureError::msg(400, BAD_MODE)),
                 };
                 let force = force_of(payload)?;
+                disabled_first(e)?;
+                let mode = match mode {
+                    "migrate" => ShrinkMode::Migrate,
+                    "evict" => ShrinkMode::Evict,
+                    _ => return Err(ReconfigureError::msg(400, BAD_MODE)),
+                };
                 let id = e.find_device(&path).map_err(|err| hotplug_err(&err))?;
                 let r = e
                     .resize_device_to(id, size, mode, force, |p, n| (self.gate)(p, n, true))

@@ -401,6 +401,59 @@ fn bad_requests_are_refused_with_upstreams_messages() {
         (err.status, err.body["error"].clone()),
         (403, json!("DAX hotplug is disabled"))
     );
+    // Upstream answers remove and resize 403 with hotplug off before it
+    // looks the path up (not 404), and checks the mode's type first (400).
+    for (op, p) in [
+        ("remove", json!({"device_path": "/dev/nothing"})),
+        (
+            "remove",
+            json!({"device_path": "/dev/nothing", "mode": "bogus"}),
+        ),
+        (
+            "resize",
+            json!({"device_path": "/dev/nothing", "size_bytes": 8192}),
+        ),
+    ] {
+        let err = r.reconfigure(op, &p, None).unwrap_err();
+        assert_eq!(err.status, 403, "{op} {p}");
+    }
+    let err = r
+        .reconfigure("remove", &json!({"device_path": "memfd", "mode": 1}), None)
+        .unwrap_err();
+    assert_eq!(err.status, 400);
+}
+
+/// `owns_device` answers by physical identity (a symlink to a mapped file
+/// is owned), never for a missing path, another file or a memfd, and no
+/// longer once the device is removed; the status names the capacity as
+/// LMCache's `hotplug_status()` does.
+#[test]
+fn owns_device_by_identity_until_removed() {
+    let dir = tmpdir();
+    let (path, spec) = file(dir.path(), "dax0", 4);
+    let (e, r) = open(vec![spec, memfd(4)]);
+    let link = dir.path().join("alias");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    let other = dir.path().join("other");
+    std::fs::File::create(&other)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    assert!(e.owns_device(std::path::Path::new(&path)));
+    assert!(e.owns_device(&link));
+    assert!(!e.owns_device(&other));
+    assert!(!e.owns_device(&dir.path().join("missing")));
+    assert!(!e.owns_device(std::path::Path::new("memfd")));
+    let st = r.reconfigure_status();
+    assert_eq!(st["status"]["total_capacity_bytes"], json!(8 * SLOT as u64));
+    r.reconfigure(
+        "remove",
+        &json!({"device_path": path, "mode": "evict"}),
+        None,
+    )
+    .unwrap();
+    assert!(!e.owns_device(std::path::Path::new(&path)));
+    assert!(!e.owns_device(&link));
 }
 
 /// Re-adding the same physical device at the same size is idempotent (by

@@ -27,8 +27,14 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::Value;
 
-/// The `l2_name` label when `adapter_params` names none.
+/// The `l2_name` label of the `native_plugin` connector when
+/// `adapter_params` names none (the `plugin` adapter's is
+/// [`PLUGIN_L2_NAME`]).
 pub const DEFAULT_L2_NAME: &str = "native_plugin";
+
+/// The `l2_name` label of the `plugin` adapter when `adapter_params` names
+/// none: the adapter type LMCache labels it with.
+pub const PLUGIN_L2_NAME: &str = "plugin";
 
 /// What `adapter_params` asked for besides the engine.
 #[derive(Debug)]
@@ -45,7 +51,11 @@ fn bad(what: &str, why: impl std::fmt::Display) -> PyErr {
 
 /// Remove `l2_name` and `http` from `params` (a copy of the caller's) and
 /// parse them.
-pub fn take_control_params(py: Python<'_>, params: &Bound<'_, PyDict>) -> PyResult<ControlParams> {
+pub fn take_control_params(
+    py: Python<'_>,
+    params: &Bound<'_, PyDict>,
+    default_l2_name: &str,
+) -> PyResult<ControlParams> {
     let l2_name = match params.get_item("l2_name")? {
         Some(v) => {
             params.del_item("l2_name")?;
@@ -57,7 +67,7 @@ pub fn take_control_params(py: Python<'_>, params: &Bound<'_, PyDict>) -> PyResu
             }
             s
         }
-        None => DEFAULT_L2_NAME.to_string(),
+        None => default_l2_name.to_string(),
     };
     let http = match params.get_item("http")? {
         Some(v) => {

@@ -51,12 +51,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
 mod control;
+mod l2;
 
 /// One completion as the bridge reads it.
 type Completion = (u64, bool, String, Option<Vec<bool>>);
 
 /// An exported Python buffer, released (with the GIL) on drop.
-struct View {
+pub(crate) struct View {
     buf: Box<ffi::Py_buffer>,
 }
 
@@ -71,7 +72,7 @@ unsafe impl Send for View {}
 
 impl View {
     /// Export `obj`'s buffer: C-contiguous, and writable when `writable`.
-    fn get(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<View> {
+    pub(crate) fn get(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<View> {
         let mut buf = Box::new(std::mem::MaybeUninit::<ffi::Py_buffer>::zeroed());
         let flags = ffi::PyBUF_C_CONTIGUOUS | if writable { ffi::PyBUF_WRITABLE } else { 0 };
         // SAFETY: `obj` is a live object (we hold a reference and the
@@ -85,8 +86,13 @@ impl View {
         Ok(View { buf })
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         usize::try_from(self.buf.len).unwrap_or(0)
+    }
+
+    /// The first byte's address (for overlap checks; never dereferenced).
+    pub(crate) fn addr(&self) -> usize {
+        self.buf.buf as usize
     }
 
     /// The engine's descriptor of these bytes.
@@ -99,7 +105,7 @@ impl View {
     /// buffers of the connector's own tasks are ruled out by `busy`). A
     /// read-only export (`bytes`) may only be a store source: the engine
     /// only reads sources, though `RawBuf::new` is written for both ways.
-    unsafe fn raw(&self) -> RawBuf {
+    pub(crate) unsafe fn raw(&self) -> RawBuf {
         // SAFETY: valid for `len` bytes while the export lives (see the
         // `Send` note for what keeps it), which the caller extends past
         // the task.
@@ -203,7 +209,7 @@ fn closed() -> PyErr {
 }
 
 /// Read an eventfd (or any non-blocking fd) to zero; errors ignored.
-fn reset_fd(fd: RawFd) {
+pub(crate) fn reset_fd(fd: RawFd) {
     let mut v = 0u64;
     // SAFETY: reads 8 bytes into a local. Callers pass an fd that is open
     // and ours: the connector's eventfd under its mutex, or an engine
@@ -213,7 +219,7 @@ fn reset_fd(fd: RawFd) {
     let _ = unsafe { libc::read(fd, std::ptr::addr_of_mut!(v).cast(), 8) };
 }
 
-fn notify_fd(fd: RawFd) {
+pub(crate) fn notify_fd(fd: RawFd) {
     let v = 1u64;
     // SAFETY: writes 8 bytes from a local to an eventfd we own.
     let _ = unsafe { libc::write(fd, std::ptr::addr_of!(v).cast(), 8) };
@@ -264,6 +270,58 @@ fn new_fd(fd: libc::c_int, what: &str) -> PyResult<OwnedFd> {
     }
     // SAFETY: a fresh fd just returned by the kernel, owned by no one else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The engine's config from adapter params (the keys of LMCache's `dax`
+/// adapter, `type` optional), without opening anything. `_panic_on_key` (a
+/// key string) is taken out and returned digested: a test hook, a task
+/// part meeting that key panics.
+pub(crate) fn parse_config(
+    py: Python<'_>,
+    adapter_params: Option<&Bound<'_, PyDict>>,
+    default_l2_name: &str,
+) -> PyResult<(EngineConfig, Option<Key>, control::ControlParams)> {
+    let params = match adapter_params {
+        Some(d) => d.copy()?,
+        None => PyDict::new(py),
+    };
+    let panic_key = match params.get_item("_panic_on_key")? {
+        Some(k) => {
+            params.del_item("_panic_on_key")?;
+            Some(Key::digest(k.extract::<String>()?.as_bytes()))
+        }
+        None => None,
+    };
+    let control = control::take_control_params(py, &params, default_l2_name)?;
+    let json: String = py
+        .import("json")?
+        .call_method1("dumps", (params,))?
+        .extract()?;
+    let cfg = EngineConfig::from_json(&json).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((cfg, panic_key, control))
+}
+
+/// Open an engine from adapter params ([`parse_config`]), with the GIL
+/// released while devices are mapped; returns it with its config.
+pub(crate) fn open_engine(
+    py: Python<'_>,
+    adapter_params: Option<&Bound<'_, PyDict>>,
+    default_l2_name: &str,
+) -> PyResult<(Engine, EngineConfig, control::ControlParams)> {
+    let (cfg, panic_key, control) = parse_config(py, adapter_params, default_l2_name)?;
+    let mut opts = cfg.options();
+    opts.panic_on_key = panic_key;
+    let engine = py
+        .allow_threads(|| {
+            Engine::open(
+                cfg.device_specs(),
+                cfg.slot_bytes,
+                cfg.hotplug_enabled,
+                opts,
+            )
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("daxkv: open: {e}")))?;
+    Ok((engine, cfg, control))
 }
 
 impl DaxConnector {
@@ -363,36 +421,7 @@ impl DaxConnector {
     #[new]
     #[pyo3(signature = (**adapter_params))]
     fn new(py: Python<'_>, adapter_params: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let params = match adapter_params {
-            Some(d) => d.copy()?,
-            None => PyDict::new(py),
-        };
-        let panic_key = match params.get_item("_panic_on_key")? {
-            Some(k) => {
-                params.del_item("_panic_on_key")?;
-                Some(Key::digest(k.extract::<String>()?.as_bytes()))
-            }
-            None => None,
-        };
-        let control = control::take_control_params(py, &params)?;
-        let json: String = py
-            .import("json")?
-            .call_method1("dumps", (params,))?
-            .extract()?;
-        let cfg =
-            EngineConfig::from_json(&json).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let mut opts = cfg.options();
-        opts.panic_on_key = panic_key;
-        let engine = py
-            .allow_threads(|| {
-                Engine::open(
-                    cfg.device_specs(),
-                    cfg.slot_bytes,
-                    cfg.hotplug_enabled,
-                    opts,
-                )
-            })
-            .map_err(|e| PyRuntimeError::new_err(format!("daxkv: open: {e}")))?;
+        let (engine, cfg, control) = open_engine(py, adapter_params, control::DEFAULT_L2_NAME)?;
         let engine_fds = engine.event_fds();
         // SAFETY: plain syscalls creating new fds.
         let efd = new_fd(
@@ -805,5 +834,6 @@ impl Drop for DaxConnector {
 #[pymodule]
 fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DaxConnector>()?;
+    l2::register(m)?;
     Ok(())
 }

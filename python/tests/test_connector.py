@@ -72,8 +72,8 @@ def test_many_in_flight_each_future_once(make_connector):
 
 def test_exists_does_not_pin_and_deleted_key_loads_as_miss(make_connector):
     c = make_connector()
-    c.submit_batch_set(["x"], [b"1" * 100])
-    drain_until(c, {c.submit_batch_exists(["x"])})
+    f = c.submit_batch_set(["x"], [b"1" * 100])
+    assert drain_until(c, {f})[f][0]  # stored before exists looks
     f = c.submit_batch_exists(["x"])
     assert drain_until(c, {f})[f][2] == [True]
     # The bridge never unlocks: a later delete must succeed anyway.

@@ -169,3 +169,26 @@ def test_refused_server_leaves_nothing_running(make_connector):
     finally:
         s.close()
     assert threads() == before, "the refused connectors' engines left threads"
+
+
+def test_plugin_adapter_metrics_carry_l2_name():
+    """The plugin path's metrics carry `l2_name` too (default "plugin");
+    it takes no `http` (LMCache's own server routes reconfigure there)."""
+    pytest.importorskip("lmcache")
+    from daxkv._daxkv import DaxL2Core
+
+    params = {"slot_bytes": SLOT, "device_path": "memfd", "max_dax_size_gb": 64 * SLOT / 2**30}
+    core = DaxL2Core(**params)
+    try:
+        assert core.l2_name == "plugin"
+        text = core.metrics_text()
+        assert sample(text, "daxkv_ops_total", l2_name="plugin", op="store") == 0
+    finally:
+        core.close()
+    core = DaxL2Core(l2_name="dax-b", **params)
+    try:
+        assert 'daxkv_worker_panics_total{l2_name="dax-b"} 0' in core.metrics_text()
+    finally:
+        core.close()
+    with pytest.raises(ValueError, match="http: not on the plugin path"):
+        DaxL2Core(http={"port": 0}, **params)

@@ -342,6 +342,19 @@ impl Engine {
             .map(|(i, d)| (i, d.info()))
     }
 
+    /// Whether a device this engine has open (not a tombstone) is the same
+    /// physical device or file as `path`, whatever path it was opened by
+    /// (LMCache's `owns_device`, docs/lmcache-dax-behavior.md §3.2). A
+    /// missing or unidentifiable path, and an anonymous memfd device, is
+    /// never owned.
+    pub fn owns_device(&self, path: &std::path::Path) -> bool {
+        self.inner
+            .pool
+            .list()
+            .iter()
+            .any(|d| !d.state().is_tombstone() && d.core().owns_device(path))
+    }
+
     fn device(&self, id: DeviceId) -> Result<(usize, Arc<Device>), HotplugError> {
         self.inner
             .pool

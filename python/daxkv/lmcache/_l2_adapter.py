@@ -1,0 +1,346 @@
+"""``daxkv.lmcache.DaxL2Adapter``: LMCache's ``plugin`` path over the daxkv engine.
+
+A subclass of LMCache's ``L2AdapterInterface`` (docs/lmcache-dax-behavior.md
+§1, §7.2), loaded by LMCache's own factory from::
+
+    --l2-adapter '{"type": "plugin", "module_path": "daxkv.lmcache",
+                   "class_name": "DaxL2Adapter",
+                   "adapter_params": {"slot_bytes": 2097152,
+                                      "device_path": "/dev/dax0.0",
+                                      "max_dax_size_gb": 64}}'
+
+The factory finds the config class by convention (``DaxL2AdapterConfig``),
+builds it from ``adapter_params`` (the keys of LMCache's built-in ``dax``
+adapter) and calls ``DaxL2Adapter(config, l1_memory_desc=...)``.
+
+Everything that waits, copies or touches a device runs in Rust
+(``daxkv._daxkv.DaxL2Core``, python/src/l2.rs) with the GIL released; this
+class converts results to LMCache's types and tells the listeners through
+the base class's ``_notify_*`` helpers (which keep the per-salt byte
+counters). The store, lookup and load eventfds are the engine's own.
+
+This module imports LMCache; ``import daxkv`` does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Callable, Optional
+
+from lmcache.v1.distributed.internal_api import L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInterface
+from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
+from lmcache.v1.distributed.l2_adapters.reconfiguration import L2ReconfigureError
+
+try:  # LMCache 0.5.x
+    from lmcache.lmcache_native import Bitmap
+except ImportError:  # pragma: no cover - later layouts
+    from lmcache.native_storage_ops import Bitmap  # type: ignore[no-redef]
+
+from daxkv._daxkv import DaxL2Core
+
+__all__ = ["DaxL2Adapter", "DaxL2AdapterConfig"]
+
+logger = logging.getLogger(__name__)
+
+_FAULT_INJECT_MODULE = "lmcache.v1.distributed.l2_adapters.fault_inject_l2_adapter"
+
+
+class DaxL2AdapterConfig(L2AdapterConfigBase):
+    """The ``adapter_params`` of the plugin JSON: the engine's config keys.
+
+    Those of LMCache's ``dax`` adapter (``slot_bytes``, ``devices`` or
+    ``device_path`` / ``max_dax_size_gb``, ``hotplug_enabled``, worker
+    counts) plus daxkv's own (``task_slots``, ``spin_us``, ``signal``, ...;
+    python/README.md). ``from_dict`` validates them without opening
+    anything: a bad value raises ``ValueError`` naming the field.
+    """
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        self.params: dict[str, Any] = dict(params)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DaxL2AdapterConfig":
+        if not isinstance(d, Mapping):
+            raise ValueError("adapter_params must be a JSON object")
+        params = dict(d)
+        DaxL2Core.check_config(**params)
+        return cls(params)
+
+    @classmethod
+    def help(cls) -> str:
+        return (
+            "daxkv plugin L2 adapter (module_path daxkv.lmcache, class_name "
+            "DaxL2Adapter); adapter_params takes LMCache's dax adapter keys:\n"
+            "- slot_bytes (int, required): bytes per slot (the largest chunk)\n"
+            "- device_path (str) and max_dax_size_gb (float), or devices "
+            "([{device_path, max_dax_size_gb}]); device_path 'memfd' maps "
+            "anonymous memory\n"
+            "- hotplug_enabled (bool): runtime add / remove / resize through "
+            "/reconfigure/plugin/l2/*\n"
+            "- num_store_workers, num_lookup_workers, num_load_workers (int)\n"
+            "See python/README.md for daxkv's own keys."
+        )
+
+
+def _bitmap(n: int, hits: list[int]) -> Bitmap:
+    bm = Bitmap(n)
+    if hits:
+        batched = getattr(bm, "batched_set", None)
+        if batched is not None:
+            batched(hits)
+        else:  # pragma: no cover - older Bitmap
+            for i in hits:
+                bm.set(i)
+    return bm
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict):
+        for field in ("error", "reason"):
+            if isinstance(body.get(field), str):
+                return body[field]
+    return str(body)
+
+
+def _expose_through_fault_inject() -> None:
+    """Let LMCache's storage manager reach a ``DaxL2Adapter`` wrapped by
+    ``fault_inject``.
+
+    The storage manager unwraps one ``inner_adapter`` level to find
+    ``reconfigure`` / ``owns_device`` (the serde wrapper has it); LMCache
+    0.5.6's ``FaultInjectL2Adapter`` keeps its inner adapter as ``_inner``
+    and has no such attribute, so a wrapped adapter's hotplug routes and
+    device-ownership checks vanish. This adds a read-only ``inner_adapter``
+    to that class, only if it has none, and only answering for a daxkv
+    adapter (``None`` for any other inner adapter, as before: getattr's
+    default), so LMCache's behaviour for its own adapters is unchanged.
+    Called when an adapter is built; the fault_inject factory imports its
+    module before it builds the inner adapter, so a wrapper built later
+    sees the property.
+    """
+    mod = sys.modules.get(_FAULT_INJECT_MODULE)
+    cls = getattr(mod, "FaultInjectL2Adapter", None) if mod is not None else None
+    if cls is None or hasattr(cls, "inner_adapter"):
+        return
+
+    def inner_adapter(self: Any) -> Optional["DaxL2Adapter"]:
+        inner = getattr(self, "_inner", None)
+        return inner if isinstance(inner, DaxL2Adapter) else None
+
+    cls.inner_adapter = property(
+        inner_adapter,
+        doc="The wrapped adapter when it is a daxkv DaxL2Adapter (added by daxkv.lmcache).",
+    )
+
+
+class DaxL2Adapter(L2AdapterInterface):
+    """LMCache MP L2 adapter over the daxkv engine (full parity with ``dax``).
+
+    - three distinct non-blocking eventfds (the engine's store, lookup and
+      load fds), ``-1`` after ``close()`` (which closes them);
+    - lookup locks held in the engine: ``delete`` and eviction skip a locked
+      key until ``submit_unlock``; results are ``Bitmap`` s, one-shot;
+    - slot-based ``get_usage`` (per-salt bytes from the base counters),
+      ``delete`` with listener events, ``report_status``;
+    - ``reconfigure_status()`` / ``reconfigure(op, payload, *,
+      device_owners=None)``: upstream's envelope and status codes (add,
+      remove, resize, status), and ``owns_device(path)``.
+    """
+
+    #: The factory's third way to find the config class.
+    config_class_name = "DaxL2AdapterConfig"
+
+    def __init__(
+        self, config: "DaxL2AdapterConfig | Mapping[str, Any] | None" = None, **kwargs: Any
+    ) -> None:
+        """``config``: a ``DaxL2AdapterConfig`` or the params dict. Other
+        keywords (``l1_memory_desc``) are accepted and ignored: the engine
+        copies into any buffer it is given."""
+        if config is None:
+            params: dict[str, Any] = {}
+        elif isinstance(config, DaxL2AdapterConfig):
+            params = dict(config.params)
+        elif isinstance(config, Mapping):
+            params = dict(config)
+        else:
+            raise TypeError(
+                "DaxL2Adapter(config): a DaxL2AdapterConfig or a dict of adapter params, "
+                f"got {type(config).__name__}"
+            )
+        core = DaxL2Core(**params)
+        _, capacity = core.usage()
+        super().__init__(max_capacity_bytes=capacity)
+        self._core = core
+        self._slot_bytes: int = core.slot_bytes
+        self._hotplug_enabled: bool = core.hotplug_enabled
+        _expose_through_fault_inject()
+
+    # -- event fds ------------------------------------------------------------
+
+    def get_store_event_fd(self) -> int:
+        return self._core.event_fds()[0]
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._core.event_fds()[1]
+
+    def get_load_event_fd(self) -> int:
+        return self._core.event_fds()[2]
+
+    # -- store ----------------------------------------------------------------
+
+    def submit_store_task(self, keys: list, objects: list) -> int:
+        return self._core.submit_store(keys, objects)
+
+    def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
+        out: dict[int, L2StoreResult] = {}
+        ticket, done = self._core.pop_completed_stores()
+        try:
+            for task_id, ok, nbytes, keys, sizes in done:
+                out[task_id] = L2StoreResult(ok, nbytes)
+                # The task's keys the engine holds (those of a failed task
+                # that did go in too); a re-stored key has size 0, so the
+                # byte counters count each slot once.
+                if keys:
+                    self._notify_keys_stored(keys, sizes)
+        finally:
+            # A delete of these keys waits for this (python/src/l2/known.rs).
+            self._core.stored_reported(ticket)
+        self._report_deleted()
+        return out
+
+    # -- lookup and lock ------------------------------------------------------
+
+    def submit_lookup_and_lock_task(self, keys: list, *layout: Any, **kw: Any) -> int:
+        """Look up and lock. The second argument (a ``MemoryLayoutDesc`` or
+        the ``group_layout_descs`` dict, by LMCache version) is advisory and
+        ignored: the engine needs no layout."""
+        return self._core.submit_lookup(keys)
+
+    def query_lookup_and_lock_result(self, task_id: int) -> Optional[Bitmap]:
+        r = self._core.query_lookup(task_id)
+        if r is None:
+            return None
+        n, hits = r
+        return _bitmap(n, hits)
+
+    def submit_unlock(self, keys: list) -> None:
+        self._core.submit_unlock(keys)
+
+    # -- load -----------------------------------------------------------------
+
+    def submit_load_task(self, keys: list, objects: list) -> int:
+        return self._core.submit_load(keys, objects)
+
+    def query_load_result(self, task_id: int) -> Optional[Bitmap]:
+        r = self._core.query_load(task_id)
+        if r is None:
+            return None
+        n, hits, loaded = r
+        if loaded:
+            self._notify_keys_accessed(loaded)
+        return _bitmap(n, hits)
+
+    # -- eviction, usage, status ------------------------------------------------
+
+    @property
+    def supports_global_eviction(self) -> bool:
+        # Upstream decides at build time from the configured capacity, so a
+        # server started with hotplug only never evicts (reference §3.2
+        # quirk); capacity added later counts here.
+        return self._max_capacity_bytes > 0 or self._hotplug_enabled
+
+    def delete(self, keys: list) -> None:
+        """Delete the keys no lookup holds locked (locked and unknown keys
+        are skipped), then report every key deleted since the last report."""
+        if not keys or self._core.closed:
+            return
+        self._core.delete(keys)
+        self._report_deleted()
+
+    def _report_deleted(self) -> None:
+        # Keys the engine deleted (this adapter's delete, a hotplug evict, a
+        # forced shrink), each reported once, with the size it was counted at.
+        deleted = self._core.take_deleted()
+        if deleted:
+            self._notify_keys_deleted(deleted, [self._slot_bytes] * len(deleted))
+
+    def get_usage(self) -> AdapterUsage:
+        used, capacity = self._core.usage()
+        base = super().get_usage()
+        return AdapterUsage(
+            total_bytes_used=used,
+            total_capacity_bytes=capacity,
+            bytes_by_cache_salt=MappingProxyType(dict(base.bytes_by_cache_salt)),
+        )
+
+    def report_status(self) -> dict:
+        status = dict(self._core.status())
+        status["is_healthy"] = bool(status.get("is_healthy")) and not self._core.closed
+        status["adapter"] = "daxkv.lmcache.DaxL2Adapter"
+        return status
+
+    # -- runtime reconfiguration (reference §4) ---------------------------------
+
+    def hotplug_status(self) -> dict:
+        return dict(self._core.reconfigure_status()["status"])
+
+    def reconfigure_status(self) -> dict:
+        return dict(self._core.reconfigure_status())
+
+    def reconfigure(
+        self,
+        operation: str,
+        payload: dict,
+        *,
+        device_owners: Optional[Callable[[str], list[str]]] = None,
+        **kwargs: Any,
+    ) -> dict:
+        try:
+            code, body = self._core.reconfigure(operation, payload, device_owners)
+        finally:
+            self._report_deleted()
+        if code >= 400:
+            raise L2ReconfigureError(code, _message(body), payload=body)
+        return body
+
+    def hotplug_add_device(self, device_path: str, size_bytes: int) -> dict:
+        return self.reconfigure("add", {"device_path": device_path, "size_bytes": size_bytes})
+
+    def hotplug_remove_device(self, device_path: str, mode: str, force: bool = False) -> dict:
+        return self.reconfigure(
+            "remove", {"device_path": device_path, "mode": mode, "force": force}
+        )
+
+    def hotplug_resize_device(
+        self, device_path: str, size_bytes: int, mode: str, force: bool = False
+    ) -> dict:
+        return self.reconfigure(
+            "resize",
+            {"device_path": device_path, "size_bytes": size_bytes, "mode": mode, "force": force},
+        )
+
+    def owns_device(self, device_path: str) -> bool:
+        if not isinstance(device_path, str) or not device_path.strip():
+            return False
+        return self._core.owns_device(device_path.strip())
+
+    # -- cleanup --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for the tasks in flight, close the engine (its three fds and
+        its devices). Results already finished stay collectable. Idempotent."""
+        self._core.close()
+
+    def metrics_text(self) -> str:
+        """The engine's metrics in the Prometheus text format, every series
+        labelled ``l2_name`` (``adapter_params["l2_name"]``, default
+        ``"plugin"``, the name LMCache's own L2 metrics carry)."""
+        return self._core.metrics_text()
+
+    def pending_tasks(self) -> int:
+        """Tasks submitted and not collected (a diagnostic)."""
+        return self._core.pending()

@@ -1,0 +1,956 @@
+//! # `DaxL2Core`: the Rust half of `daxkv.lmcache.DaxL2Adapter`
+//!
+//! LMCache's `plugin` path (docs/lmcache-dax-behavior.md §7.2) loads a
+//! Python subclass of `L2AdapterInterface`; that subclass
+//! (`python/daxkv/lmcache/_l2_adapter.py`) is a thin shell over this class,
+//! which holds the [`Engine`] and speaks in LMCache's terms:
+//!
+//! | LMCache (docs/lmcache-dax-behavior.md §1.2) | here | engine |
+//! |---|---|---|
+//! | three event fds | [`DaxL2Core::event_fds`] | the engine's own three eventfds |
+//! | `submit_store_task` / `pop_completed_store_tasks` | `submit_store` / `pop_completed_stores` | `submit_store` (raw sources) / `pop_completed_stores` |
+//! | `submit_lookup_and_lock_task` / `query_lookup_and_lock_result` | `submit_lookup` / `query_lookup` | `submit_lookup_and_lock` / `query_lookup` (locks held in the engine) |
+//! | `submit_unlock` | `submit_unlock` | `submit_unlock` (every device) |
+//! | `submit_load_task` / `query_load_result` | `submit_load` / `query_load` | `submit_load_raw` / `query_load` |
+//! | `delete`, `get_usage`, `report_status` | `delete`, `usage`, `status` | the same |
+//! | `reconfigure_status` / `reconfigure` | the same | [`DaxReconfigure`] (upstream's envelope and codes) |
+//! | `owns_device` | `owns_device` | [`Engine::owns_device`] |
+//!
+//! ## Keys
+//!
+//! An `ObjectKey` becomes the native connector's wire string
+//! `model@rank(08x)@group(x)@hash(hex)[@salt]`
+//! (docs/lmcache-dax-behavior.md §7.1), digested as the
+//! connector digests it: one key names one engine entry on both paths.
+//! `str` and `bytes` keys are digested as they are (as the connector does).
+//!
+//! ## Buffers and their lifetime
+//!
+//! Each object's bytes (its `byte_array`, a view of the logical size, so a
+//! tail chunk keeps its own length; or the object itself when it exports a
+//! buffer) are exported with `PyObject_GetBuffer` and handed to the engine
+//! as [`RawBuf`]s: zero-copy. The task entry keeps the exports *and* a
+//! reference to the caller's lists (the objects, whose memory the exports
+//! describe, and the keys, for the listener events) until the result is
+//! collected or the adapter is closed (which waits for every task), so the
+//! memory outlives every worker that may touch it even if the caller drops
+//! its objects early.
+//!
+//! Two destinations of one load that overlap would be written by two
+//! workers at once (two `&mut` to the same bytes): a load whose destinations
+//! overlap is refused with `ValueError` before anything is submitted
+//! (`check_disjoint`; `test_l2_adapter.py::test_overlapping_load_destinations_refused`).
+//! Across tasks the caller's contract holds (LMCache keeps an object's
+//! buffer to one task at a time).
+//!
+//! ## Locks and the GIL (the interleaving that would deadlock)
+//!
+//! `state` is locked only with the GIL released (inside `allow_threads`),
+//! and the GIL is never taken while `state` is held: an export (`View`) or
+//! a Python reference dropped under the lock would take the GIL, and
+//!
+//! ```text
+//! thread A: allow_threads { lock(state); drop(View) → wait for GIL }
+//! thread B: holds the GIL; lock(state) → waits for A          (deadlock)
+//! ```
+//!
+//! So everything Python-owned leaves the critical section in a `Released`
+//! bag and is dropped after `allow_threads` returns, with the GIL held.
+//! The one callback into Python under `allow_threads` (`device_owners`,
+//! during a reconfigure `add`) runs with no lock of ours held
+//! (`test_reconfigure_add_with_owners_callback_under_load` calls it while
+//! other threads submit).
+//!
+//! ## Completions that never reach the engine
+//!
+//! A submit the engine refuses for a reason other than closing (its task
+//! table full) completes at once as a failure, under a negative id (engine
+//! ids are never negative, so the two can never meet, however long the
+//! engine runs), and writes the kind's eventfd, so every task the caller
+//! got an id for completes. The write happens under `state` while
+//! it is not closed; `close` marks it closed under `state` *before* the
+//! engine closes its fds, so a write can never land on a closed (and
+//! perhaps reused) fd number:
+//!
+//! ```text
+//! submit: lock(state); !closed; engine refuses; write efd; unlock
+//! close:  lock(state); closed = true; unlock; engine.close() (fds closed)
+//! ```
+//!
+//! Either the submit's critical section comes first (the fd is open), or
+//! it sees `closed` and raises.
+//!
+//! ## Worker panics
+//!
+//! A panic in a task part fails that task in the engine (its result is
+//! published, the worker keeps serving): the task completes like any other
+//! and its exports are released when it is collected
+//! (`test_l2_adapter.py::test_worker_panic_fails_only_its_task`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use daxkv::buf::{Buf, RawBuf};
+use daxkv::engine::{Answer, Engine, EngineError, Listener, TaskId, TaskKind};
+use daxkv::reconfigure::{DaxReconfigure, Reconfigurable};
+use daxkv::Key;
+use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+use serde_json::Value;
+
+use crate::{notify_fd, open_engine, parse_config, View};
+
+mod known;
+use known::Known;
+
+/// A task id as the caller sees it: an engine [`TaskId`] (never
+/// negative), or a negative id for a task completed here without the
+/// engine (a refused submit).
+type Id = i128;
+
+/// The message of a submit after `close` (upstream's words).
+const CLOSING: &str = "DaxL2Adapter is closing";
+
+/// One task the caller has an id for and has not collected.
+struct Task {
+    kind: TaskKind,
+    /// Keys in the task (the bitmap's length).
+    n: usize,
+    /// The caller's key objects (stores and loads: the listeners' events).
+    keys: Vec<Py<PyAny>>,
+    /// Their engine keys (stores: checked and recorded at collection).
+    digests: Vec<Key>,
+    /// Stores: a second reference to each key object, moved into
+    /// [`KnownKeys`] at collection (a `Py` is cloned only with the GIL).
+    record: Vec<Py<PyAny>>,
+    /// The caller's object list: keeps the memory the exports describe.
+    objs: Option<Py<PyAny>>,
+    /// The exports handed to the engine (empty for lookups).
+    views: Vec<View>,
+}
+
+/// Python-owned things to drop once the GIL is held again.
+#[derive(Default)]
+struct Released {
+    views: Vec<View>,
+    objs: Vec<Py<PyAny>>,
+}
+
+impl Released {
+    /// Keep the task's Python-owned parts for dropping; hand back its key
+    /// objects and engine keys.
+    fn task(&mut self, t: Task) -> (Vec<Py<PyAny>>, Vec<Key>, Vec<Py<PyAny>>) {
+        self.views.extend(t.views);
+        self.objs.extend(t.objs);
+        (t.keys, t.digests, t.record)
+    }
+}
+
+/// The engine's delete events in LMCache's terms ([`known`] module doc):
+/// the key objects of the keys the engine holds, registered as the
+/// engine's listener.
+#[derive(Default)]
+struct KnownKeys {
+    map: Mutex<Known<Py<PyAny>>>,
+}
+
+impl KnownKeys {
+    fn lock(&self) -> MutexGuard<'_, Known<Py<PyAny>>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Listener for KnownKeys {
+    /// Called with no engine state held (a deleting thread, or the
+    /// hotplug thread), never holding the GIL: it only moves references.
+    fn on_keys_deleted(&self, keys: &[Key]) {
+        self.lock().on_deleted(keys);
+    }
+}
+
+/// Everything behind the core's one mutex (locked only off the GIL).
+struct State {
+    /// Tasks not collected, by id.
+    tasks: HashMap<Id, Task>,
+    /// Refused stores, for the next `pop_completed_stores`.
+    refused_stores: Vec<Id>,
+    /// Set (first thing) by `close`: submits raise from then on.
+    closed: bool,
+}
+
+/// The daxkv engine in LMCache's L2 adapter terms (module doc). Thread
+/// safe: LMCache's store and prefetch controllers, its eviction controller
+/// and the HTTP reconfigure thread call it at once.
+#[pyclass(module = "daxkv._daxkv", frozen)]
+pub struct DaxL2Core {
+    engine: Arc<Engine>,
+    known: Arc<KnownKeys>,
+    reconf: DaxReconfigure,
+    state: Mutex<State>,
+    next_local: AtomicU64,
+    slot_bytes: usize,
+    /// The `l2_name` label of `metrics_text` (`adapter_params["l2_name"]`,
+    /// default `"plugin"`).
+    l2_name: String,
+}
+
+/// A collection ticket ([`known`]) and, per store, `(task id, success,
+/// bytes, keys stored, their sizes)`.
+type Collected = (u64, Vec<(Id, bool, u64, Vec<Py<PyAny>>, Vec<usize>)>);
+
+fn closing_err() -> PyErr {
+    PyRuntimeError::new_err(CLOSING)
+}
+
+/// Append `n` as lowercase hex, zero-padded to `width` (Python's
+/// `format(n, "08x")` for `width` 8, `"x"` for 0), negative values as
+/// Python writes them (`-` then the padded magnitude).
+fn push_hex(out: &mut String, v: &Bound<'_, PyAny>, width: usize) -> PyResult<()> {
+    use std::fmt::Write;
+    if let Ok(n) = v.extract::<u64>() {
+        let _ = write!(out, "{n:0width$x}");
+        return Ok(());
+    }
+    // Negative or past u64: let Python format it, exactly as LMCache's
+    // `f"{kv_rank:08x}"` would (a TypeError for a non-integer).
+    let spec = if width == 0 {
+        "x".to_string()
+    } else {
+        format!("0{width}x")
+    };
+    let s = v
+        .py()
+        .import("builtins")?
+        .getattr("format")?
+        .call1((v, spec))?;
+    out.push_str(s.downcast::<PyString>()?.to_str()?);
+    Ok(())
+}
+
+/// The wire string of an `ObjectKey` (module doc), into `out`.
+fn wire_string(out: &mut String, k: &Bound<'_, PyAny>) -> PyResult<()> {
+    out.clear();
+    let model = k.getattr("model_name")?;
+    out.push_str(model.downcast::<PyString>()?.to_str()?);
+    out.push('@');
+    push_hex(out, &k.getattr("kv_rank")?, 8)?;
+    out.push('@');
+    push_hex(out, &k.getattr("object_group_id")?, 0)?;
+    out.push('@');
+    let hash = k.getattr("chunk_hash")?;
+    if let Ok(b) = hash.downcast::<PyBytes>() {
+        use std::fmt::Write;
+        for byte in b.as_bytes() {
+            let _ = write!(out, "{byte:02x}");
+        }
+    } else {
+        let h = hash.call_method0("hex")?;
+        out.push_str(h.downcast::<PyString>()?.to_str()?);
+    }
+    let salt = k.getattr("cache_salt")?;
+    let salt = salt.downcast::<PyString>()?.to_str()?;
+    if !salt.is_empty() {
+        out.push('@');
+        out.push_str(salt);
+    }
+    Ok(())
+}
+
+/// Engine keys of LMCache's keys (`ObjectKey`, or `str` / `bytes` digested
+/// as they are).
+fn object_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    object_keys_kept(keys, None)
+}
+
+/// [`object_keys`], keeping each key object in `kept` too.
+fn object_keys_kept(
+    keys: &Bound<'_, PyAny>,
+    mut kept: Option<&mut Vec<Py<PyAny>>>,
+) -> PyResult<Vec<Key>> {
+    let mut out = Vec::new();
+    let mut s = String::with_capacity(128);
+    for (i, k) in keys.try_iter()?.enumerate() {
+        let k = k?;
+        if let Some(v) = kept.as_deref_mut() {
+            v.push(k.clone().unbind());
+        }
+        if let Ok(st) = k.downcast::<PyString>() {
+            out.push(Key::digest(st.to_str()?.as_bytes()));
+        } else if let Ok(b) = k.downcast::<PyBytes>() {
+            out.push(Key::digest(b.as_bytes()));
+        } else {
+            wire_string(&mut s, &k).map_err(|e| {
+                PyTypeError::new_err(format!(
+                    "daxkv: key {i}: not an ObjectKey, str or bytes ({}: {})",
+                    k.get_type()
+                        .name()
+                        .map_or_else(|_| "?".into(), |n| n.to_string()),
+                    e.value(k.py())
+                ))
+            })?;
+            out.push(Key::digest(s.as_bytes()));
+        }
+    }
+    Ok(out)
+}
+
+/// Export each object's bytes: its `byte_array` (LMCache's `MemoryObj`),
+/// else the object itself (any buffer).
+fn export_objs(objs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
+    let what = if writable { "destination" } else { "source" };
+    let mut out = Vec::new();
+    for (i, o) in objs.try_iter()?.enumerate() {
+        let o = o?;
+        let bytes = if o.hasattr("byte_array")? {
+            o.getattr("byte_array")?
+        } else {
+            o
+        };
+        out.push(View::get(&bytes, writable).map_err(|e| {
+            PyBufferError::new_err(format!(
+                "daxkv: {what} object {i}: {} (need a MemoryObj, or a C-contiguous{} buffer)",
+                e.value(bytes.py()),
+                if writable { ", writable" } else { "" }
+            ))
+        })?);
+    }
+    Ok(out)
+}
+
+/// Refuse destinations that overlap (two workers would write the same
+/// bytes; module doc). Empty buffers overlap nothing.
+fn check_disjoint(views: &[View]) -> PyResult<()> {
+    let mut spans: Vec<(usize, usize, usize)> = views
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.len() > 0)
+        .map(|(i, v)| (v.addr(), v.addr() + v.len(), i))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(PyValueError::new_err(format!(
+                "daxkv: load destinations {} and {} overlap (each key needs its own buffer)",
+                w[0].2.min(w[1].2),
+                w[0].2.max(w[1].2)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Indices of the set bits.
+fn hits(bits: impl Iterator<Item = bool>) -> Vec<usize> {
+    bits.enumerate()
+        .filter(|(_, b)| *b)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+fn json_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (v.to_string(),))
+}
+
+impl DaxL2Core {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Complete a refused submit here (module doc): the caller holds
+    /// `state`, which is not closed, so the engine's fds are open.
+    fn refuse(&self, st: &mut State, t: Task) -> Id {
+        // ORDERING: Relaxed — a unique number; nothing is published
+        // through it (the task is published under `state`).
+        let id = -1 - Id::from(self.next_local.fetch_add(1, Ordering::Relaxed));
+        let kind = t.kind;
+        st.tasks.insert(id, t);
+        if kind == TaskKind::Store {
+            st.refused_stores.push(id);
+        }
+        notify_fd(self.engine.event_fd(kind));
+        id
+    }
+
+    /// Submit under `state` (closed → raise) and record the task, so its
+    /// completion cannot be collected before the record exists.
+    fn submit(
+        &self,
+        task: Task,
+        go: impl FnOnce(&Engine, Vec<View>) -> (Result<TaskId, EngineError>, Vec<View>),
+    ) -> (PyResult<Id>, Released) {
+        let mut rel = Released::default();
+        let mut st = self.lock();
+        if st.closed {
+            let (keys, _, record) = rel.task(task);
+            rel.objs.extend(keys.into_iter().chain(record));
+            return (Err(closing_err()), rel);
+        }
+        let mut task = task;
+        let kind = task.kind;
+        let (r, views) = go(&self.engine, std::mem::take(&mut task.views));
+        task.views = views;
+        match r {
+            Ok(id) => {
+                st.tasks.insert(Id::from(id.0), task);
+                (Ok(Id::from(id.0)), rel)
+            }
+            Err(EngineError::Closing) => {
+                let (keys, _, record) = rel.task(task);
+                rel.objs.extend(keys.into_iter().chain(record));
+                (Err(closing_err()), rel)
+            }
+            Err(e) => {
+                eprintln!(
+                    "daxkv: {} task refused ({e}); it completes as failed",
+                    kind.name()
+                );
+                // The engine never saw the buffers: release them now.
+                rel.views.append(&mut task.views);
+                (Ok(self.refuse(&mut st, task)), rel)
+            }
+        }
+    }
+
+    /// Record a collected store's keys that the engine holds now, under
+    /// `ticket` ([`known`] module doc: `exists` and the record under one
+    /// lock); returns them with their sizes (0 for a key already
+    /// recorded). Keys not held go to `rel`.
+    fn record_stored(
+        &self,
+        keys: Vec<Py<PyAny>>,
+        digests: &[Key],
+        record: Vec<Py<PyAny>>,
+        ticket: u64,
+        rel: &mut Released,
+    ) -> (Vec<Py<PyAny>>, Vec<usize>) {
+        let mut known = self.known.lock();
+        let held = self.engine.exists(digests);
+        let mut out = (Vec::new(), Vec::new());
+        for (((k, r), d), h) in keys.into_iter().zip(record).zip(digests).zip(held) {
+            if !h {
+                rel.objs.extend([k, r]);
+                continue;
+            }
+            let (first, back) = known.record(*d, r, ticket);
+            rel.objs.extend(back);
+            out.0.push(k);
+            out.1.push(if first { self.slot_bytes } else { 0 });
+        }
+        out
+    }
+
+    /// Take a finished lookup or load out of the table: `Some((bitmap
+    /// bits, task))` once, `None` while it runs or for an unknown id or a
+    /// task of another kind.
+    fn take(&self, id: Id, kind: TaskKind) -> Option<(Vec<bool>, Task)> {
+        let mut st = self.lock();
+        let t = st.tasks.get(&id)?;
+        if t.kind != kind {
+            return None;
+        }
+        // A refused task (negative id) completed here, as a failure.
+        let Ok(engine_id) = u64::try_from(id).map(TaskId) else {
+            let t = st.tasks.remove(&id)?;
+            return Some((vec![false; t.n], t));
+        };
+        let bits = match kind {
+            TaskKind::Lookup => self.engine.query_lookup(engine_id).map(|b| b.to_vec()),
+            _ => self.engine.query_load(engine_id).map(|r| r.bitmap.to_vec()),
+        };
+        let bits = match bits {
+            Answer::Pending => return None,
+            Answer::Ready(b) => b,
+            // Never finishes (the engine stopped under it) or its result is
+            // gone: a miss on every key, so the caller never waits forever.
+            Answer::Closed | Answer::Unknown | Answer::WrongKind(_) => {
+                eprintln!(
+                    "daxkv: {} task {id}: result lost; every key missed",
+                    kind.name()
+                );
+                vec![false; t.n]
+            }
+        };
+        let t = st.tasks.remove(&id)?;
+        Some((bits, t))
+    }
+}
+
+#[pymethods]
+impl DaxL2Core {
+    /// `DaxL2Core(**adapter_params)`: the engine's config keys (those of
+    /// LMCache's `dax` adapter); opens the devices and starts the workers.
+    #[new]
+    #[pyo3(signature = (**adapter_params))]
+    fn new(py: Python<'_>, adapter_params: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let (engine, cfg, control) =
+            open_engine(py, adapter_params, crate::control::PLUGIN_L2_NAME)?;
+        if control.http.is_some() {
+            engine.close();
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "config: http: not on the plugin path (LMCache's own server routes \
+                 /reconfigure/plugin/l2/* to the adapter; see python/README.md)",
+            ));
+        }
+        let engine = Arc::new(engine);
+        // Hand the fds out now: with `signal: when_waiting` a kind signals
+        // every completion only once its fd has a poller.
+        let _ = engine.event_fds();
+        let known = Arc::new(KnownKeys::default());
+        let listener: Arc<dyn Listener> = known.clone();
+        engine.register_listener(&listener);
+        Ok(DaxL2Core {
+            known,
+            reconf: DaxReconfigure::probing(engine.clone(), cfg.sysfs_root.clone()),
+            slot_bytes: engine.slot_bytes(),
+            l2_name: control.l2_name,
+            engine,
+            state: Mutex::new(State {
+                tasks: HashMap::new(),
+                refused_stores: Vec::new(),
+                closed: false,
+            }),
+            next_local: AtomicU64::new(0),
+        })
+    }
+
+    /// Validate adapter params without opening anything (`ValueError`
+    /// naming the field).
+    #[staticmethod]
+    #[pyo3(signature = (**adapter_params))]
+    fn check_config(py: Python<'_>, adapter_params: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        parse_config(py, adapter_params, crate::control::PLUGIN_L2_NAME).map(|_| ())
+    }
+
+    /// The engine's metrics in the Prometheus text format, every series
+    /// labelled `l2_name` (the names of `daxkv serve`'s `/metrics`).
+    fn metrics_text(&self, py: Python<'_>) -> String {
+        py.allow_threads(|| crate::control::metrics_text(&self.engine, &self.l2_name))
+    }
+
+    /// The `l2_name` label value.
+    #[getter]
+    fn l2_name(&self) -> &str {
+        &self.l2_name
+    }
+
+    /// The wire string an `ObjectKey` is digested from (module doc).
+    #[staticmethod]
+    fn key_string(key: &Bound<'_, PyAny>) -> PyResult<String> {
+        let mut s = String::new();
+        wire_string(&mut s, key)?;
+        Ok(s)
+    }
+
+    /// Bytes per slot (the largest object a key holds).
+    #[getter]
+    fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Whether runtime add / remove / resize are on.
+    #[getter]
+    fn hotplug_enabled(&self) -> bool {
+        self.engine.hotplug_enabled()
+    }
+
+    /// True once `close` has begun.
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.allow_threads(|| self.lock().closed)
+    }
+
+    /// The engine's completion eventfds (store, lookup, load): distinct,
+    /// non-blocking; `-1` each after `close`.
+    fn event_fds(&self) -> (i32, i32, i32) {
+        let [s, l, d] = self.engine.event_fds();
+        (s, l, d)
+    }
+
+    /// Store `objs[i]` under `keys[i]` (zero-copy; each object's own
+    /// length). Returns the task id.
+    fn submit_store(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        objs: &Bound<'_, PyAny>,
+    ) -> PyResult<Id> {
+        let mut kept = Vec::new();
+        let ks = object_keys_kept(keys, Some(&mut kept))?;
+        let views = export_objs(objs, false)?;
+        if ks.len() != views.len() {
+            return Err(PyValueError::new_err(format!(
+                "keys and objects must have the same length, got {} and {}",
+                ks.len(),
+                views.len()
+            )));
+        }
+        let record = kept.iter().map(|k| k.clone_ref(py)).collect();
+        let task = Task {
+            kind: TaskKind::Store,
+            n: ks.len(),
+            keys: kept,
+            digests: ks.clone(),
+            record,
+            objs: Some(objs.clone().unbind()),
+            views,
+        };
+        let (r, rel) = py.allow_threads(|| {
+            self.submit(task, |e, views| {
+                // SAFETY: the views stay in the task entry until the
+                // store's completion is collected (`pop_completed_stores`)
+                // or `close` has waited for every task; the caller's
+                // objects are referenced there too.
+                let srcs = views.iter().map(|v| Buf::Raw(unsafe { v.raw() })).collect();
+                match e.submit_store(ks, srcs) {
+                    Ok(id) => (Ok(id), views),
+                    Err(r) => (Err(r.error), views),
+                }
+            })
+        });
+        drop(rel);
+        r
+    }
+
+    /// Every store finished since the last call, each once, with a ticket:
+    /// `(ticket, [(task id, success, bytes, keys stored, sizes)])`. `keys
+    /// stored` are the task's keys the engine holds now, recorded for the
+    /// delete events ([`known`]); a key's size is `slot_bytes` the first
+    /// time it is stored and 0 for a store of a key already held, so
+    /// LMCache's byte counters count each slot once (upstream counts
+    /// re-stores twice, docs/lmcache-dax-behavior.md §9.4 item 3). Once
+    /// their "stored" events are told, call `stored_reported(ticket)`
+    /// (ticket 0: nothing to report).
+    fn pop_completed_stores(&self, py: Python<'_>) -> Collected {
+        let (out, rel) = py.allow_threads(|| {
+            let mut rel = Released::default();
+            let mut done = Vec::new();
+            {
+                let mut st = self.lock();
+                for id in std::mem::take(&mut st.refused_stores) {
+                    if let Some(t) = st.tasks.remove(&id) {
+                        done.push((id, false, 0, Some(t)));
+                    }
+                }
+                for (id, r) in self.engine.pop_completed_stores() {
+                    let id = Id::from(id.0);
+                    let t = st.tasks.remove(&id);
+                    done.push((id, r.success, r.bytes_transferred, t));
+                }
+            }
+            let mut out = Vec::with_capacity(done.len());
+            let mut ticket = 0;
+            for (id, ok, bytes, t) in done {
+                let (keys, digests, record) = t.map(|t| rel.task(t)).unwrap_or_default();
+                let (keys, sizes) = if bytes > 0 {
+                    if ticket == 0 {
+                        ticket = self.known.lock().ticket();
+                    }
+                    self.record_stored(keys, &digests, record, ticket, &mut rel)
+                } else {
+                    rel.objs.extend(keys.into_iter().chain(record));
+                    (Vec::new(), Vec::new())
+                };
+                out.push((id, ok, bytes, keys, sizes));
+            }
+            ((ticket, out), rel)
+        });
+        drop(rel);
+        out
+    }
+
+    /// The "stored" events of a `pop_completed_stores` ticket are told:
+    /// deletes of those keys may be reported now.
+    fn stored_reported(&self, py: Python<'_>, ticket: u64) {
+        if ticket != 0 {
+            py.allow_threads(|| self.known.lock().reported(ticket));
+        }
+    }
+
+    /// Keys deleted since the last call (by `delete`, a hotplug evict or a
+    /// forced shrink) whose "stored" event was told, each once, for
+    /// LMCache's listeners.
+    fn take_deleted(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
+        py.allow_threads(|| self.known.lock().take_deleted())
+    }
+
+    /// Look the keys up and take one lock in the engine on each hit
+    /// (release with `submit_unlock`). Returns the task id.
+    fn submit_lookup(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Id> {
+        let ks = object_keys(keys)?;
+        let task = Task {
+            kind: TaskKind::Lookup,
+            n: ks.len(),
+            keys: Vec::new(),
+            digests: Vec::new(),
+            record: Vec::new(),
+            objs: None,
+            views: Vec::new(),
+        };
+        let (r, rel) = py.allow_threads(|| {
+            self.submit(task, |e, views| match e.submit_lookup_and_lock(ks) {
+                Ok(id) => (Ok(id), views),
+                Err(r) => (Err(r.error), views),
+            })
+        });
+        drop(rel);
+        r
+    }
+
+    /// A finished lookup, once: `(number of keys, indices of the hits)`;
+    /// `None` while it runs, after it was returned, or for an id that is
+    /// not a lookup of this adapter.
+    fn query_lookup(&self, py: Python<'_>, task_id: Id) -> Option<(usize, Vec<usize>)> {
+        let r = py.allow_threads(|| {
+            let (bits, t) = self.take(task_id, TaskKind::Lookup)?;
+            let mut rel = Released::default();
+            let n = t.n;
+            let (keys, _, record) = rel.task(t);
+            rel.objs.extend(keys.into_iter().chain(record));
+            Some(((n, hits(bits.into_iter())), rel))
+        });
+        r.map(|(v, rel)| {
+            drop(rel);
+            v
+        })
+    }
+
+    /// Release one lookup lock per key (on every device). Never fails.
+    fn submit_unlock(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ks = object_keys(keys)?;
+        py.allow_threads(|| self.engine.submit_unlock(&ks));
+        Ok(())
+    }
+
+    /// Load `keys[i]` into `objs[i]` (zero-copy; a key loads when its
+    /// object is at least the stored payload's length). Returns the id.
+    fn submit_load(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        objs: &Bound<'_, PyAny>,
+    ) -> PyResult<Id> {
+        let mut kept = Vec::new();
+        let ks = object_keys_kept(keys, Some(&mut kept))?;
+        let views = export_objs(objs, true)?;
+        if ks.len() != views.len() {
+            return Err(PyValueError::new_err(format!(
+                "keys and objects must have the same length, got {} and {}",
+                ks.len(),
+                views.len()
+            )));
+        }
+        check_disjoint(&views)?;
+        let task = Task {
+            kind: TaskKind::Load,
+            n: ks.len(),
+            keys: kept,
+            digests: Vec::new(),
+            record: Vec::new(),
+            objs: Some(objs.clone().unbind()),
+            views,
+        };
+        let (r, rel) = py.allow_threads(|| {
+            self.submit(task, |e, views| {
+                // SAFETY: the views stay in the task entry until the load
+                // is collected (`query_load`) or `close` has waited for
+                // every task; they do not overlap (`check_disjoint`), and
+                // the caller leaves the objects to this task (LMCache's
+                // contract for a load's destinations).
+                let dsts: Vec<RawBuf> = views.iter().map(|v| unsafe { v.raw() }).collect();
+                match e.submit_load_raw(ks, dsts) {
+                    Ok(id) => (Ok(id), views),
+                    Err(r) => (Err(r.error), views),
+                }
+            })
+        });
+        drop(rel);
+        r
+    }
+
+    /// A finished load, once: `(number of keys, indices loaded, the keys
+    /// loaded)`; `None` while it runs, after it was returned, or for an id
+    /// that is not a load of this adapter.
+    #[allow(clippy::type_complexity)]
+    fn query_load(
+        &self,
+        py: Python<'_>,
+        task_id: Id,
+    ) -> Option<(usize, Vec<usize>, Vec<Py<PyAny>>)> {
+        let r = py.allow_threads(|| {
+            let (bits, t) = self.take(task_id, TaskKind::Load)?;
+            let mut rel = Released::default();
+            let n = t.n;
+            let (keys, _, record) = rel.task(t);
+            rel.objs.extend(record);
+            let mut loaded = Vec::new();
+            for (k, b) in keys.into_iter().zip(bits.iter()) {
+                if *b {
+                    loaded.push(k);
+                } else {
+                    rel.objs.push(k);
+                }
+            }
+            Some(((n, hits(bits.into_iter()), loaded), rel))
+        });
+        r.map(|(v, rel)| {
+            drop(rel);
+            v
+        })
+    }
+
+    /// Which keys are stored now (no lock taken).
+    fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        let ks = object_keys(keys)?;
+        Ok(py.allow_threads(|| self.engine.exists(&ks)))
+    }
+
+    /// Delete committed keys no lookup holds locked; per key, whether it
+    /// was deleted (a key listed twice is deleted once).
+    fn delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        let ks = object_keys(keys)?;
+        Ok(py.allow_threads(|| {
+            let mut left = self.engine.delete(&ks);
+            ks.iter()
+                .map(|k| match left.iter().position(|d| d == k) {
+                    Some(p) => {
+                        left.swap_remove(p);
+                        true
+                    }
+                    None => false,
+                })
+                .collect()
+        }))
+    }
+
+    /// `(bytes used, capacity bytes)` by slots, over the devices that count.
+    fn usage(&self, py: Python<'_>) -> (u64, u64) {
+        py.allow_threads(|| self.engine.usage())
+    }
+
+    /// The engine's status (LMCache's `report_status` fields and more).
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let v = py.allow_threads(|| self.engine.status());
+        json_to_py(py, &v)
+    }
+
+    /// `{backend, supported_operations, status}` (LMCache's envelope).
+    fn reconfigure_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let v = py.allow_threads(|| self.reconf.reconfigure_status());
+        json_to_py(py, &v)
+    }
+
+    /// Run a reconfigure operation (`status`, `add`, `remove`, `resize`)
+    /// with its payload (a dict); `device_owners(path) -> list[str]` names
+    /// other owners of a device to add. Returns `(code, body)`: 200 and the
+    /// result, or upstream's error code and payload. An exception raised
+    /// by `device_owners` propagates.
+    #[pyo3(signature = (operation, payload, device_owners=None))]
+    fn reconfigure<'py>(
+        &self,
+        py: Python<'py>,
+        operation: &str,
+        payload: &Bound<'py, PyAny>,
+        device_owners: Option<Py<PyAny>>,
+    ) -> PyResult<(u16, Bound<'py, PyAny>)> {
+        let bad = |py: Python<'py>| -> PyResult<(u16, Bound<'py, PyAny>)> {
+            let d = PyDict::new(py);
+            d.set_item("error", "payload must be a JSON object")?;
+            Ok((400, d.into_any()))
+        };
+        if !payload.is_instance_of::<PyDict>() {
+            return bad(py);
+        }
+        let Ok(text) = py
+            .import("json")?
+            .call_method1("dumps", (payload,))
+            .and_then(|s| s.extract::<String>())
+        else {
+            return bad(py);
+        };
+        let Ok(v) = serde_json::from_str::<Value>(&text) else {
+            return bad(py);
+        };
+        let raised: Mutex<Option<PyErr>> = Mutex::new(None);
+        let owners = |path: &str| -> Vec<String> {
+            let Some(cb) = device_owners.as_ref() else {
+                return Vec::new();
+            };
+            Python::with_gil(|py| {
+                match cb
+                    .call1(py, (path,))
+                    .and_then(|r| r.extract::<Vec<String>>(py))
+                {
+                    Ok(v) => v,
+                    Err(e) => {
+                        *raised.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                        // Non-empty: the add stops at the owner check.
+                        vec!["(device_owners raised)".into()]
+                    }
+                }
+            })
+        };
+        let r = py.allow_threads(|| self.reconf.reconfigure(operation, &v, Some(&owners)));
+        if let Some(e) = raised.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            return Err(e);
+        }
+        match r {
+            Ok(body) => Ok((200, json_to_py(py, &body)?)),
+            Err(e) => Ok((e.status, json_to_py(py, &e.body)?)),
+        }
+    }
+
+    /// Whether an open device of this adapter is the same physical device
+    /// or file as `path` (by identity, whatever the path string).
+    fn owns_device(&self, py: Python<'_>, path: &str) -> bool {
+        py.allow_threads(|| self.engine.owns_device(std::path::Path::new(path)))
+    }
+
+    /// Tasks submitted and not collected (each holds its exports).
+    fn pending(&self, py: Python<'_>) -> usize {
+        py.allow_threads(|| self.lock().tasks.len())
+    }
+
+    /// Refuse new tasks, wait for those in flight, close the engine (its
+    /// fds and devices) and release every export. Results of finished
+    /// tasks can still be collected. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let rel = py.allow_threads(|| {
+            {
+                let mut st = self.lock();
+                if st.closed {
+                    return Released::default();
+                }
+                st.closed = true;
+            }
+            self.engine.close();
+            // Every task has finished: no worker touches a buffer any more.
+            // The exports go; the tasks (and their keys, for the listeners)
+            // stay for collection.
+            let mut rel = Released::default();
+            for t in self.lock().tasks.values_mut() {
+                rel.views.append(&mut t.views);
+                rel.objs.extend(t.objs.take());
+            }
+            // Nothing is deleted any more: the record goes (events not
+            // yet taken stay for `take_deleted`).
+            rel.objs.extend(self.known.lock().clear());
+            rel
+        });
+        drop(rel);
+    }
+}
+
+impl Drop for DaxL2Core {
+    fn drop(&mut self) {
+        // The exports in `state` (dropped after this) outlive the tasks.
+        self.engine.close();
+    }
+}
+
+/// Register the module's L2 classes.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<DaxL2Core>()?;
+    Ok(())
+}
