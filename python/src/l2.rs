@@ -92,6 +92,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use daxkv::buf::{Buf, RawBuf};
+use daxkv::busy::{Busy, Clash, Held};
 use daxkv::engine::{Answer, Engine, EngineError, Listener, TaskId, TaskKind};
 use daxkv::reconfigure::{DaxReconfigure, Reconfigurable};
 use daxkv::Key;
@@ -129,6 +130,9 @@ struct Task {
     objs: Option<Py<PyAny>>,
     /// The exports handed to the engine (empty for lookups).
     views: Vec<View>,
+    /// Their ranges in [`State::busy`], given back when the task leaves
+    /// the table ([`State::remove`]) or the engine has stopped (`close`).
+    held: Held,
 }
 
 /// Python-owned things to drop once the GIL is held again.
@@ -154,6 +158,9 @@ impl Released {
 #[derive(Default)]
 struct KnownKeys {
     map: Mutex<Known<Py<PyAny>>>,
+    /// The engine, to ask whether a deleted key is held again (set once,
+    /// right after the engine opens; weak: the engine holds this).
+    engine: std::sync::OnceLock<std::sync::Weak<Engine>>,
 }
 
 impl KnownKeys {
@@ -166,7 +173,16 @@ impl Listener for KnownKeys {
     /// Called with no engine state held (a deleting thread, or the
     /// hotplug thread), never holding the GIL: it only moves references.
     fn on_keys_deleted(&self, keys: &[Key]) {
-        self.lock().on_deleted(keys);
+        let mut map = self.lock();
+        // Under `map`, as `record_stored` checks `exists` (known.rs,
+        // interleaving 3): a key the engine holds again was re-stored
+        // between the delete and this call; its entry stands for the
+        // newer copy.
+        let held = match self.engine.get().and_then(std::sync::Weak::upgrade) {
+            Some(e) => e.exists(keys),
+            None => vec![false; keys.len()],
+        };
+        map.on_deleted(keys, &held);
     }
 }
 
@@ -178,6 +194,20 @@ struct State {
     refused_stores: Vec<Id>,
     /// Set (first thing) by `close`: submits raise from then on.
     closed: bool,
+    /// The memory of the tasks in flight (`daxkv::busy`): a load into a
+    /// buffer another task still reads or writes is refused.
+    busy: Busy,
+    /// Tags [`Busy`] entries with the submit they belong to.
+    busy_tag: u64,
+}
+
+impl State {
+    /// Take a task out of the table, giving its ranges back.
+    fn remove(&mut self, id: &Id) -> Option<Task> {
+        let mut t = self.tasks.remove(id)?;
+        self.busy.release(std::mem::take(&mut t.held));
+        Some(t)
+    }
 }
 
 /// The daxkv engine in LMCache's L2 adapter terms (module doc). Thread
@@ -191,6 +221,8 @@ pub struct DaxL2Core {
     state: Mutex<State>,
     next_local: AtomicU64,
     slot_bytes: usize,
+    /// Held by `close` from start to end.
+    closing: Mutex<()>,
     /// The `l2_name` label of `metrics_text` (`adapter_params["l2_name"]`,
     /// default `"plugin"`).
     l2_name: String,
@@ -389,6 +421,42 @@ impl DaxL2Core {
         }
         let mut task = task;
         let kind = task.kind;
+        // No buffer of this task may be written while another task in
+        // flight uses it, nor be read while another writes it (two
+        // workers on the same bytes: undefined behaviour; review finding).
+        let ranges: Vec<(usize, usize)> = task.views.iter().map(|v| (v.addr(), v.len())).collect();
+        st.busy_tag += 1;
+        let tag = st.busy_tag;
+        let held = match kind {
+            TaskKind::Load => st.busy.hold_writes(tag, &ranges),
+            TaskKind::Store => st.busy.hold_reads(tag, &ranges),
+            TaskKind::Lookup => Ok(Held::default()),
+        };
+        task.held = match held {
+            Ok(h) => h,
+            Err((i, clash)) => {
+                let what = if kind == TaskKind::Load {
+                    "load destination"
+                } else {
+                    "store source"
+                };
+                let with = match clash {
+                    Clash::Batch(j) => format!("load destination {j} of the same task"),
+                    Clash::InFlight(_) => {
+                        "a buffer of a task still in flight (not yet collected)".to_string()
+                    }
+                };
+                let (keys, _, record) = rel.task(task);
+                rel.objs.extend(keys.into_iter().chain(record));
+                return (
+                    Err(PyValueError::new_err(format!(
+                        "daxkv: {what} {i} shares memory with {with}: a buffer being \
+                         written must not alias any other buffer in flight"
+                    ))),
+                    rel,
+                );
+            }
+        };
         let (r, views) = go(&self.engine, std::mem::take(&mut task.views));
         task.views = views;
         match r {
@@ -397,6 +465,7 @@ impl DaxL2Core {
                 (Ok(Id::from(id.0)), rel)
             }
             Err(EngineError::Closing) => {
+                st.busy.release(std::mem::take(&mut task.held));
                 let (keys, _, record) = rel.task(task);
                 rel.objs.extend(keys.into_iter().chain(record));
                 (Err(closing_err()), rel)
@@ -407,6 +476,7 @@ impl DaxL2Core {
                     kind.name()
                 );
                 // The engine never saw the buffers: release them now.
+                st.busy.release(std::mem::take(&mut task.held));
                 rel.views.append(&mut task.views);
                 (Ok(self.refuse(&mut st, task)), rel)
             }
@@ -452,7 +522,7 @@ impl DaxL2Core {
         }
         // A refused task (negative id) completed here, as a failure.
         let Ok(engine_id) = u64::try_from(id).map(TaskId) else {
-            let t = st.tasks.remove(&id)?;
+            let t = st.remove(&id)?;
             return Some((vec![false; t.n], t));
         };
         let bits = match kind {
@@ -472,7 +542,7 @@ impl DaxL2Core {
                 vec![false; t.n]
             }
         };
-        let t = st.tasks.remove(&id)?;
+        let t = st.remove(&id)?;
         Some((bits, t))
     }
 }
@@ -497,21 +567,28 @@ impl DaxL2Core {
         // Hand the fds out now: with `signal: when_waiting` a kind signals
         // every completion only once its fd has a poller.
         let _ = engine.event_fds();
+        let slot_bytes = engine.slot_bytes();
         let known = Arc::new(KnownKeys::default());
+        // The listener asks the engine whether a deleted key is held again
+        // (a newer copy); a weak handle, as the engine holds the listener.
+        let _ = known.engine.set(Arc::downgrade(&engine));
         let listener: Arc<dyn Listener> = known.clone();
         engine.register_listener(&listener);
         Ok(DaxL2Core {
             known,
             reconf: DaxReconfigure::probing(engine.clone(), cfg.sysfs_root.clone()),
-            slot_bytes: engine.slot_bytes(),
+            slot_bytes,
             l2_name: control.l2_name,
             engine,
             state: Mutex::new(State {
                 tasks: HashMap::new(),
                 refused_stores: Vec::new(),
                 closed: false,
+                busy: Busy::new(slot_bytes),
+                busy_tag: 0,
             }),
             next_local: AtomicU64::new(0),
+            closing: Mutex::new(()),
         })
     }
 
@@ -595,13 +672,16 @@ impl DaxL2Core {
             record,
             objs: Some(objs.clone().unbind()),
             views,
+            held: Held::default(),
         };
         let (r, rel) = py.allow_threads(|| {
             self.submit(task, |e, views| {
                 // SAFETY: the views stay in the task entry until the
                 // store's completion is collected (`pop_completed_stores`)
                 // or `close` has waited for every task; the caller's
-                // objects are referenced there too.
+                // objects are referenced there too; no load in flight
+                // writes these bytes (`busy`). A read-only export may be a
+                // source: the engine only reads sources (`View::raw`).
                 let srcs = views.iter().map(|v| Buf::Raw(unsafe { v.raw() })).collect();
                 match e.submit_store(ks, srcs) {
                     Ok(id) => (Ok(id), views),
@@ -629,13 +709,13 @@ impl DaxL2Core {
             {
                 let mut st = self.lock();
                 for id in std::mem::take(&mut st.refused_stores) {
-                    if let Some(t) = st.tasks.remove(&id) {
+                    if let Some(t) = st.remove(&id) {
                         done.push((id, false, 0, Some(t)));
                     }
                 }
                 for (id, r) in self.engine.pop_completed_stores() {
                     let id = Id::from(id.0);
-                    let t = st.tasks.remove(&id);
+                    let t = st.remove(&id);
                     done.push((id, r.success, r.bytes_transferred, t));
                 }
             }
@@ -687,6 +767,7 @@ impl DaxL2Core {
             record: Vec::new(),
             objs: None,
             views: Vec::new(),
+            held: Held::default(),
         };
         let (r, rel) = py.allow_threads(|| {
             self.submit(task, |e, views| match e.submit_lookup_and_lock(ks) {
@@ -750,14 +831,17 @@ impl DaxL2Core {
             record: Vec::new(),
             objs: Some(objs.clone().unbind()),
             views,
+            held: Held::default(),
         };
         let (r, rel) = py.allow_threads(|| {
             self.submit(task, |e, views| {
                 // SAFETY: the views stay in the task entry until the load
                 // is collected (`query_load`) or `close` has waited for
-                // every task; they do not overlap (`check_disjoint`), and
-                // the caller leaves the objects to this task (LMCache's
-                // contract for a load's destinations).
+                // every task; they overlap neither each other
+                // (`check_disjoint`) nor any buffer of another task in
+                // flight (`busy`), and the caller leaves the objects to
+                // this task (LMCache's contract for a load's
+                // destinations).
                 let dsts: Vec<RawBuf> = views.iter().map(|v| unsafe { v.raw() }).collect();
                 match e.submit_load_raw(ks, dsts) {
                     Ok(id) => (Ok(id), views),
@@ -917,6 +1001,10 @@ impl DaxL2Core {
     /// tasks can still be collected. Idempotent.
     fn close(&self, py: Python<'_>) {
         let rel = py.allow_threads(|| {
+            // A second `close` returns when the first has finished (the
+            // engine closed, the exports released), not before: a caller
+            // may free its memory once close returns (review finding).
+            let _one_closer = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
             {
                 let mut st = self.lock();
                 if st.closed {
@@ -929,9 +1017,12 @@ impl DaxL2Core {
             // The exports go; the tasks (and their keys, for the listeners)
             // stay for collection.
             let mut rel = Released::default();
-            for t in self.lock().tasks.values_mut() {
+            let mut st = self.lock();
+            let st = &mut *st;
+            for t in st.tasks.values_mut() {
                 rel.views.append(&mut t.views);
                 rel.objs.extend(t.objs.take());
+                st.busy.release(std::mem::take(&mut t.held));
             }
             // Nothing is deleted any more: the record goes (events not
             // yet taken stay for `take_deleted`).

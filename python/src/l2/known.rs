@@ -44,6 +44,20 @@
 //!    Closed: the delete is deferred while K's "stored" is pending.
 //! ```
 //!
+//! ```text
+//! 3. delete:  delete K (old copy) ........................ listener(K)
+//!    store:              store K commits (new copy)
+//!    collect:                         exists(K)=true, K recorded → size 0
+//!    → the listener would drop the entry and tell "deleted" while the
+//!      engine holds the new copy (found by review: LMCache's books and
+//!      LRU lose a key the engine keeps).
+//!    Closed: the listener asks the engine, under `map`, whether it holds
+//!    K again; if so the entry stays, standing for the new copy, which
+//!    LMCache has counted once (the old copy's "stored", the new one's
+//!    size 0) — exactly the one slot the engine holds. A store of K that
+//!    commits after that check finds no entry and counts its slot.
+//! ```
+//!
 //! A key stored again (a new incarnation) while the deferred delete of the
 //! old one waits gets a new generation, so each report lands on the
 //! incarnation it was collected for.
@@ -149,9 +163,14 @@ impl<T> Known<T> {
         }
     }
 
-    /// The engine deleted `keys` (the listener).
-    pub(crate) fn on_deleted(&mut self, keys: &[Key]) {
-        for k in keys {
+    /// The engine deleted `keys` (the listener); `held[i]`: the engine
+    /// holds `keys[i]` again now (a newer copy, stored after the delete:
+    /// the entry stands for it and stays; interleaving 3).
+    pub(crate) fn on_deleted(&mut self, keys: &[Key], held: &[bool]) {
+        for (i, k) in keys.iter().enumerate() {
+            if held.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             if let Some(e) = self.keys.remove(k) {
                 if e.pending == 0 {
                     self.deleted.push(e.obj);
