@@ -269,8 +269,10 @@ def test_gil_released_during_a_large_load(make_connector):
         t.join()
         sys.setswitchinterval(old)
     assert all(bytes(d) == data for d in dst)
-    # Each call released the GIL at least once, letting the counter step.
-    assert after - before >= calls // 2, (after - before, calls)
+    # The calls released the GIL, letting the counter step (with the GIL
+    # held throughout it does not step at all). Not one step per call: on
+    # a loaded machine the counter thread may miss a release.
+    assert after - before >= min(3, calls // 2), (after - before, calls)
 
 
 def test_aliasing_buffers_are_refused_and_leave_nothing_held(make_connector):
