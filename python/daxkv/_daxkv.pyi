@@ -1,5 +1,5 @@
 from types import TracebackType
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 Completion = tuple[int, bool, str, Optional[list[bool]]]
 Key = Union[str, bytes]
@@ -31,3 +31,62 @@ class DaxConnector:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None: ...
+
+class DaxStore:
+    """The slots of ``daxkv.lmcache.DaxBackend`` (LMCache non-MP) over the
+    Rust ``DaxStore``: every copy runs with the GIL released.
+
+    A key is a ``str``, ``bytes`` or any object with ``to_string()``
+    (LMCache's ``CacheEngineKey``); the store keeps its 128-bit digest.
+    """
+
+    def __init__(
+        self,
+        device_path: str,
+        size_bytes: int,
+        slot_bytes: int,
+        restore_workers: int = 1,
+        restore_max_regions: int = 1,
+        staging_slab_bytes: Optional[int] = None,
+    ) -> None: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def max_slots(self) -> int: ...
+    @property
+    def arena_bytes(self) -> int: ...
+    @property
+    def device_path(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def contains(self, key: Any, pin: bool = False) -> bool: ...
+    def has_inflight(self, key: Any) -> bool: ...
+    def pin(self, key: Any) -> bool: ...
+    def unpin(self, key: Any) -> bool: ...
+    def lock_count(self, key: Any) -> int: ...
+    def batched_contains(self, keys: Iterable[Any], pin: bool = False) -> int: ...
+    def remove(self, key: Any, force: bool = True) -> bool: ...
+    def remove_many(self, keys: Iterable[Any], force: bool = True) -> int: ...
+    def put_batch(
+        self,
+        keys: Sequence[Any],
+        bufs: Sequence[Any],
+        tags: Sequence[int],
+        positions: Optional[Sequence[Any]] = None,
+    ) -> tuple[bytes, int]:
+        """Per key an outcome (0 stored, 1 already stored or in flight,
+        2 canceled by a forced remove, 3 closing, 4 copy failed, 5 not
+        tried), and the index of the key that found the arena full or -1."""
+    def restore(
+        self,
+        keys: Sequence[Any],
+        prefix_only: bool,
+        alloc: Callable[[list[tuple[int, int, int]]], Optional[Sequence[Any]]],
+    ) -> Optional[list[Any]]:
+        """``alloc(hits)`` gets ``(index, tag, nbytes)`` per hit and returns
+        one writable buffer per hit (or None: returns None); the result has
+        each hit's cached positions (or None)."""
+    def status(self) -> dict[str, Any]: ...
+    def check_invariants(self) -> None: ...
+    def _set_write_hook(self, hook: Optional[Callable[[], Any]]) -> None: ...
+    def close(self) -> None: ...

@@ -49,6 +49,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
+mod store;
+
 /// One completion as the bridge reads it.
 type Completion = (u64, bool, String, Option<Vec<bool>>);
 
@@ -647,5 +649,6 @@ impl Drop for DaxConnector {
 #[pymodule]
 fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DaxConnector>()?;
+    m.add_class::<store::PyDaxStore>()?;
     Ok(())
 }
