@@ -13,7 +13,8 @@ full LMCache chunk each, so the slot size):
 
 Rounds alternate between the backends (and which goes first), after one
 untimed warm-up round each (page faults of the device file and of the CPU
-buffers). Every restored object is compared with its source and every
+buffers), with the garbage collector run before and off during each timed
+call. Every restored object is compared with its source and every
 stored key checked after each round. Prints objects/s and GB/s (medians
 over the rounds), the daxkv / LMCache ratio of each pair of rounds run back
 to back (median, min–max: the machine may be shared), and what a plain
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import logging
 import os
 import platform
@@ -143,13 +145,22 @@ def run_size(size: int, n: int, rounds: int) -> dict[str, dict[str, float]]:
             order = sides if r % 2 == 0 else sides[::-1]
             for s in order:
                 assert s.b.batched_remove(keys) in (0, n)
+                # As timeit does: no garbage collection inside a timing (a
+                # full collection of the objects a restore leaves behind
+                # takes milliseconds, whichever backend it lands in).
+                gc.collect()
+                gc.disable()
                 t0 = time.perf_counter()
                 s.b.batched_submit_put_task(keys, objs)
                 t1 = time.perf_counter()
+                gc.enable()
                 assert s.b.batched_contains(keys) == n, f"{s.kind}: not every key stored"
+                gc.collect()
+                gc.disable()
                 t2 = time.perf_counter()
                 res = s.b.batched_get_blocking(keys)
                 t3 = time.perf_counter()
+                gc.enable()
                 for i, (got, w) in enumerate(zip(res, want)):
                     assert got is not None, f"{s.kind}: key {i} missing"
                     assert got.get_shape() == shape
