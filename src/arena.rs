@@ -1106,6 +1106,20 @@ impl<'a> ArenaGuard<'a> {
         Ok(())
     }
 
+    /// [`ArenaGuard::read`] with streaming (non-temporal) stores into `dst`,
+    /// fenced before returning ([`copy::from_dax_streaming`]).
+    ///
+    /// # Safety
+    /// As [`ArenaGuard::read`].
+    #[inline]
+    pub unsafe fn read_streaming(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+        self.check(offset, dst.len())?;
+        // SAFETY: as in `read`: bounds checked, `dst` a unique caller slice
+        // outside the mapping, no writer of the range (caller's contract).
+        unsafe { copy::from_dax_streaming(dst.as_mut_ptr(), self.base.add(offset), dst.len()) };
+        Ok(())
+    }
+
     /// Copy `len` bytes at `offset` into a raw destination.
     ///
     /// # Safety

@@ -213,6 +213,21 @@ impl ReadSet<'_> {
         self.read_part(r, 0, &mut dst[..r.len]).then_some(r.len)
     }
 
+    /// [`ReadSet::read`] with streaming stores into `dst` (fenced before it
+    /// returns): for restores larger than the caches.
+    pub fn read_streaming(&self, r: &Reservation, dst: &mut [u8]) -> Option<usize> {
+        if dst.len() < r.len || !self.holds(r) {
+            return None;
+        }
+        let g = self.guard.as_ref()?;
+        #[allow(unsafe_code)]
+        // SAFETY: as in `read_part`: `r` is this set's (checked), so its slot
+        // is borrowed and has no writer while the set lives; the range is
+        // exactly its payload.
+        let ok = unsafe { g.read_streaming(r.offset, &mut dst[..r.len]) }.is_ok();
+        ok.then_some(r.len)
+    }
+
     /// Copy `dst.len()` bytes of `r`'s payload from payload offset `at`;
     /// false (nothing copied) if `r` is not this set's or the range passes
     /// the payload's end.

@@ -71,7 +71,7 @@ pub use crate::error::{CoreError, OpenError, PutError};
 pub use crate::key::Key;
 pub use crate::slot::{Generation, SlotId};
 
-pub use crate::store::{DaxStore, StoreConfig, StoreError};
+pub use crate::store::{BatchPut, DaxStore, RestoreError, StoreConfig, StoreError};
 
 /// The README's Rust examples, compiled and run by `cargo test --doc` so
 /// they cannot drift from the API. Exists only while rustdoc collects

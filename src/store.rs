@@ -12,12 +12,12 @@
 //! unlocked keys by CLOCK instead of raising.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use crate::core::{CoreConfig, DaxCore, PutOutcome, Reservation};
+use crate::core::{CoreConfig, DaxCore, PutOutcome, Reservation, SlotWriter};
 use crate::error::{OpenError, PutError};
 use crate::key::Key;
 
@@ -41,11 +41,15 @@ pub struct StoreConfig {
     /// Staging slab bytes (`dax.retrieve_staging_slab_bytes`); at least
     /// `restore_max_regions × slot_bytes`. Allocated on the first restore.
     pub staging_slab_bytes: usize,
+    /// Threads copying one [`DaxStore::put_batch_with`] batch (LMCache has
+    /// no such key; the default is the restore default, `min(8, cpus)`).
+    pub put_workers: usize,
 }
 
 impl StoreConfig {
     /// LMCache's defaults: restore workers `min(8, cpus)`, regions = workers,
-    /// slab `max(256 MiB, regions × slot)`, one async put worker.
+    /// slab `max(256 MiB, regions × slot)`, one async put worker; batch put
+    /// workers as restore workers.
     pub fn new(core: CoreConfig) -> StoreConfig {
         let workers = std::thread::available_parallelism()
             .map_or(1, usize::from)
@@ -58,6 +62,7 @@ impl StoreConfig {
             restore_workers: workers,
             restore_max_regions: workers,
             staging_slab_bytes: slab,
+            put_workers: workers,
         }
     }
 }
@@ -139,6 +144,7 @@ pub struct DaxStore {
     restore_workers: usize,
     restore_max_regions: usize,
     staging_slab_bytes: usize,
+    put_workers: usize,
     closing: AtomicBool,
     jobs: Mutex<Option<Sender<Job>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
@@ -170,6 +176,7 @@ impl DaxStore {
     /// Nothing leaks on failure (the core unmaps and closes its fd on drop).
     pub fn open(cfg: &StoreConfig) -> Result<DaxStore, StoreError> {
         positive("restore_workers", cfg.restore_workers)?;
+        positive("put_workers", cfg.put_workers)?;
         positive("restore_max_regions", cfg.restore_max_regions)?;
         let need = cfg.restore_max_regions.saturating_mul(cfg.core.slot_bytes);
         if cfg.staging_slab_bytes < need {
@@ -225,6 +232,7 @@ impl DaxStore {
             restore_workers: cfg.restore_workers,
             restore_max_regions: cfg.restore_max_regions,
             staging_slab_bytes: cfg.staging_slab_bytes,
+            put_workers: cfg.put_workers,
             closing: AtomicBool::new(false),
             jobs: Mutex::new((cfg.async_put_workers > 0).then_some(tx)),
             workers: Mutex::new(workers),
@@ -506,6 +514,279 @@ impl DaxStore {
         Ok(out)
     }
 
+    /// `put_tagged` with the copy left to `writer` (upstream's
+    /// `put_one(writer=...)`): the slot is reserved and the key in flight
+    /// while `writer` fills `len` bytes through the [`SlotWriter`]; returning
+    /// false fails the store (the slot is freed, [`PutError::CopyFailed`]).
+    /// Lets a binding copy straight from caller memory, or run a hook while
+    /// the store is in flight. With `auto_evict`, `writer` may be called
+    /// again after an eviction, but only one call ever reaches the copy.
+    pub fn put_with_writer(
+        &self,
+        key: Key,
+        len: usize,
+        tag: u32,
+        mut writer: impl FnMut(&SlotWriter<'_>) -> bool,
+    ) -> Result<PutOutcome, StoreError> {
+        if self.is_closing() {
+            return Err(StoreError::Closed);
+        }
+        let slot_bytes = self.core.slot_bytes();
+        if len > slot_bytes {
+            return Err(StoreError::TooLarge { len, slot_bytes });
+        }
+        for _ in 0..EVICT_ROUNDS_MAX {
+            match self.core.put_with_writer(key, len, tag, &mut writer) {
+                Err(PutError::Full) if self.auto_evict => {
+                    let victims = self.core.eviction_candidates(1);
+                    if victims.is_empty() {
+                        return Err(StoreError::Full);
+                    }
+                    self.core.delete_many(&victims, false);
+                }
+                r => return r.map_err(StoreError::from),
+            }
+        }
+        Err(StoreError::Full)
+    }
+
+    /// Store a batch: item `i` is `(key, len, tag)`, its bytes written by
+    /// `write(i, writer)` while the key is in flight (as
+    /// [`DaxStore::put_with_writer`]).
+    ///
+    /// In order on the calling thread, stopping at the first item that finds
+    /// no free slot: the items before it are stored, it and the ones after
+    /// are not tried (upstream's batched put). A batch of at least
+    /// 2 × [`REGION_MIN_BYTES`] whose items all fit the free slots is
+    /// instead shared by the caller and up to `put_workers - 1` scoped
+    /// threads (`dax-put-<i>`) that take the items in order from one cursor
+    /// (a descheduled worker holds up one item, not a share of the batch)
+    /// and stop at any item past one found full. Only a concurrent writer
+    /// can fill the arena during such a batch; then every item before
+    /// `full_at` was still tried, but a few after it (taken before the full
+    /// one was seen) may be stored too: each result says.
+    pub fn put_batch_with(
+        &self,
+        items: &[(Key, usize, u32)],
+        write: impl Fn(usize, &SlotWriter<'_>) -> bool + Sync,
+    ) -> BatchPut {
+        let n = items.len();
+        let total: usize = items.iter().map(|&(_, len, _)| len).sum();
+        let free = self
+            .core
+            .max_slots()
+            .saturating_sub(self.core.live_slot_count());
+        let workers = if total >= 2 * REGION_MIN_BYTES && n <= free {
+            self.put_workers.min(n).min(total / REGION_MIN_BYTES).max(1)
+        } else {
+            1
+        };
+        // The next item to take, and the first item found full
+        // (`usize::MAX`: none yet).
+        let next = AtomicUsize::new(0);
+        let full_at = AtomicUsize::new(usize::MAX);
+        let work = || -> Vec<(usize, Result<PutOutcome, StoreError>)> {
+            let mut done = Vec::new();
+            loop {
+                // ORDERING: Relaxed — the cursor only hands out indices (each
+                // once); the results travel back through the joins.
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                // ORDERING: Relaxed — a hint to stop early, as above.
+                if i >= n || full_at.load(Ordering::Relaxed) < i {
+                    return done;
+                }
+                let (key, len, tag) = items[i];
+                match self.put_with_writer(key, len, tag, |w| write(i, w)) {
+                    Err(StoreError::Full | StoreError::Put(PutError::IndexFull)) => {
+                        // ORDERING: Relaxed — as above.
+                        full_at.fetch_min(i, Ordering::Relaxed);
+                        return done;
+                    }
+                    r => done.push((i, r)),
+                }
+            }
+        };
+        let mut results: Vec<Option<Result<PutOutcome, StoreError>>> =
+            std::iter::repeat_with(|| None).take(n).collect();
+        let mut place = |done: Vec<(usize, Result<PutOutcome, StoreError>)>| {
+            for (i, r) in done {
+                results[i] = Some(r);
+            }
+        };
+        if workers <= 1 {
+            place(work());
+        } else {
+            let work = &work;
+            let parts = std::thread::scope(|s| {
+                // A helper that cannot start leaves its share to the others
+                // (the caller always works): every item is still tried.
+                let hs: Vec<_> = (1..workers)
+                    .filter_map(|j| {
+                        std::thread::Builder::new()
+                            .name(format!("dax-put-{j}"))
+                            .spawn_scoped(s, work)
+                            .ok()
+                    })
+                    .collect();
+                let mine = work();
+                let mut parts = vec![mine];
+                for h in hs {
+                    // A panic in `write` goes on in the caller, as it would
+                    // in order.
+                    parts.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+                }
+                parts
+            });
+            parts.into_iter().for_each(&mut place);
+        }
+        // ORDERING: Relaxed — the workers were joined.
+        let full = full_at.load(Ordering::Relaxed);
+        BatchPut {
+            results,
+            full_at: (full != usize::MAX).then_some(full),
+        }
+    }
+
+    /// Batched restore into destinations chosen once the hits are known
+    /// (LMCache allocates each output by the shape, dtype and format stored
+    /// with it; docs/lmcache-dax-behavior.md §6.4).
+    ///
+    /// 1. The keys are reserved (positional, or the hit prefix with
+    ///    `prefix_only`): each hit's slot is read-pinned, so a key removed
+    ///    from now on keeps its slot (and bytes) until this call returns,
+    ///    and the slot is reused only after that.
+    /// 2. `alloc` gets the reservations (hits, in key order; `index` is the
+    ///    key's position) and returns one destination per reservation, at
+    ///    least as long as its payload. It is not called when nothing hit.
+    /// 3. The reservations are sorted by device offset and cut into regions
+    ///    of at most `staging_slab_bytes / restore_max_regions` bytes, about
+    ///    a quarter of a `restore_max_regions`-th of the batch each, never
+    ///    under [`REGION_MIN_BYTES`] (a thread costs more than it saves
+    ///    below that); device-adjacent payloads stay in one region and are
+    ///    read back to back. The caller and up to
+    ///    `min(restore_workers, restore_max_regions) - 1` scoped threads
+    ///    (`dax-restore-<i>`) take the regions in device order from one
+    ///    queue: at most that many regions are copied at once.
+    /// 4. The payloads go straight from the device into the destinations:
+    ///    one copy, no staging slab (the slab bound is kept as the region
+    ///    size); with streaming stores from [`RESTORE_STREAM_MIN_BYTES`] in
+    ///    all. Bytes past a payload are untouched.
+    ///
+    /// Returns the reservations restored (all of them: a destination that
+    /// is missing or too short fails the whole call before anything is
+    /// copied). The read pins drop when it returns.
+    pub fn restore_into<'d, E>(
+        &self,
+        keys: &[Key],
+        prefix_only: bool,
+        alloc: impl FnOnce(&[Reservation]) -> Result<Vec<&'d mut [u8]>, E>,
+    ) -> Result<Vec<Reservation>, RestoreError<E>> {
+        if self.is_closing() {
+            return Err(RestoreError::Closed);
+        }
+        // The read pins live as long as `set`, to the end of this call. The
+        // interleaving they rule out: `alloc` (Python, LMCache's allocator)
+        // runs for a while; meanwhile key K is removed and a put of K2 takes
+        // K's slot; the copy below would then hand K2's bytes (or a torn mix
+        // of both) out as K's. Pinned, K's slot is only detached by the
+        // remove (PENDING_FREE) and freed when `set` drops
+        // (tests/store.rs, `restore_into_keeps_a_removed_keys_slot...`).
+        let set = self.core.reserve_reads(keys, prefix_only);
+        if set.is_empty() {
+            return Ok(Vec::new());
+        }
+        let items = set.items();
+        let dsts = alloc(items).map_err(RestoreError::Alloc)?;
+        if dsts.len() != items.len() {
+            return Err(RestoreError::Destinations {
+                want: items.len(),
+                got: dsts.len(),
+            });
+        }
+        if let Some((at, (r, d))) = items
+            .iter()
+            .zip(&dsts)
+            .enumerate()
+            .find(|(_, (r, d))| d.len() < r.len)
+        {
+            return Err(RestoreError::BufferTooSmall {
+                at,
+                index: r.index,
+                need: r.len,
+                have: d.len(),
+            });
+        }
+        let total_bytes: usize = items.iter().map(|r| r.len).sum();
+        let mut sorted: Vec<(Reservation, &'d mut [u8])> =
+            items.iter().copied().zip(dsts).collect();
+        sorted.sort_by_key(|(r, _)| r.offset);
+        let regions = plan_direct(
+            sorted,
+            self.staging_slab_bytes / self.restore_max_regions,
+            self.restore_max_regions * REGIONS_PER_WORKER,
+        );
+        // Each destination was moved into exactly one region, so two
+        // workers never write one output; they share only `set`, whose
+        // reads copy out of slots no writer can take while they are pinned.
+        let set = &set;
+        let stream = total_bytes >= RESTORE_STREAM_MIN_BYTES;
+        let copy_region = |region: Vec<(Reservation, &mut [u8])>| -> bool {
+            region.into_iter().all(|(r, dst)| {
+                let n = if stream {
+                    set.read_streaming(&r, dst)
+                } else {
+                    set.read(&r, dst)
+                };
+                n == Some(r.len)
+            })
+        };
+        let threads = self
+            .restore_workers
+            .min(self.restore_max_regions)
+            .min(regions.len());
+        // The regions in device order, taken one at a time by whichever
+        // worker is free: at most `threads` are copied at once.
+        let queue = Mutex::new(regions.into_iter());
+        let work = || -> bool {
+            let mut ok = true;
+            loop {
+                let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+                match next {
+                    Some(region) => ok &= copy_region(region),
+                    None => return ok,
+                }
+            }
+        };
+        let ok = if threads <= 1 {
+            work()
+        } else {
+            let work = &work;
+            std::thread::scope(|s| {
+                // The caller works too; a helper that cannot start (out of
+                // threads) leaves its share to the others.
+                let hs: Vec<_> = (1..threads)
+                    .filter_map(|i| {
+                        std::thread::Builder::new()
+                            .name(format!("dax-restore-{i}"))
+                            .spawn_scoped(s, work)
+                            .ok()
+                    })
+                    .collect();
+                let mine = work();
+                // Join every helper (no short cut), so none outlives the
+                // destinations' borrow; a panic goes on in the caller.
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .fold(mine, |a, b| a & b)
+            })
+        };
+        if ok {
+            Ok(items.to_vec())
+        } else {
+            Err(RestoreError::CopyFailed)
+        }
+    }
+
     /// Stop: refuse new work, wait for queued async puts, then close the
     /// core (which waits for in-flight reads and writes). Idempotent.
     ///
@@ -585,6 +866,110 @@ fn put_evicting_tagged(
     }
     Err(StoreError::Full)
 }
+
+/// Smallest region [`DaxStore::restore_into`] gives a thread of its own
+/// (and the smallest share of a [`DaxStore::put_batch_with`] batch).
+pub const REGION_MIN_BYTES: usize = 1 << 20;
+
+/// A restore of at least this many bytes writes its outputs with streaming
+/// stores ([`crate::copy::from_dax_streaming`]): half the last-level cache
+/// of the machines this was measured on (32 MiB). A batch that size evicts
+/// its own outputs anyway, and skipping the read-for-ownership of each
+/// output line took a 512 MiB restore from ~19 to ~33 GB/s there.
+pub const RESTORE_STREAM_MIN_BYTES: usize = 16 << 20;
+
+/// [`DaxStore::restore_into`] cuts a batch into this many regions per
+/// region slot (`restore_max_regions`), so a worker that is descheduled
+/// holds up a small region while the others take the rest.
+const REGIONS_PER_WORKER: usize = 4;
+
+/// Cut offset-sorted (reservation, destination) pairs into regions for
+/// [`DaxStore::restore_into`]: a region closes once it holds
+/// `max(total / regions, REGION_MIN_BYTES)` bytes, or when the next payload
+/// would take it past `region_bytes`; a single payload always fits (the
+/// store's config keeps `region_bytes >= slot_bytes`).
+fn plan_direct<T>(
+    sorted: Vec<(Reservation, T)>,
+    region_bytes: usize,
+    regions: usize,
+) -> Vec<Vec<(Reservation, T)>> {
+    let total: usize = sorted.iter().map(|(r, _)| r.len).sum();
+    let target = total.div_ceil(regions.max(1)).max(REGION_MIN_BYTES);
+    let mut out: Vec<Vec<(Reservation, T)>> = Vec::new();
+    let mut used = 0usize;
+    for (r, d) in sorted {
+        let full = used >= target || used + r.len > region_bytes;
+        if out.is_empty() || (used > 0 && full) {
+            out.push(Vec::new());
+            used = 0;
+        }
+        used += r.len;
+        out.last_mut().expect("just pushed").push((r, d));
+    }
+    out
+}
+
+/// What [`DaxStore::put_batch_with`] did.
+#[derive(Debug)]
+pub struct BatchPut {
+    /// Per item: its put's result, or `None` if it was not tried (it found
+    /// the arena full, or came after an item that did).
+    pub results: Vec<Option<Result<PutOutcome, StoreError>>>,
+    /// The first item that found no free slot, if any.
+    pub full_at: Option<usize>,
+}
+
+/// Why [`DaxStore::restore_into`] restored nothing.
+#[derive(Debug)]
+pub enum RestoreError<E> {
+    /// The store is closing or closed.
+    Closed,
+    /// The caller's `alloc` failed; nothing was copied.
+    Alloc(E),
+    /// `alloc` returned `got` destinations for `want` reservations.
+    Destinations {
+        /// Reservations made.
+        want: usize,
+        /// Destinations returned.
+        got: usize,
+    },
+    /// The destination of reservation `at` (key position `index`) is
+    /// shorter than its payload; nothing was copied.
+    BufferTooSmall {
+        /// Position among the reservations.
+        at: usize,
+        /// The key's position in the caller's list.
+        index: usize,
+        /// Payload length, bytes.
+        need: usize,
+        /// Destination length, bytes.
+        have: usize,
+    },
+    /// A copy failed (a region's worker thread could not be started); the
+    /// destinations may hold partial data.
+    CopyFailed,
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for RestoreError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestoreError::Closed => f.write_str("DaxStore is closing"),
+            RestoreError::Alloc(e) => write!(f, "allocating the restore outputs failed: {e}"),
+            RestoreError::Destinations { want, got } => {
+                write!(f, "{got} destinations for {want} reservations")
+            }
+            RestoreError::BufferTooSmall {
+                index, need, have, ..
+            } => write!(
+                f,
+                "destination for key {index} is {have} bytes, too small for its {need} byte payload"
+            ),
+            RestoreError::CopyFailed => f.write_str("a restore region failed to copy"),
+        }
+    }
+}
+
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for RestoreError<E> {}
 
 /// One region's work: its plan, its slab slice, and the outputs it fills.
 type RegionJob<'r, 'b> = (&'r Region, &'b mut [u8], Vec<(Reservation, &'b mut [u8])>);
@@ -667,6 +1052,39 @@ mod tests {
             meta: 0,
             pos: 0,
         }
+    }
+
+    /// `plan_direct` keeps device order, makes at most `regions` regions
+    /// per wave when the bound allows, never exceeds the bound (except a
+    /// lone payload), and keeps small batches in one region (no threads).
+    #[test]
+    fn direct_regions_balance_the_wave_within_the_bound() {
+        const MIB: usize = 1 << 20;
+        let sb = MIB;
+        let plan = |lens: &[usize], bound: usize, regions: usize| -> Vec<Vec<usize>> {
+            let items: Vec<(Reservation, ())> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (res(i, i as u32, n, sb), ()))
+                .collect();
+            plan_direct(items, bound, regions)
+                .into_iter()
+                .map(|g| g.into_iter().map(|(r, ())| r.index).collect())
+                .collect()
+        };
+        // 8 x 1 MiB, 2 regions, a roomy bound: two halves.
+        assert_eq!(
+            plan(&[MIB; 8], 64 * MIB, 2),
+            vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]
+        );
+        // Three payloads of 1.5 MiB over 2 regions: 2 + 1, not 1 + 1 + 1.
+        assert_eq!(plan(&[3 * MIB / 2; 3], 64 * MIB, 2).len(), 2);
+        // The bound wins over the balance: 2 MiB regions, 4 of them.
+        let p = plan(&[MIB; 8], 2 * MIB, 2);
+        assert_eq!(p, vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]);
+        // Under 2 x REGION_MIN_BYTES in all: one region.
+        assert_eq!(plan(&[4096; 100], 64 * MIB, 8).len(), 1);
+        assert!(plan(&[], MIB, 2).is_empty());
     }
 
     #[test]

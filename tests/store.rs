@@ -434,3 +434,363 @@ fn close_from_on_complete_returns() {
         Err(StoreError::Closed)
     ));
 }
+
+// ----- restore_into (issue 12: the non-MP backend's Rust restore) -----
+
+/// A store of `slots` slots of `slot` bytes, restores on 2 threads in
+/// regions of at most `region` bytes.
+fn restore_store(slots: usize, slot: usize, region: usize) -> DaxStore {
+    let mut c = StoreConfig::new(CoreConfig::new(ArenaSpec::memfd(slots * slot), slot));
+    c.async_put_workers = 0;
+    c.restore_workers = 2;
+    c.restore_max_regions = 2;
+    c.staging_slab_bytes = 2 * region;
+    DaxStore::open(&c).unwrap()
+}
+
+/// Heterogeneous payloads (full slots and tails), stored out of order, a
+/// miss in the middle: the outputs are allocated after the reservation
+/// (sized from it, as LMCache allocates by stored shape), filled straight
+/// from the device on two `dax-restore-*` threads, and bytes past each
+/// payload are untouched. Prefix-only stops at the miss.
+#[test]
+fn restore_into_fills_outputs_allocated_after_the_reservation() {
+    const MIB: usize = 1 << 20;
+    let s = restore_store(12, MIB, 3 * MIB);
+    let sizes = [MIB, MIB, 4096, MIB, MIB, 17, MIB, MIB];
+    for (i, &n) in sizes.iter().enumerate().rev() {
+        s.put_tagged(k(i as u32), &payload(i as u32, n), 100 + i as u32)
+            .unwrap();
+    }
+    let mut keys: Vec<Key> = (0..8).map(k).collect();
+    keys.insert(3, k(99));
+    let mut outs: Vec<Vec<u8>> = Vec::new();
+    let got = s
+        .restore_into(&keys, false, |rs| {
+            // Tags come back with the reservation, in key order.
+            let tags: Vec<u32> = rs.iter().map(|r| r.meta).collect();
+            assert_eq!(tags, (100..108).collect::<Vec<u32>>());
+            outs = rs.iter().map(|r| vec![0xEE; r.len + 3]).collect();
+            Ok::<_, String>(outs.iter_mut().map(|o| &mut o[..]).collect())
+        })
+        .unwrap();
+    let idx: Vec<usize> = got.iter().map(|r| r.index).collect();
+    assert_eq!(idx, vec![0, 1, 2, 4, 5, 6, 7, 8], "position 3 is a hole");
+    for (j, r) in got.iter().enumerate() {
+        let i = (j) as u32;
+        assert_eq!(r.len, sizes[j]);
+        assert_eq!(&outs[j][..r.len], &payload(i, r.len)[..], "key {i}");
+        assert_eq!(&outs[j][r.len..], &[0xEE; 3], "bytes past the payload");
+    }
+    let pre = s
+        .restore_into(&keys, true, |rs| {
+            outs = rs.iter().map(|r| vec![0; r.len]).collect();
+            Ok::<_, String>(outs.iter_mut().map(|o| &mut o[..]).collect())
+        })
+        .unwrap();
+    assert_eq!(pre.len(), 3, "prefix-only stops at the first miss");
+    let st = s.core().status();
+    assert_eq!(st.borrowed_slot_count, 0, "every read pin was dropped");
+    s.core().check_invariants().unwrap();
+}
+
+/// The remove-during-restore interleaving: a key removed (forced) after its
+/// slot was reserved, while the outputs are being allocated, keeps its slot:
+/// a put into the full arena fails until the restore returns, the restored
+/// bytes are the removed key's, and the slot is reusable afterwards. Without
+/// the read pin the remove would free the slot, the put would reuse it and
+/// the restore would copy the new key's bytes (or a torn mix) out.
+#[test]
+fn restore_into_keeps_a_removed_keys_slot_until_it_returns() {
+    let s = restore_store(1, SLOT, SLOT);
+    s.put(k(1), &payload(1, SLOT)).unwrap();
+    let mut out = vec![0u8; SLOT];
+    let got = s
+        .restore_into(&[k(1)], false, |_| {
+            assert!(s.remove(k(1)), "remove does not wait for the restore");
+            assert!(!s.contains(k(1), false));
+            assert!(
+                matches!(s.put(k(2), &payload(2, SLOT)), Err(StoreError::Full)),
+                "the removed key's slot is still borrowed"
+            );
+            Ok::<_, String>(vec![&mut out[..]])
+        })
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(out, payload(1, SLOT), "the removed key's bytes, intact");
+    assert_eq!(
+        s.put(k(2), &payload(2, SLOT)).unwrap(),
+        PutOutcome::Stored,
+        "the slot is free once the restore returned"
+    );
+    s.core().check_invariants().unwrap();
+}
+
+/// A failed allocation, a short destination or a wrong count copy nothing
+/// and drop every read pin; the keys stay readable. After close: `Closed`.
+#[test]
+fn restore_into_errors_copy_nothing_and_release_the_pins() {
+    let s = restore_store(4, SLOT, SLOT);
+    s.put(k(1), &payload(1, 100)).unwrap();
+    s.put(k(2), &payload(2, 200)).unwrap();
+    let keys = [k(1), k(2)];
+    let e = s
+        .restore_into(&keys, false, |_| Err::<Vec<&mut [u8]>, _>("no memory"))
+        .unwrap_err();
+    assert!(matches!(e, daxkv::RestoreError::Alloc("no memory")));
+    let (mut a, mut b) = (vec![7u8; 100], vec![7u8; 199]);
+    let e = s
+        .restore_into(&keys, false, |_| {
+            Ok::<_, String>(vec![&mut a[..], &mut b[..]])
+        })
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "destination for key 1 is 199 bytes, too small for its 200 byte payload"
+    );
+    assert!(a.iter().all(|&x| x == 7), "nothing copied");
+    let e = s
+        .restore_into(&keys, false, |_| Ok::<_, ()>(vec![&mut a[..]]))
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        daxkv::RestoreError::Destinations { want: 2, got: 1 }
+    ));
+    assert_eq!(s.core().status().borrowed_slot_count, 0);
+    assert!(s.contains(k(1), false) && s.contains(k(2), false));
+    // A miss calls no allocator.
+    let none = s
+        .restore_into(&[k(9)], false, |_| -> Result<Vec<&mut [u8]>, ()> {
+            panic!("alloc called for no hit")
+        })
+        .unwrap();
+    assert!(none.is_empty());
+    s.close();
+    assert!(matches!(
+        s.restore_into(&keys, false, |_| Ok::<_, ()>(Vec::new())),
+        Err(daxkv::RestoreError::Closed)
+    ));
+}
+
+/// `put_with_writer`: the writer runs while the key is in flight; a writer
+/// that fails frees the slot; oversize and closed are errors.
+#[test]
+fn put_with_writer_runs_in_flight_and_a_failure_frees_the_slot() {
+    let s = restore_store(1, SLOT, SLOT);
+    let data = payload(3, 500);
+    let r = s.put_with_writer(k(3), 500, 9, |w| {
+        assert!(s.exists_in_put_tasks(k(3)), "in flight while writing");
+        w.write(0, &data)
+    });
+    assert_eq!(r.unwrap(), PutOutcome::Stored);
+    assert_eq!(s.info(k(3)), Some((500, 9)));
+    assert!(s.remove(k(3)));
+    let r = s.put_with_writer(k(4), 10, 0, |_| false);
+    assert!(matches!(
+        r,
+        Err(StoreError::Put(daxkv::PutError::CopyFailed))
+    ));
+    assert_eq!(
+        s.core().live_slot_count(),
+        0,
+        "the failed put freed its slot"
+    );
+    assert!(matches!(
+        s.put_with_writer(k(5), SLOT + 1, 0, |_| true),
+        Err(StoreError::TooLarge { .. })
+    ));
+    s.close();
+    assert!(matches!(
+        s.put_with_writer(k(5), 1, 0, |_| true),
+        Err(StoreError::Closed)
+    ));
+}
+
+/// `put_batch_with` in order: the items before the first one that finds
+/// the arena full are stored, that one and the rest are not tried.
+#[test]
+fn put_batch_with_stops_at_the_first_full_item() {
+    let s = store(3);
+    s.put(k(0), b"x").unwrap();
+    let items: Vec<(Key, usize, u32)> = (1..6).map(|i| (k(i), 100, i)).collect();
+    let b = s.put_batch_with(&items, |i, w| w.write(0, &payload(i as u32 + 1, 100)));
+    assert_eq!(b.full_at, Some(2));
+    let stored: Vec<bool> = b
+        .results
+        .iter()
+        .map(|r| matches!(r, Some(Ok(PutOutcome::Stored))))
+        .collect();
+    assert_eq!(stored, [true, true, false, false, false]);
+    assert!(b.results[2..].iter().all(Option::is_none));
+    assert_eq!(s.get_vec(k(2)).unwrap(), payload(2, 100));
+    assert!(!s.contains(k(3), false));
+    s.core().check_invariants().unwrap();
+}
+
+/// A batch of at least 2 MiB that fits is shared by the caller and
+/// `put_workers - 1` `dax-put-*` threads: item 0's copy waits until another
+/// item was copied by another thread (so the batch would hang if it were
+/// not copied in parallel); every item is stored with its own bytes and
+/// tag; present keys are no-ops; a batch that does not fit the free slots
+/// runs in order on the caller (so exactly its prefix is stored).
+#[test]
+fn put_batch_with_copies_a_large_batch_on_several_threads() {
+    const N: usize = 48;
+    const LEN: usize = 64 << 10;
+    let mut c = StoreConfig::new(CoreConfig::new(ArenaSpec::memfd(64 * LEN), LEN));
+    c.put_workers = 3;
+    let s = DaxStore::open(&c).unwrap();
+    s.put(k(5), &payload(5, LEN)).unwrap();
+    let srcs: Vec<Vec<u8>> = (0..N as u32).map(|i| payload(i, LEN)).collect();
+    let items: Vec<(Key, usize, u32)> = (0..N as u32).map(|i| (k(i), LEN, i)).collect();
+    let threads = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = std::sync::Mutex::new(None);
+    let other_done = AtomicBool::new(false);
+    let b = s.put_batch_with(&items, |i, w| {
+        let me = std::thread::current();
+        threads
+            .lock()
+            .unwrap()
+            .insert(me.name().unwrap_or("").to_string());
+        if i == 0 {
+            *first.lock().unwrap() = Some(me.id());
+            let t0 = std::time::Instant::now();
+            while !other_done.load(Ordering::SeqCst) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "no other thread copied"
+                );
+                std::thread::yield_now();
+            }
+        } else if *first.lock().unwrap() != Some(me.id()) {
+            other_done.store(true, Ordering::SeqCst);
+        }
+        w.write(0, &srcs[i])
+    });
+    assert_eq!(b.full_at, None);
+    for (i, r) in b.results.iter().enumerate() {
+        let want = if i == 5 {
+            PutOutcome::AlreadyPresent
+        } else {
+            PutOutcome::Stored
+        };
+        assert_eq!(*r.as_ref().unwrap().as_ref().unwrap(), want, "item {i}");
+        assert_eq!(s.get_vec(k(i as u32)).unwrap(), srcs[i]);
+        let tag = if i == 5 { 0 } else { i as u32 };
+        assert_eq!(s.info(k(i as u32)).unwrap().1, tag);
+    }
+    let caller = std::thread::current().name().unwrap_or("").to_string();
+    let threads = threads.into_inner().unwrap();
+    assert!(threads.len() >= 2, "{threads:?}");
+    assert!(
+        threads
+            .iter()
+            .all(|t| *t == caller || t == "dax-put-1" || t == "dax-put-2"),
+        "{threads:?}"
+    );
+    // 48 live, 16 free: a batch of 20 new keys runs in order.
+    let items: Vec<(Key, usize, u32)> = (100..120).map(|i| (k(i), LEN, 0)).collect();
+    let caller = std::thread::current().id();
+    let b = s.put_batch_with(&items, |_, w| {
+        assert_eq!(
+            std::thread::current().id(),
+            caller,
+            "in order, on the caller"
+        );
+        w.write(0, &srcs[0])
+    });
+    assert_eq!(b.full_at, Some(16));
+    assert!(b.results[..16]
+        .iter()
+        .all(|r| matches!(r, Some(Ok(PutOutcome::Stored)))));
+    assert!(b.results[16..].iter().all(Option::is_none));
+    s.core().check_invariants().unwrap();
+}
+
+/// The one way a batch on threads can see a full arena: another writer takes
+/// a slot after the batch checked it fits. Here the first item's copy does
+/// it (one slot), so exactly one item finds no slot. Whatever the
+/// scheduling: `full_at` is that item, every item before it was tried, and
+/// each result matches what the store holds (no slot leaked, none lost).
+#[test]
+fn put_batch_with_on_threads_racing_another_writer_stays_consistent() {
+    const N: usize = 32;
+    const LEN: usize = 128 << 10;
+    let mut c = StoreConfig::new(CoreConfig::new(ArenaSpec::memfd(N * LEN), LEN));
+    c.put_workers = 2;
+    let s = DaxStore::open(&c).unwrap();
+    let src = payload(1, LEN);
+    let items: Vec<(Key, usize, u32)> = (0..N as u32).map(|i| (k(i), LEN, 0)).collect();
+    let intruder = AtomicBool::new(false);
+    let b = s.put_batch_with(&items, |i, w| {
+        if i == 0 && !intruder.swap(true, Ordering::SeqCst) {
+            assert_eq!(s.put(k(1000), b"x").unwrap(), PutOutcome::Stored);
+        }
+        w.write(0, &src)
+    });
+    let full = b.full_at.expect("one item found the arena full");
+    assert!(
+        b.results[..full].iter().all(Option::is_some),
+        "all tried before it"
+    );
+    assert!(b.results[full].is_none());
+    for (i, r) in b.results.iter().enumerate() {
+        let stored = matches!(r, Some(Ok(PutOutcome::Stored)));
+        assert_eq!(s.contains(k(i as u32), false), stored, "item {i}");
+    }
+    let stored = b.results.iter().flatten().count();
+    assert_eq!(s.core().live_slot_count(), stored + 1);
+    s.core().check_invariants().unwrap();
+}
+
+/// A restore of at least `RESTORE_STREAM_MIN_BYTES` writes its outputs
+/// with streaming stores: odd lengths into odd-aligned destinations come
+/// back exact, and the bytes around each output are untouched.
+#[test]
+fn restore_into_a_large_batch_streams_into_unaligned_outputs() {
+    const MIB: usize = 1 << 20;
+    let n = daxkv::store::RESTORE_STREAM_MIN_BYTES / MIB + 2;
+    let s = restore_store(n, MIB, 4 * MIB);
+    let sizes: Vec<usize> = (0..n).map(|i| MIB - i * 4097).collect();
+    for (i, &len) in sizes.iter().enumerate() {
+        s.put(k(i as u32), &payload(i as u32, len)).unwrap();
+    }
+    // One buffer; output i starts at an odd offset with guard bytes around.
+    let mut starts = Vec::new();
+    let mut at = 3;
+    for &len in &sizes {
+        starts.push(at);
+        at += len + 5;
+    }
+    let mut big = vec![0xA5u8; at];
+    let keys: Vec<Key> = (0..n as u32).map(k).collect();
+    s.restore_into(&keys, false, |rs| {
+        assert_eq!(rs.len(), n);
+        let mut outs = Vec::new();
+        let mut rest = &mut big[..];
+        let mut done = 0;
+        for (&st, &len) in starts.iter().zip(&sizes) {
+            let (_, tail) = rest.split_at_mut(st - done);
+            let (out, tail) = tail.split_at_mut(len);
+            outs.push(out);
+            rest = tail;
+            done = st + len;
+        }
+        Ok::<_, String>(outs)
+    })
+    .unwrap();
+    let mut prev_end = 0;
+    for (i, (&st, &len)) in starts.iter().zip(&sizes).enumerate() {
+        assert!(
+            big[prev_end..st].iter().all(|&b| b == 0xA5),
+            "guard before {i}"
+        );
+        assert_eq!(
+            &big[st..st + len],
+            &payload(i as u32, len)[..],
+            "output {i}"
+        );
+        prev_end = st + len;
+    }
+    assert!(big[prev_end..].iter().all(|&b| b == 0xA5));
+}

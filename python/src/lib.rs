@@ -52,6 +52,7 @@ use pyo3::types::{PyBytes, PyDict, PyString};
 
 mod control;
 mod l2;
+mod store;
 
 /// One completion as the bridge reads it.
 type Completion = (u64, bool, String, Option<Vec<bool>>);
@@ -835,5 +836,6 @@ impl Drop for DaxConnector {
 fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DaxConnector>()?;
     l2::register(m)?;
+    m.add_class::<store::PyDaxStore>()?;
     Ok(())
 }
