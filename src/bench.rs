@@ -1183,6 +1183,18 @@ fn run_size(
             })
             .collect::<Result<Vec<_>, _>>()
     };
+    // One raw pass with one thread, and with `threads` (the phase's worker
+    // count) when that is more: `(x1, xN)`, GB/s.
+    let limits = |dests: &mut [Option<Vec<u8>>], pass: Pass, threads: usize| {
+        let g = guards()?;
+        let one = raw_pass(&g, per_dev, size, &sources, dests, pass, 1, cpus)?;
+        let many = if threads > 1 {
+            raw_pass(&g, per_dev, size, &sources, dests, pass, threads, cpus)?
+        } else {
+            one
+        };
+        Ok::<_, BenchError>((one, many))
+    };
 
     let mut limit_rounds = Vec::with_capacity(cfg.rounds);
     let (mut store, mut lookup, mut load, mut unlock, mut delete) = (
@@ -1209,33 +1221,8 @@ fn run_size(
         // phases have all been collected.
         tell("store");
         let (memcpy_in, nt_in, nt_in_threads) = {
-            let g = guards()?;
-            let mc = raw_pass(
-                &g,
-                per_dev,
-                size,
-                &sources,
-                &mut dests,
-                Pass::MemcpyIn,
-                1,
-                cpus,
-            )?;
-            let nt = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::NtIn, 1, cpus)?;
-            let ntn = if store_threads > 1 {
-                let p = Pass::NtIn;
-                raw_pass(
-                    &g,
-                    per_dev,
-                    size,
-                    &sources,
-                    &mut dests,
-                    p,
-                    store_threads,
-                    cpus,
-                )?
-            } else {
-                nt
-            };
+            let (mc, _) = limits(&mut dests, Pass::MemcpyIn, 1)?;
+            let (nt, ntn) = limits(&mut dests, Pass::NtIn, store_threads)?;
             (mc, nt, ntn)
         };
 
@@ -1302,25 +1289,7 @@ fn run_size(
         // The copy-out limits into the same destination buffers (reading
         // committed slots while no task is in flight), the load's last.
         tell("load");
-        let (out, out_threads) = {
-            let g = guards()?;
-            let o = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::Out, 1, cpus)?;
-            let on = if load_threads > 1 {
-                raw_pass(
-                    &g,
-                    per_dev,
-                    size,
-                    &sources,
-                    &mut dests,
-                    Pass::Out,
-                    load_threads,
-                    cpus,
-                )?
-            } else {
-                o
-            };
-            (o, on)
-        };
+        let (out, out_threads) = limits(&mut dests, Pass::Out, load_threads)?;
         // The raw pass may have left the right bytes in a buffer (slot i
         // can hold object i): clear the sampled ones so that the check
         // below sees what the load wrote.
@@ -1364,23 +1333,7 @@ fn run_size(
         // have been checked; reading the mapping changes nothing): the
         // load is compared with the mean of the passes around it.
         let (out, out_threads) = {
-            let g = guards()?;
-            let o = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::Out, 1, cpus)?;
-            let on = if load_threads > 1 {
-                let p = Pass::Out;
-                raw_pass(
-                    &g,
-                    per_dev,
-                    size,
-                    &sources,
-                    &mut dests,
-                    p,
-                    load_threads,
-                    cpus,
-                )?
-            } else {
-                o
-            };
+            let (o, on) = limits(&mut dests, Pass::Out, load_threads)?;
             (mean2(out, o), mean2(out_threads, on))
         };
         load.limit.push(out_threads);
@@ -1416,23 +1369,7 @@ fn run_size(
         // other slots): the store is compared with the mean of the passes
         // around it.
         let (nt_in, nt_in_threads) = {
-            let g = guards()?;
-            let nt = raw_pass(&g, per_dev, size, &sources, &mut dests, Pass::NtIn, 1, cpus)?;
-            let ntn = if store_threads > 1 {
-                let p = Pass::NtIn;
-                raw_pass(
-                    &g,
-                    per_dev,
-                    size,
-                    &sources,
-                    &mut dests,
-                    p,
-                    store_threads,
-                    cpus,
-                )?
-            } else {
-                nt
-            };
+            let (nt, ntn) = limits(&mut dests, Pass::NtIn, store_threads)?;
             (mean2(nt_in, nt), mean2(nt_in_threads, ntn))
         };
         store.limit.push(nt_in_threads);

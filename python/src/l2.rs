@@ -351,6 +351,28 @@ fn export_objs(objs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
     Ok(out)
 }
 
+/// A store's or a load's keys (engine keys and the key objects, kept for
+/// the listeners) and its exported objects (writable for a load), of
+/// equal counts.
+#[allow(clippy::type_complexity)]
+fn keys_and_views(
+    keys: &Bound<'_, PyAny>,
+    objs: &Bound<'_, PyAny>,
+    writable: bool,
+) -> PyResult<(Vec<Key>, Vec<Py<PyAny>>, Vec<View>)> {
+    let mut kept = Vec::new();
+    let ks = object_keys_kept(keys, Some(&mut kept))?;
+    let views = export_objs(objs, writable)?;
+    if ks.len() != views.len() {
+        return Err(PyValueError::new_err(format!(
+            "keys and objects must have the same length, got {} and {}",
+            ks.len(),
+            views.len()
+        )));
+    }
+    Ok((ks, kept, views))
+}
+
 /// Refuse destinations that overlap (two workers would write the same
 /// bytes; module doc). Empty buffers overlap nothing.
 fn check_disjoint(views: &[View]) -> PyResult<()> {
@@ -653,16 +675,7 @@ impl DaxL2Core {
         keys: &Bound<'_, PyAny>,
         objs: &Bound<'_, PyAny>,
     ) -> PyResult<Id> {
-        let mut kept = Vec::new();
-        let ks = object_keys_kept(keys, Some(&mut kept))?;
-        let views = export_objs(objs, false)?;
-        if ks.len() != views.len() {
-            return Err(PyValueError::new_err(format!(
-                "keys and objects must have the same length, got {} and {}",
-                ks.len(),
-                views.len()
-            )));
-        }
+        let (ks, kept, views) = keys_and_views(keys, objs, false)?;
         let record = kept.iter().map(|k| k.clone_ref(py)).collect();
         let task = Task {
             kind: TaskKind::Store,
@@ -812,16 +825,7 @@ impl DaxL2Core {
         keys: &Bound<'_, PyAny>,
         objs: &Bound<'_, PyAny>,
     ) -> PyResult<Id> {
-        let mut kept = Vec::new();
-        let ks = object_keys_kept(keys, Some(&mut kept))?;
-        let views = export_objs(objs, true)?;
-        if ks.len() != views.len() {
-            return Err(PyValueError::new_err(format!(
-                "keys and objects must have the same length, got {} and {}",
-                ks.len(),
-                views.len()
-            )));
-        }
+        let (ks, kept, views) = keys_and_views(keys, objs, true)?;
         check_disjoint(&views)?;
         let task = Task {
             kind: TaskKind::Load,
