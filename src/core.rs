@@ -855,13 +855,29 @@ impl DaxCore {
                 };
             }
         };
-        let copied = !self.fault_copy()
-            && copy(&SlotWriter {
+        let copied = !self.fault_copy() && {
+            let writer = SlotWriter {
                 guard,
                 offset: s.0 as usize * self.slot_bytes,
                 len,
                 _one_thread: std::marker::PhantomData,
-            });
+            };
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| copy(&writer))) {
+                Ok(ok) => ok,
+                Err(panic) => {
+                    // A panicking writer would leave the slot WRITING and
+                    // the key in flight for good (review finding): undo the
+                    // put as for a failed copy, then go on unwinding.
+                    let aborted = m
+                        .state
+                        .abort(gen, false)
+                        .expect("only the writer clears WRITING");
+                    self.settle(s, aborted);
+                    self.unlink_owned(s, gen, e, false);
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        };
         if copied {
             match m.state.commit(gen).expect("only the writer clears WRITING") {
                 Commit::Committed => return Ok(PutOutcome::Stored),

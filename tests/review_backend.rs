@@ -90,7 +90,10 @@ fn close_timing_out_during_a_restore_leaves_the_mapping_for_it() {
             })
             .join()
             .unwrap();
-            assert!(t0.elapsed() >= Duration::from_secs(4), "close waited for the guard");
+            assert!(
+                t0.elapsed() >= Duration::from_secs(4),
+                "close waited for the guard"
+            );
             outs = rs.iter().map(|r| vec![0u8; r.len]).collect();
             Ok::<_, ()>(outs.iter_mut().map(|o| &mut o[..]).collect())
         })
@@ -104,13 +107,13 @@ fn close_timing_out_during_a_restore_leaves_the_mapping_for_it() {
     assert!(matches!(s.put(k(9), &[1]), Err(StoreError::Closed)));
 }
 
-/// Finding: a panic in a `put_with_writer` writer (documented as going on
-/// in the caller, also for `put_batch_with` helpers) leaves the slot
-/// WRITING forever: the key is "in flight" for good, every later put of
-/// it is a no-op `AlreadyPresent`, it never reads back, and the slot is
-/// never freed (no unwind guard in `DaxCore::put_with`).
+/// Review finding (fixed): a panic in a `put_with_writer` writer (which
+/// goes on in the caller, also for `put_batch_with` helpers) left the slot
+/// WRITING forever: the key "in flight" for good, every later put of it a
+/// no-op `AlreadyPresent`, the slot never freed. `DaxCore::put_with` now
+/// undoes the put before the unwind goes on.
 #[test]
-fn a_panicking_writer_leaks_its_slot_and_wedges_the_key() {
+fn a_panicking_writer_frees_its_slot_and_key() {
     let s = store(2, 4096, 1);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = s.put_with_writer(k(1), 100, 0, |_| panic!("writer panics"));
@@ -128,15 +131,13 @@ fn a_panicking_writer_leaks_its_slot_and_wedges_the_key() {
 /// The same through `put_batch_with` on helper threads: the panic reaches
 /// the caller, and the panicking item's key stays wedged.
 #[test]
-fn a_panicking_batch_item_leaks_its_slot() {
+fn a_panicking_batch_item_frees_its_slot_and_key() {
     let s = store(16, MIB, 4);
     let items: Vec<(Key, usize, u32)> = (0..8).map(|i| (k(i), MIB, 0)).collect();
     let data: Vec<Vec<u8>> = (0..8).map(|i| payload(i, MIB)).collect();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         s.put_batch_with(&items, |i, w| {
-            if i == 5 {
-                panic!("item 5 panics");
-            }
+            assert!(i != 5, "item 5 panics");
             w.write(0, &data[i])
         })
     }));

@@ -155,6 +155,24 @@ fn open_error(path: &str, size_bytes: usize, e: StoreError) -> PyErr {
     }
 }
 
+thread_local! {
+    /// Set on a thread while it runs the test write hook inside a put.
+    static IN_WRITE_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Refuse a call from inside the test write hook that would take the
+/// `positions` lock: a put with positions holds it around the hook, and the
+/// lock is not reentrant, so the thread would wait for itself (review
+/// finding). The hook is test-only; its error fails that put's item.
+fn not_from_write_hook(what: &str) -> PyResult<()> {
+    if IN_WRITE_HOOK.with(std::cell::Cell::get) {
+        return Err(PyRuntimeError::new_err(format!(
+            "daxkv: DaxStore.{what}() called from the store's own write hook"
+        )));
+    }
+    Ok(())
+}
+
 /// (address, length) of an export, to use off the GIL.
 fn span(v: &View) -> (usize, usize) {
     (v.buf.buf as usize, v.len())
@@ -365,6 +383,7 @@ impl PyDaxStore {
     /// Remove many; how many were removed.
     #[pyo3(signature = (keys, force = true))]
     fn remove_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, force: bool) -> PyResult<usize> {
+        not_from_write_hook("remove")?;
         let keys = keys_of(keys)?;
         let Some(store) = self.store() else {
             return Ok(0);
@@ -403,6 +422,7 @@ impl PyDaxStore {
         tags: Vec<u32>,
         positions: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Vec<u8>, isize)> {
+        not_from_write_hook("put_batch")?;
         let keys = keys_of(keys)?;
         let views = crate::export(bufs, false)?;
         let pos: Vec<Option<Arc<Py<PyAny>>>> = match positions {
@@ -448,6 +468,7 @@ impl PyDaxStore {
         // The copy of item `i`: the test hook, if any, then the bytes.
         let write = |i: usize, w: &SlotWriter<'_>| -> bool {
             if let Some(h) = &hook {
+                IN_WRITE_HOOK.with(|f| f.set(true));
                 let ok = Python::with_gil(|py| match h.call0(py) {
                     Ok(_) => true,
                     Err(e) => {
@@ -455,6 +476,7 @@ impl PyDaxStore {
                         false
                     }
                 });
+                IN_WRITE_HOOK.with(|f| f.set(false));
                 if !ok {
                     return false;
                 }
@@ -549,6 +571,7 @@ impl PyDaxStore {
         prefix_only: bool,
         alloc: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Vec<PyObject>>> {
+        not_from_write_hook("restore")?;
         let keys = keys_of(keys)?;
         let Some(store) = self.store() else {
             return Ok(Some(Vec::new()));
@@ -631,6 +654,7 @@ impl PyDaxStore {
     /// `committed_key_count`, `max_slots`, `slot_bytes`, `closing`, … plus
     /// `positions_count`. `{"closing": True}` after close.
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        not_from_write_hook("status")?;
         let d = PyDict::new(py);
         let Some(store) = self.store() else {
             d.set_item("closing", true)?;
@@ -660,6 +684,7 @@ impl PyDaxStore {
     /// Raise RuntimeError if the slot bookkeeping is inconsistent (tests;
     /// meaningful only while nothing is in flight).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        not_from_write_hook("check_invariants")?;
         let Some(store) = self.store() else {
             return Ok(());
         };

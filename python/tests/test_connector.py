@@ -254,10 +254,12 @@ def test_gil_released_during_a_large_load(make_connector):
         dst = [bytearray(SLOT) for _ in range(n)]
         calls = 0
         before = count[0]
-        for _ in range(3):
-            # exists over many keys runs on the caller thread with the GIL released
-            c.submit_batch_exists(keys * 50)
+        for _ in range(10):
+            # exists over many keys runs on the caller thread with the GIL
+            # released, a window of a millisecond or more each
+            c.submit_batch_exists(keys * 100)
             calls += 1
+        after_exists = count[0]
         f = c.submit_batch_get(keys, [memoryview(d) for d in dst])
         done = False
         while not done:
@@ -269,10 +271,14 @@ def test_gil_released_during_a_large_load(make_connector):
         t.join()
         sys.setswitchinterval(old)
     assert all(bytes(d) == data for d in dst)
-    # The calls released the GIL, letting the counter step (with the GIL
-    # held throughout it does not step at all). Not one step per call: on
-    # a loaded machine the counter thread may miss a release.
-    assert after - before >= min(3, calls // 2), (after - before, calls)
+    # The exists calls (long windows, the load's caller-side analogue)
+    # released the GIL, letting the counter step: with the GIL held in
+    # them (allow_threads removed) it does not step at all there. Not one
+    # step per call: on a loaded machine the counter thread may not be
+    # scheduled inside every release. The drains' windows are too short to
+    # count on; the plugin path's test checks the copy itself needs no GIL.
+    assert after_exists - before >= 1, (after_exists - before, calls)
+    assert after >= after_exists
 
 
 def test_aliasing_buffers_are_refused_and_leave_nothing_held(make_connector):
