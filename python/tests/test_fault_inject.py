@@ -22,7 +22,7 @@ from lmcache.v1.distributed.l2_adapters.config import (  # noqa: E402
     parse_args_to_l2_adapters_config,
 )
 
-from conftest import SLOT, shm_path  # noqa: E402
+from conftest import SLOT  # noqa: E402
 from test_lmcache import bits, key, obj, result, spec, stores  # noqa: E402
 
 
@@ -40,16 +40,6 @@ def kind(request):
     return request.param
 
 
-@pytest.fixture
-def path():
-    p = shm_path()
-    yield p
-    try:
-        os.unlink(p)
-    except FileNotFoundError:
-        pass
-
-
 def store_all(a, keys, data) -> None:
     srcs = [obj(d) for d in data]  # alive until the stores complete
     ids = {a.submit_store_task(keys[i : i + 8], srcs[i : i + 8]) for i in range(0, len(keys), 8)}
@@ -57,9 +47,9 @@ def store_all(a, keys, data) -> None:
     assert all(int(got[t]) >= 0 for t in ids), got
 
 
-def test_dropped_loads_are_misses_not_hangs(kind, path):
+def test_dropped_loads_are_misses_not_hangs(kind, dax_file):
     # Drop positions 1 and 5 of each load, and its last chunk.
-    a = build(kind, path, gap_indices=[1, 5], gap_tail_ratios=[0.0])
+    a = build(kind, dax_file, gap_indices=[1, 5], gap_tail_ratios=[0.0])
     try:
         n = 24
         keys = [key(50_000 + i) for i in range(n)]
@@ -100,8 +90,8 @@ def test_dropped_loads_are_misses_not_hangs(kind, path):
         a.close()
 
 
-def test_every_key_dropped_still_completes(kind, path):
-    a = build(kind, path, rate=1.0, seed=7)
+def test_every_key_dropped_still_completes(kind, dax_file):
+    a = build(kind, dax_file, rate=1.0, seed=7)
     try:
         keys = [key(60_000 + i) for i in range(16)]
         data = [os.urandom(SLOT) for _ in keys]
