@@ -613,31 +613,8 @@ impl DaxStore {
                 results[i] = Some(r);
             }
         };
-        if workers <= 1 {
-            place(work());
-        } else {
-            let work = &work;
-            let parts = std::thread::scope(|s| {
-                // A helper that cannot start leaves its share to the others
-                // (the caller always works): every item is still tried.
-                let hs: Vec<_> = (1..workers)
-                    .filter_map(|j| {
-                        std::thread::Builder::new()
-                            .name(format!("dax-put-{j}"))
-                            .spawn_scoped(s, work)
-                            .ok()
-                    })
-                    .collect();
-                let mine = work();
-                let mut parts = vec![mine];
-                for h in hs {
-                    // A panic in `write` goes on in the caller, as it would
-                    // in order.
-                    parts.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-                }
-                parts
-            });
-            parts.into_iter().for_each(&mut place);
+        for part in on_threads(workers, "dax-put", &work) {
+            place(part);
         }
         // ORDERING: Relaxed — the workers were joined.
         let full = full_at.load(Ordering::Relaxed);
@@ -757,29 +734,9 @@ impl DaxStore {
                 }
             }
         };
-        let ok = if threads <= 1 {
-            work()
-        } else {
-            let work = &work;
-            std::thread::scope(|s| {
-                // The caller works too; a helper that cannot start (out of
-                // threads) leaves its share to the others.
-                let hs: Vec<_> = (1..threads)
-                    .filter_map(|i| {
-                        std::thread::Builder::new()
-                            .name(format!("dax-restore-{i}"))
-                            .spawn_scoped(s, work)
-                            .ok()
-                    })
-                    .collect();
-                let mine = work();
-                // Join every helper (no short cut), so none outlives the
-                // destinations' borrow; a panic goes on in the caller.
-                hs.into_iter()
-                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .fold(mine, |a, b| a & b)
-            })
-        };
+        let ok = on_threads(threads, "dax-restore", &work)
+            .into_iter()
+            .fold(true, |a, b| a & b);
         if ok {
             Ok(items.to_vec())
         } else {
@@ -1034,6 +991,33 @@ fn plan_regions(items: &[Reservation], region_bytes: usize) -> Vec<Region> {
         g.used += r.len;
     }
     regions
+}
+
+/// Run `work` on the caller and on `threads - 1` scoped helpers named
+/// `{name}-{j}`, and return every result, the caller's first. A helper that
+/// cannot start leaves its share to the others (the caller always works,
+/// and `work` takes items from a shared cursor). Every helper is joined
+/// before this returns, so none outlives what `work` borrows; a helper's
+/// panic goes on in the caller, as it would have run there in order.
+fn on_threads<R: Send>(threads: usize, name: &str, work: &(impl Fn() -> R + Sync)) -> Vec<R> {
+    if threads <= 1 {
+        return vec![work()];
+    }
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (1..threads)
+            .filter_map(|j| {
+                std::thread::Builder::new()
+                    .name(format!("{name}-{j}"))
+                    .spawn_scoped(s, work)
+                    .ok()
+            })
+            .collect();
+        let mut parts = vec![work()];
+        for h in hs {
+            parts.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        }
+        parts
+    })
 }
 
 #[cfg(test)]

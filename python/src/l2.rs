@@ -39,9 +39,9 @@
 //! Two destinations of one load that overlap would be written by two
 //! workers at once (two `&mut` to the same bytes): a load whose destinations
 //! overlap is refused with `ValueError` before anything is submitted
-//! (`check_disjoint`; `test_l2_adapter.py::test_overlapping_load_destinations_refused`).
-//! Across tasks the caller's contract holds (LMCache keeps an object's
-//! buffer to one task at a time).
+//! (`daxkv::busy`; `test_l2_adapter.py::test_overlapping_load_destinations_refused`).
+//! Across tasks the same record refuses a buffer another task in flight
+//! writes or reads (`test_review_l2.py`).
 //!
 //! ## Locks and the GIL (the interleaving that would deadlock)
 //!
@@ -373,28 +373,6 @@ fn keys_and_views(
     Ok((ks, kept, views))
 }
 
-/// Refuse destinations that overlap (two workers would write the same
-/// bytes; module doc). Empty buffers overlap nothing.
-fn check_disjoint(views: &[View]) -> PyResult<()> {
-    let mut spans: Vec<(usize, usize, usize)> = views
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| v.len() > 0)
-        .map(|(i, v)| (v.addr(), v.addr() + v.len(), i))
-        .collect();
-    spans.sort_unstable();
-    for w in spans.windows(2) {
-        if w[1].0 < w[0].1 {
-            return Err(PyValueError::new_err(format!(
-                "daxkv: load destinations {} and {} overlap (each key needs its own buffer)",
-                w[0].2.min(w[1].2),
-                w[0].2.max(w[1].2)
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Indices of the set bits.
 fn hits(bits: impl Iterator<Item = bool>) -> Vec<usize> {
     bits.enumerate()
@@ -457,26 +435,26 @@ impl DaxL2Core {
         task.held = match held {
             Ok(h) => h,
             Err((i, clash)) => {
-                let what = if kind == TaskKind::Load {
-                    "load destination"
-                } else {
-                    "store source"
-                };
-                let with = match clash {
-                    Clash::Batch(j) => format!("load destination {j} of the same task"),
-                    Clash::InFlight(_) => {
-                        "a buffer of a task still in flight (not yet collected)".to_string()
-                    }
+                let msg = match clash {
+                    // Two destinations of one load: each key needs its own.
+                    Clash::Batch(j) => format!(
+                        "daxkv: load destinations {j} and {i} overlap (each key needs its own \
+                         buffer)"
+                    ),
+                    Clash::InFlight(_) => format!(
+                        "daxkv: {} {i} shares memory with a buffer of a task still in flight \
+                         (not yet collected): a buffer being written must not alias any other \
+                         buffer in flight",
+                        if kind == TaskKind::Load {
+                            "load destination"
+                        } else {
+                            "store source"
+                        }
+                    ),
                 };
                 let (keys, _, record) = rel.task(task);
                 rel.objs.extend(keys.into_iter().chain(record));
-                return (
-                    Err(PyValueError::new_err(format!(
-                        "daxkv: {what} {i} shares memory with {with}: a buffer being \
-                         written must not alias any other buffer in flight"
-                    ))),
-                    rel,
-                );
+                return (Err(PyValueError::new_err(msg)), rel);
             }
         };
         let (r, views) = go(&self.engine, std::mem::take(&mut task.views));
@@ -826,7 +804,6 @@ impl DaxL2Core {
         objs: &Bound<'_, PyAny>,
     ) -> PyResult<Id> {
         let (ks, kept, views) = keys_and_views(keys, objs, true)?;
-        check_disjoint(&views)?;
         let task = Task {
             kind: TaskKind::Load,
             n: ks.len(),
@@ -841,9 +818,8 @@ impl DaxL2Core {
             self.submit(task, |e, views| {
                 // SAFETY: the views stay in the task entry until the load
                 // is collected (`query_load`) or `close` has waited for
-                // every task; they overlap neither each other
-                // (`check_disjoint`) nor any buffer of another task in
-                // flight (`busy`), and the caller leaves the objects to
+                // every task; they overlap neither each other nor any
+                // buffer of another task in flight (`busy`), and the caller leaves the objects to
                 // this task (LMCache's contract for a load's
                 // destinations).
                 let dsts: Vec<RawBuf> = views.iter().map(|v| unsafe { v.raw() }).collect();
