@@ -326,6 +326,11 @@ impl EngineConfig {
                 ))
             }
         };
+        // A node or CPU the host lacks is an error here, naming what it has
+        // (numa::Placement::check says why not a fallback).
+        placement
+            .check(&crate::numa::Topology::from_sysfs(&sysfs_root), &sysfs_root)
+            .map_err(|e| err(e.field, e.rule))?;
         Ok(EngineConfig {
             signal,
             slot_bytes,
@@ -466,9 +471,14 @@ mod tests {
             core: CoreConfig::new(ArenaSpec::memfd(16 * 4096), 4096),
         };
         let e = Engine::open(vec![dev], 4096, false, o).unwrap();
+        let numa = &e.status()["numa"];
         assert_eq!(
-            e.status()["numa"],
-            serde_json::json!({"source": "hmat", "node": 0, "cpus": [0, 1]})
+            (&numa["source"], &numa["node"], &numa["cpus"]),
+            (
+                &serde_json::json!("hmat"),
+                &serde_json::json!(0),
+                &serde_json::json!([0, 1])
+            )
         );
         e.close();
         let o = parse(r#"{"slot_bytes":1,"devices":[],"hotplug_enabled":true,"cpus":[1,0]}"#)

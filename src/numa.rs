@@ -29,6 +29,7 @@
 use std::ffi::OsStr;
 use std::path::Path;
 
+pub mod affinity;
 #[cfg(feature = "hwloc")]
 mod hwloc;
 #[cfg(feature = "hwloc")]
@@ -375,6 +376,96 @@ impl Placement {
     }
 }
 
+/// The CPUs online on the host (under `sysfs_root`), and where that was
+/// read: `devices/system/cpu/online`, else the union of the nodes'
+/// `cpulist`s; `None` when sysfs shows neither.
+pub fn online_cpus(sysfs_root: &Path) -> Option<(Vec<usize>, String)> {
+    let online = sysfs_root.join("devices/system/cpu/online");
+    if let Some(c) = std::fs::read_to_string(&online)
+        .ok()
+        .and_then(|s| parse_cpulist(&s))
+        .filter(|c| !c.is_empty())
+    {
+        return Some((c, online.display().to_string()));
+    }
+    let dir = sysfs_root.join("devices/system/node");
+    if !dir.is_dir() {
+        return None;
+    }
+    let mut cpus: Vec<usize> = Topology::from_sysfs(sysfs_root)
+        .nodes
+        .into_iter()
+        .flat_map(|n| n.cpus)
+        .collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    (!cpus.is_empty()).then(|| (cpus, format!("{}/node*/cpulist", dir.display())))
+}
+
+/// A placement that names a NUMA node or CPU the host does not have.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{field}: {rule}")]
+pub struct PlacementError {
+    /// The config field (`numa`, `cpus[2]`).
+    pub field: String,
+    /// What is wrong, and what the host has.
+    pub rule: String,
+}
+
+impl Placement {
+    /// Check that the node or CPUs named exist on the host (`topo` and
+    /// `sysfs_root` describe it). A node or CPU that does not exist is an
+    /// error, not a fallback: the config was written for another machine
+    /// or mistyped, and no placement can honour it, while running
+    /// unpinned instead would only show as lost throughput. (A CPU that
+    /// exists but is outside the process's cpuset is a warning at open:
+    /// see [`affinity`].)
+    pub fn check(&self, topo: &Topology, sysfs_root: &Path) -> Result<(), PlacementError> {
+        match self {
+            Placement::Auto | Placement::Off => Ok(()),
+            Placement::Node(n) => {
+                if topo.node(*n).is_some() {
+                    return Ok(());
+                }
+                let dir = sysfs_root.join("devices/system/node");
+                let ids: Vec<usize> = topo.nodes.iter().map(|n| n.id as usize).collect();
+                let from = if dir.is_dir() {
+                    format!("from {}", dir.display())
+                } else {
+                    format!("no {}: one node assumed", dir.display())
+                };
+                Err(PlacementError {
+                    field: "numa".into(),
+                    rule: format!(
+                        "node {n} does not exist on this host (nodes: {}, {from})",
+                        affinity::format_cpulist(&ids)
+                    ),
+                })
+            }
+            Placement::Cpus(list) if list.is_empty() => Err(PlacementError {
+                field: "cpus".into(),
+                rule: "must name at least one CPU (\"numa\": \"off\" for no pinning)".into(),
+            }),
+            Placement::Cpus(list) => {
+                let Some((online, from)) = online_cpus(sysfs_root) else {
+                    return Ok(());
+                };
+                match list.iter().position(|c| online.binary_search(c).is_err()) {
+                    None => Ok(()),
+                    Some(i) => Err(PlacementError {
+                        field: format!("cpus[{i}]"),
+                        rule: format!(
+                            "CPU {} does not exist on this host (online CPUs: {}, from {from})",
+                            list[i],
+                            affinity::format_cpulist(&online)
+                        ),
+                    }),
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -630,6 +721,73 @@ pub(crate) mod tests {
             None,
             "files have no node here"
         );
+    }
+
+    #[test]
+    fn a_node_or_cpu_the_host_lacks_is_an_error_naming_what_exists() {
+        let root = fake_sysfs();
+        let t = Topology::from_sysfs(root.path());
+        let node_dir = root.path().join("devices/system/node");
+        assert_eq!(
+            Placement::Node(9).check(&t, root.path()).unwrap_err(),
+            PlacementError {
+                field: "numa".into(),
+                rule: format!(
+                    "node 9 does not exist on this host (nodes: 0-2, from {})",
+                    node_dir.display()
+                ),
+            }
+        );
+        assert_eq!(Placement::Node(2).check(&t, root.path()), Ok(()));
+        // No cpu/online in the fake tree: the nodes' cpulists (0-3).
+        let e = Placement::Cpus(vec![3, 0, 4, 7])
+            .check(&t, root.path())
+            .unwrap_err();
+        assert_eq!(e.field, "cpus[2]");
+        assert_eq!(
+            e.rule,
+            format!(
+                "CPU 4 does not exist on this host (online CPUs: 0-3, from {}/node*/cpulist)",
+                node_dir.display()
+            )
+        );
+        assert_eq!(Placement::Cpus(vec![3, 0]).check(&t, root.path()), Ok(()));
+        // `cpu/online` wins where sysfs has it (offline CPUs cannot run
+        // anything either).
+        let cpu = root.path().join("devices/system/cpu");
+        std::fs::create_dir_all(&cpu).unwrap();
+        std::fs::write(cpu.join("online"), "0-1\n").unwrap();
+        let e = Placement::Cpus(vec![1, 2])
+            .check(&t, root.path())
+            .unwrap_err();
+        assert_eq!(e.field, "cpus[1]");
+        assert!(e.rule.contains("online CPUs: 0-1, from"), "{}", e.rule);
+        assert_eq!(
+            Placement::Cpus(vec![])
+                .check(&t, root.path())
+                .unwrap_err()
+                .field,
+            "cpus"
+        );
+        for p in [Placement::Auto, Placement::Off] {
+            assert_eq!(p.check(&t, root.path()), Ok(()));
+        }
+        // A host (container) without the node tree: one node assumed, and
+        // said; CPUs cannot be checked there and are let through (the
+        // cpuset check at open still warns).
+        let bare = tempfile::tempdir().unwrap();
+        let t = Topology::from_sysfs(bare.path());
+        let e = Placement::Node(1).check(&t, bare.path()).unwrap_err();
+        assert!(e.rule.contains("nodes: 0, no "), "{}", e.rule);
+        assert_eq!(Placement::Cpus(vec![4095]).check(&t, bare.path()), Ok(()));
+        // This host's own sysfs: its online CPUs pass, one past them fails.
+        let sys = Path::new("/sys");
+        if let Some((online, _)) = online_cpus(sys) {
+            let t = Topology::from_sysfs(sys);
+            assert_eq!(Placement::Cpus(online.clone()).check(&t, sys), Ok(()));
+            let past = online.last().unwrap() + 1;
+            assert!(Placement::Cpus(vec![past]).check(&t, sys).is_err());
+        }
     }
 
     #[test]

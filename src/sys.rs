@@ -147,6 +147,46 @@ pub(crate) fn pin_thread(cpu: usize) -> io::Result<()> {
     set_thread_affinity(&set)
 }
 
+/// A mask holding `cpus`; `Err(InvalidInput)` when one is at or past
+/// `CPU_SETSIZE` (a `cpu_set_t` cannot name it).
+pub(crate) fn cpu_set(cpus: &[usize]) -> io::Result<libc::cpu_set_t> {
+    // SAFETY: as in `thread_affinity`: the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        // SAFETY: `cpu` < CPU_SETSIZE (checked above); `set` is ours.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    Ok(set)
+}
+
+/// Set the calling thread's mask to exactly `cpus` (`sched_setaffinity(0)`;
+/// inside a cpuset the kernel keeps only the cpuset's CPUs of the mask, and
+/// refuses a mask with none of them with `EINVAL`).
+pub(crate) fn set_thread_cpus(cpus: &[usize]) -> io::Result<()> {
+    set_thread_affinity(&cpu_set(cpus)?)
+}
+
+/// The calling thread's CPUs, read back from the kernel.
+pub(crate) fn thread_cpus() -> io::Result<Vec<usize>> {
+    thread_affinity().map(|s| cpus_of(&s))
+}
+
+/// The calling thread's kernel thread id (`gettid`).
+pub(crate) fn gettid() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// The CPU the calling thread runs on now (`sched_getcpu`).
+pub(crate) fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments.
+    let r = unsafe { libc::sched_getcpu() };
+    usize::try_from(r).ok()
+}
+
 #[cfg(all(test, not(miri)))]
 mod tests {
     use super::*;

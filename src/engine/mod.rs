@@ -163,7 +163,10 @@ pub use task::{TaskId, TaskKind, MAX_TABLE_KEYS};
 use pool::DevicePool;
 use records::ReadySet;
 use task::TaskTable;
+pub use worker::WorkerPlacement;
 use worker::{start_pool, stop_pool, WorkerPool};
+
+use crate::numa::affinity::{CpuPlan, ProcessCpus};
 
 use crate::error::OpenError;
 use crate::key::Key;
@@ -325,6 +328,8 @@ struct Inner {
     /// Counters recorded on the data path (`metrics.rs`).
     metrics: Metrics,
     listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
+    /// The workers' CPU masks (`numa::affinity`), made once at open.
+    cpu_plan: CpuPlan,
 }
 
 impl Inner {
@@ -390,6 +395,12 @@ impl Engine {
             return Err(EngineError::NoDevices);
         }
         let pool = DevicePool::open(devices, slot_bytes)?;
+        // Against the process's set, not this thread's mask: workers
+        // inherit the mask of the thread that opens the engine.
+        let cpu_plan = CpuPlan::new(&opts.cpus, &ProcessCpus::current());
+        for w in &cpu_plan.warnings {
+            eprintln!("daxkv: worker placement: {w}");
+        }
         let inner = Arc::new(Inner {
             slot_bytes,
             hotplug_enabled,
@@ -411,6 +422,7 @@ impl Engine {
             ),
             listeners: ArcSwap::from_pointee(Vec::new()),
             opts,
+            cpu_plan,
         });
         let started = [
             start_pool(&inner, TaskKind::Store, inner.opts.num_store_workers),
@@ -453,6 +465,33 @@ impl Engine {
     /// The options the engine runs with.
     pub fn options(&self) -> &EngineOptions {
         &self.inner.opts
+    }
+
+    /// Where every worker runs (store, lookup, load pools in order): the
+    /// mask it set and the CPUs it read back at start, and the CPU it last
+    /// ran on, read now. Empty once closed.
+    pub fn worker_placement(&self) -> Vec<WorkerPlacement> {
+        self.inner
+            .workers
+            .load()
+            .as_ref()
+            .map_or_else(Vec::new, |pools| {
+                pools.iter().flat_map(|p| p.placement()).collect()
+            })
+    }
+
+    /// What did not go as asked when the workers' CPUs were set (CPUs
+    /// outside the process's allowed set, a set that could not be read, a
+    /// worker whose `sched_setaffinity` failed); each was logged at open.
+    /// Also `status()["numa"]["warnings"]`.
+    pub fn placement_warnings(&self) -> Vec<String> {
+        let mut w = self.inner.cpu_plan.warnings.clone();
+        w.extend(
+            self.worker_placement()
+                .into_iter()
+                .filter_map(|p| p.error.map(|e| format!("{}: {e}", p.name))),
+        );
+        w
     }
 
     /// Add a listener (called for every later event).
@@ -731,6 +770,10 @@ impl Engine {
                 "source": self.inner.opts.cpus_source.as_str(),
                 "node": self.inner.opts.cpus_node,
                 "cpus": self.inner.opts.cpus,
+                "process_cpus": self.inner.cpu_plan.process.cpus,
+                "process_cpus_source": self.inner.cpu_plan.process.source,
+                "warnings": self.placement_warnings(),
+                "workers": self.worker_placement().iter().map(WorkerPlacement::to_json).collect::<Vec<_>>(),
             },
             "num_devices": devs.len(),
             "devices": devices,

@@ -34,6 +34,7 @@ use super::{panic_message, EngineError, Inner, Signal};
 use crate::core::Session;
 use crate::key::Key;
 use crate::notify::EventFd;
+use crate::numa::affinity::{format_cpulist, last_cpu};
 use crate::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe};
 
 /// Keys a worker's lookup scratch holds without growing.
@@ -71,6 +72,8 @@ pub(super) struct WorkerPool {
     pub(super) rr: AtomicUsize,
     /// Task parts each worker has run (status; shows how work spread).
     pub(super) parts: Vec<Arc<AtomicU64>>,
+    /// Where each worker was placed (read back by the worker itself).
+    placed: Vec<Placed>,
     handles: Mutex<Vec<JoinHandle<()>>>,
 }
 /// Start `n` workers of kind `class`. Returns the pool and the consumer
@@ -104,8 +107,9 @@ pub(super) fn start_pool(
         TaskKind::Lookup => inner.opts.num_store_workers,
         TaskKind::Load => inner.opts.num_store_workers + inner.opts.num_lookup_workers,
     };
-    // Workers report once pinned, so `open` returns with placement done.
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    // Workers report once placed (with where they run), so `open` returns
+    // with placement done.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Placed)>();
     for w in 0..n {
         let shared = Arc::new(SharedSq::new(cap as usize));
         let (cq_p, cq_c) = Ring::<Cqe>::heap(cap)
@@ -125,20 +129,17 @@ pub(super) fn start_pool(
             wake: wake.clone(),
             done_fd: fd.clone(),
             waiters: waiters.clone(),
-            cpu: (!inner.opts.cpus.is_empty()).then(|| inner.opts.cpus[w % inner.opts.cpus.len()]),
             name: format!("{name}-{w}"),
             class,
             shard: shard_base + w,
             scratch: Scratch::with_capacity(SCRATCH_KEYS),
         };
         let ready = ready_tx.clone();
+        let mask = inner.cpu_plan.mask(w);
         let h = std::thread::Builder::new()
             .name(ctx.name.clone())
             .spawn(move || {
-                if let Some(cpu) = ctx.cpu {
-                    pin_to(cpu);
-                }
-                let _ = ready.send(());
+                let _ = ready.send((w, place_self(&ctx.name, mask)));
                 worker_loop(ctx);
             })
             .map_err(EngineError::Spawn)?;
@@ -149,8 +150,15 @@ pub(super) fn start_pool(
         cqs.push(cq_c);
         handles.push(h);
     }
+    // Only the workers hold senders now: a worker that died before
+    // reporting ends the wait instead of hanging it.
+    drop(ready_tx);
+    let mut placed: Vec<Option<Placed>> = vec![None; n];
     for _ in 0..n {
-        let _ = ready_rx.recv();
+        match ready_rx.recv() {
+            Ok((w, p)) => placed[w] = Some(p),
+            Err(_) => break,
+        }
     }
     let pool = WorkerPool {
         name,
@@ -162,12 +170,26 @@ pub(super) fn start_pool(
         fd,
         rr: AtomicUsize::new(0),
         parts,
+        placed: placed.into_iter().flatten().collect(),
         handles: Mutex::new(handles),
     };
     Ok((pool, cqs))
 }
 
 impl WorkerPool {
+    /// Where each worker runs: as placed, with the CPU it last ran on
+    /// read now.
+    pub(super) fn placement(&self) -> impl Iterator<Item = WorkerPlacement> + '_ {
+        self.placed.iter().map(|p| WorkerPlacement {
+            name: p.name.clone(),
+            tid: p.tid,
+            mask: p.mask.clone(),
+            cpus: p.cpus.clone(),
+            last_cpu: last_cpu(p.tid),
+            error: p.error.clone(),
+        })
+    }
+
     /// Let the workers go without joining them (the engine dropped on one
     /// of its own workers).
     pub(super) fn detach(&self) {
@@ -206,7 +228,6 @@ struct WorkerCtx {
     wake: Arc<EventFd>,
     done_fd: Arc<EventFd>,
     waiters: Arc<AtomicUsize>,
-    cpu: Option<usize>,
     name: String,
     /// The pool's task kind.
     class: TaskKind,
@@ -234,10 +255,73 @@ impl Scratch {
     }
 }
 
-fn pin_to(cpu: usize) {
-    let ids = core_affinity::get_core_ids().unwrap_or_default();
-    if let Some(id) = ids.into_iter().find(|c| c.id == cpu) {
-        core_affinity::set_for_current(id);
+/// Where one worker runs ([`crate::engine::Engine::worker_placement`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerPlacement {
+    /// The thread's name (`daxkv-store-0`).
+    pub name: String,
+    /// Its kernel thread id.
+    pub tid: i32,
+    /// The mask it set (`numa::affinity::CpuPlan::mask`); `None`: it kept
+    /// the opening thread's.
+    pub mask: Option<Vec<usize>>,
+    /// Its CPUs, read back with `sched_getaffinity` by the worker itself
+    /// once placed.
+    pub cpus: Vec<usize>,
+    /// The CPU it last ran on (`/proc/self/task/<tid>/stat`), read when
+    /// asked; `None` if unreadable.
+    pub last_cpu: Option<usize>,
+    /// Why setting `mask` failed, if it did.
+    pub error: Option<String>,
+}
+
+impl WorkerPlacement {
+    /// As `status()["numa"]["workers"]` lists it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "tid": self.tid,
+            "mask": self.mask,
+            "cpus": self.cpus,
+            "last_cpu": self.last_cpu,
+            "error": self.error,
+        })
+    }
+}
+
+/// A worker's placement as it read it back at start.
+#[derive(Clone, Debug)]
+struct Placed {
+    name: String,
+    tid: i32,
+    mask: Option<Vec<usize>>,
+    cpus: Vec<usize>,
+    error: Option<String>,
+}
+
+/// Set the calling worker's mask (directly: `sched_setaffinity` takes any
+/// CPU of the process's cpuset, whatever the mask this thread inherited)
+/// and read back where it may run. A failure is logged and reported, and
+/// the worker runs on where it is.
+fn place_self(name: &str, mask: Option<Vec<usize>>) -> Placed {
+    let error = mask.as_deref().and_then(|m| {
+        crate::sys::set_thread_cpus(m)
+            .err()
+            .map(|e| format!("could not set its CPUs to {}: {e}", format_cpulist(m)))
+    });
+    let cpus = crate::sys::thread_cpus().unwrap_or_default();
+    if let Some(e) = &error {
+        eprintln!(
+            "daxkv: worker placement: {name}: {e}; it runs on CPUs {}",
+            format_cpulist(&cpus)
+        );
+    }
+    Placed {
+        name: name.to_string(),
+        tid: crate::sys::gettid(),
+        mask,
+        cpus,
+        error,
     }
 }
 
