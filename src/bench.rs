@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use crate::arena::{ArenaGuard, ArenaSource, ArenaSpec};
 use crate::buf::Buf;
 use crate::core::CoreConfig;
-use crate::engine::{DeviceSpec, Engine, EngineOptions, Signal, TaskId};
+use crate::engine::{DeviceSpec, Engine, EngineOptions, Signal, TaskId, WorkerPlacement};
 use crate::key::Key;
 use crate::notify::EventFd;
 
@@ -152,6 +152,88 @@ impl Placement {
         (cfg.pin && allowed.len() > pool).then(|| Placement {
             caller: allowed[0],
             workers: allowed[1..].to_vec(),
+        })
+    }
+}
+
+/// Where a run's threads ran, read back from the kernel whatever was asked
+/// ([`Placement`] is what was asked): a worker or copy thread that could not
+/// be placed shows here, and so does one sharing the caller's CPU.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct RanOn {
+    /// The submitting (and waiting) thread's CPUs (`sched_getaffinity`).
+    pub caller: Vec<usize>,
+    /// The CPU it last ran on, at the end of the first size.
+    pub caller_last_cpu: Option<usize>,
+    /// The first size's workers: the CPUs each read back at start, and the
+    /// CPU it last ran on at the end of that size.
+    pub workers: Vec<WorkerPlacement>,
+    /// The CPUs each thread of the first size's widest raw pass read back
+    /// (thread `k`), or the caller's for a pass run on the caller.
+    pub raw_copies: Vec<Vec<usize>>,
+}
+
+impl RanOn {
+    /// The workers whose CPUs include one of the caller's: they compete
+    /// with the submitting thread for a CPU.
+    pub fn sharing_with_caller(&self) -> Vec<&WorkerPlacement> {
+        self.workers
+            .iter()
+            .filter(|w| w.cpus.iter().any(|c| self.caller.contains(c)))
+            .collect()
+    }
+
+    /// The read-back placement in words, saying which workers shared (or,
+    /// unpinned, could share) the caller's CPU.
+    pub fn line(&self) -> String {
+        use crate::numa::affinity::format_cpulist;
+        let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+        for w in &self.workers {
+            let cpus = format_cpulist(&w.cpus);
+            let short = w.name.strip_prefix("daxkv-").unwrap_or(&w.name);
+            match groups.iter_mut().find(|(c, _)| *c == cpus) {
+                Some((_, names)) => names.push(short),
+                None => groups.push((cpus, vec![short])),
+            }
+        }
+        let workers: Vec<String> = groups
+            .iter()
+            .map(|(c, names)| format!("{} on {c}", names.join(" ")))
+            .collect();
+        let raw: Vec<String> = self.raw_copies.iter().map(|c| format_cpulist(c)).collect();
+        let shared = self.sharing_with_caller();
+        let sharing = if shared.is_empty() {
+            "no worker shares a CPU with the caller".to_string()
+        } else {
+            let names: Vec<&str> = shared.iter().map(|w| w.name.as_str()).collect();
+            let verb = if self.caller.len() == 1 && shared.iter().all(|w| w.cpus == self.caller) {
+                "SHARED the caller's CPU"
+            } else {
+                "could share a CPU with the caller (masks overlap)"
+            };
+            format!("{} worker(s) {verb}: {}", names.len(), names.join(", "))
+        };
+        format!(
+            "ran on (read back): caller CPUs {}{}; workers {}; raw copies {}; {sharing}",
+            format_cpulist(&self.caller),
+            self.caller_last_cpu
+                .map_or(String::new(), |c| format!(" (last on {c})")),
+            workers.join(", "),
+            raw.join(" "),
+        )
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "caller": self.caller,
+            "caller_last_cpu": self.caller_last_cpu,
+            "workers": self.workers.iter().map(WorkerPlacement::to_json).collect::<Vec<_>>(),
+            "raw_copies": self.raw_copies,
+            "sharing_with_caller": self
+                .sharing_with_caller()
+                .iter()
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>(),
         })
     }
 }
@@ -400,8 +482,10 @@ pub struct Report {
     pub other_cpu: Option<f64>,
     /// The same per size, in `sizes` order.
     pub other_cpu_by_size: Vec<Option<f64>>,
-    /// Where the threads ran; `None`: unpinned.
+    /// Where the threads were asked to run; `None`: unpinned.
     pub placement: Option<Placement>,
+    /// Where they ran, read back (the first size's threads).
+    pub ran_on: RanOn,
     /// Every size's limits, in `sizes` order.
     pub limits: Vec<Limits>,
     /// Every phase of every size.
@@ -807,6 +891,7 @@ fn raw_pass(
     pass: Pass,
     threads: usize,
     cpus: &[usize],
+    ran_on: &std::cell::RefCell<Vec<Vec<usize>>>,
 ) -> Result<f64, BenchError> {
     let n = dests.len();
     let threads = threads.clamp(1, n.max(1));
@@ -831,6 +916,9 @@ fn raw_pass(
         Ok(())
     };
     if threads == 1 && cpus.is_empty() {
+        if ran_on.borrow().is_empty() {
+            *ran_on.borrow_mut() = vec![crate::sys::thread_cpus().unwrap_or_default()];
+        }
         let t = Instant::now();
         copy(0, dests)?;
         return Ok(gb_s(n * size, t.elapsed().as_secs_f64()));
@@ -850,11 +938,13 @@ fn raw_pass(
                 if let Some(cpu) = cpu {
                     // Where the engine's worker `k` runs: the limit is
                     // measured on the same CPU as the work it bounds.
+                    // A failure shows in the CPUs read back (`RanOn`).
                     let _ = crate::sys::pin_thread(cpu);
                 }
+                let on = crate::sys::thread_cpus().unwrap_or_default();
                 barrier.wait();
                 let start = Instant::now();
-                copy(lo, part).map(|()| (start, Instant::now()))
+                copy(lo, part).map(|()| (start, Instant::now(), on))
             }));
             lo = hi;
         }
@@ -863,10 +953,12 @@ fn raw_pass(
         // copies are done, so its own clock would be wrong).
         let mut first: Option<Instant> = None;
         let mut last: Option<Instant> = None;
+        let mut ran = Vec::with_capacity(threads);
         for h in handles {
-            let (a, b) = h
+            let (a, b, on) = h
                 .join()
                 .map_err(|_| BenchError::Failed("copy thread panicked".into()))??;
+            ran.push(on);
             first = Some(first.map_or(a, |f| f.min(a)));
             last = Some(last.map_or(b, |l| l.max(b)));
         }
@@ -874,6 +966,10 @@ fn raw_pass(
             (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
             _ => 0.0,
         };
+        // The widest pass's threads are the ones reported.
+        if ran.len() > ran_on.borrow().len() {
+            *ran_on.borrow_mut() = ran;
+        }
         Ok(gb_s(n * size, secs))
     })
 }
@@ -1055,6 +1151,7 @@ pub fn run(
         other_cpu: None,
         other_cpu_by_size: Vec::new(),
         placement: None,
+        ran_on: RanOn::default(),
         limits: Vec::new(),
         results: Vec::new(),
     };
@@ -1072,8 +1169,11 @@ pub fn run(
     let run_start = CpuSample::now();
     for (index, &size) in cfg.sizes.iter().enumerate() {
         let size_start = CpuSample::now();
-        let (limits, results) =
+        let (limits, results, ran_on) =
             run_size(cfg, index, size, &sources_of, workers_cpus, &mut progress)?;
+        if report.ran_on.workers.is_empty() {
+            report.ran_on = ran_on;
+        }
         report
             .other_cpu_by_size
             .push(CpuSample::others_share(size_start, CpuSample::now()));
@@ -1098,7 +1198,7 @@ fn run_size(
     sources_of: &[ArenaSource],
     cpus: &[usize],
     progress: &mut impl FnMut(Progress<'_>),
-) -> Result<(Limits, [PhaseResult; 5]), BenchError> {
+) -> Result<(Limits, [PhaseResult; 5], RanOn), BenchError> {
     let fail = |e: &dyn std::fmt::Display| BenchError::Failed(e.to_string());
     let plan = cfg.plan(size);
     let (n, per_dev, ndev) = (plan.objects, plan.per_device, plan.devices);
@@ -1185,11 +1285,14 @@ fn run_size(
     };
     // One raw pass with one thread, and with `threads` (the phase's worker
     // count) when that is more: `(x1, xN)`, GB/s.
+    let raw_cpus = std::cell::RefCell::new(Vec::new());
     let limits = |dests: &mut [Option<Vec<u8>>], pass: Pass, threads: usize| {
         let g = guards()?;
-        let one = raw_pass(&g, per_dev, size, &sources, dests, pass, 1, cpus)?;
+        let one = raw_pass(&g, per_dev, size, &sources, dests, pass, 1, cpus, &raw_cpus)?;
         let many = if threads > 1 {
-            raw_pass(&g, per_dev, size, &sources, dests, pass, threads, cpus)?
+            raw_pass(
+                &g, per_dev, size, &sources, dests, pass, threads, cpus, &raw_cpus,
+            )?
         } else {
             one
         };
@@ -1382,6 +1485,14 @@ fn run_size(
             copy_out_threads: out_threads,
         });
     }
+    // Read back before close: the CPU each worker last ran on is where it
+    // ran the phases.
+    let ran_on = RanOn {
+        caller: crate::sys::thread_cpus().unwrap_or_default(),
+        caller_last_cpu: crate::sys::current_cpu(),
+        workers: engine.worker_placement(),
+        raw_copies: raw_cpus.take(),
+    };
     drop(devs);
     drop(sub);
     engine.close();
@@ -1408,6 +1519,7 @@ fn run_size(
             unlock.finish(size, "unlock", n, None, None),
             delete.finish(size, "delete", n, None, None),
         ],
+        ran_on,
     ))
 }
 
@@ -1498,6 +1610,7 @@ impl Report {
             let _ = writeln!(s, "{line}");
         }
         let _ = writeln!(s, "{}", self.placement_line());
+        let _ = writeln!(s, "{}", self.ran_on.line());
         let _ = writeln!(
             s,
             "\nlimits, GB/s (raw copies of the same objects on the same mapping, xN = N threads on disjoint parts; median of {} rounds):",
@@ -1668,6 +1781,7 @@ impl Report {
                 "caller": p.caller,
                 "workers": p.workers,
             })),
+            "ran_on": self.ran_on.to_json(),
             "copy_kernel": self.kernel,
             "copy_kernel_description": self.kernel_description,
             "device": self.device,

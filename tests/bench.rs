@@ -537,7 +537,8 @@ fn moot_create_and_force_warn() {
 
 /// One worker per pool on a machine with two CPUs or more: the caller is
 /// pinned to the first CPU it may use and the workers to the others, and
-/// the table says so; `--no-pin` leaves them unpinned.
+/// the table says so and where they ran, read back; `--no-pin` leaves them
+/// unpinned.
 #[test]
 fn one_worker_per_pool_runs_pinned_unless_told_not_to() {
     let allowed: Vec<u64> = {
@@ -572,6 +573,14 @@ fn one_worker_per_pool_runs_pinned_unless_told_not_to() {
         let j: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let table = text(&out.stdout);
+        // Where the threads ran, read back: pinned, each worker on the
+        // CPU after the caller's and none sharing the caller's (before
+        // the workers set their masks directly, every worker inherited the
+        // pinned caller's CPU and stayed there); unpinned, every mask
+        // overlaps the caller's.
+        let ran = &j["ran_on"];
+        let workers = ran["workers"].as_array().unwrap();
+        assert_eq!(workers.len(), 3, "{ran}");
         if pin && allowed.len() >= 2 {
             assert_eq!(j["placement"]["caller"], allowed[0]);
             assert_eq!(j["placement"]["workers"], serde_json::json!(allowed[1..]));
@@ -579,9 +588,33 @@ fn one_worker_per_pool_runs_pinned_unless_told_not_to() {
                 table.contains(&format!("placement: caller on CPU {}", allowed[0])),
                 "{table}"
             );
+            assert_eq!(ran["caller"], serde_json::json!([allowed[0]]), "{ran}");
+            for w in workers {
+                assert_eq!(w["cpus"], serde_json::json!([allowed[1]]), "{ran}");
+                assert_eq!(w["last_cpu"], allowed[1], "{ran}");
+            }
+            for c in ran["raw_copies"].as_array().unwrap() {
+                assert_eq!(c, &serde_json::json!([allowed[1]]), "{ran}");
+            }
+            assert_eq!(ran["sharing_with_caller"], serde_json::json!([]), "{ran}");
+            assert!(
+                table.contains("; no worker shares a CPU with the caller"),
+                "{table}"
+            );
         } else {
             assert!(j["placement"].is_null(), "{}", j["placement"]);
             assert!(table.contains("placement: unpinned"), "{table}");
+            assert_eq!(ran["caller"], serde_json::json!(allowed), "{ran}");
+            for w in workers {
+                assert_eq!(w["cpus"], serde_json::json!(allowed), "{ran}");
+            }
+            if allowed.len() >= 2 {
+                assert_eq!(ran["sharing_with_caller"].as_array().unwrap().len(), 3);
+                assert!(
+                    table.contains("3 worker(s) could share a CPU with the caller (masks overlap)"),
+                    "{table}"
+                );
+            }
         }
         assert_eq!(j["options"]["pin"], pin);
     }
