@@ -228,8 +228,25 @@ fn log_engine(e: &Engine) {
         cpus = %st["numa"]["cpus"],
         placement = %st["numa"]["source"],
         node = %st["numa"]["node"],
+        process_cpus = %crate::numa::affinity::format_cpulist(
+            &serde_json::from_value::<Vec<usize>>(st["numa"]["process_cpus"].clone())
+                .unwrap_or_default()
+        ),
         "workers started"
     );
+    // Where each worker actually runs, as it read its mask back.
+    for w in e.worker_placement() {
+        tracing::info!(
+            worker = %w.name,
+            tid = w.tid,
+            cpus = %crate::numa::affinity::format_cpulist(&w.cpus),
+            last_cpu = %w.last_cpu.map_or_else(|| "?".to_string(), |c| c.to_string()),
+            "worker placed"
+        );
+    }
+    for w in e.placement_warnings() {
+        tracing::warn!("worker placement: {w}");
+    }
 }
 
 fn traffic_metrics(stats: &TrafficStats) -> String {

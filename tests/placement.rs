@@ -251,3 +251,91 @@ fn a_config_naming_a_missing_node_or_cpu_is_refused() {
         );
     }
 }
+
+/// `daxkv serve` started with its whole process narrowed to CPU `a` (as
+/// `taskset -c a` would), asked for CPU `b` in its config: the workers run
+/// on `b`, and the start-up log names every worker and the CPUs it read
+/// back. A config naming a CPU the host lacks stops the start with the
+/// field named.
+#[test]
+fn serve_logs_where_every_worker_runs() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let Some((a, b)) = two_cpus() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.json");
+    let write = |cpus: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                r#"{{"slot_bytes":4096,"devices":[{{"device_path":"memfd","max_dax_size_gb":0.001}}],"num_load_workers":2,"cpus":{cpus}}}"#
+            ),
+        )
+        .unwrap();
+    };
+    let serve = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_daxkv"));
+        cmd.args(["serve", "--http", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: between fork and exec only sched_setaffinity (async-
+        // signal-safe) on a set built before the fork.
+        let set = {
+            // SAFETY: cpu_set_t is plain data; all-zero is the empty set
+            // and CPU_SET sets one bit below CPU_SETSIZE.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(a, &mut set);
+                set
+            }
+        };
+        // SAFETY: as above.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn().unwrap()
+    };
+    write(&format!("[{b}]"));
+    let mut child = serve();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("daxkv: serving on http://"), "{line:?}");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id().cast_signed(), libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    for w in [
+        "daxkv-store-0",
+        "daxkv-lookup-0",
+        "daxkv-load-0",
+        "daxkv-load-1",
+    ] {
+        let placed = log
+            .lines()
+            .find(|l| l.contains("worker placed") && l.contains(&format!("worker={w} ")))
+            .unwrap_or_else(|| panic!("no line for {w}:\n{log}"));
+        assert!(placed.contains(&format!("cpus={b} ")), "{placed}");
+    }
+    assert!(!log.contains("WARN"), "{log}");
+    // A CPU the host does not have: refused at start, naming it.
+    let past = daxkv::numa::online_cpus(std::path::Path::new("/sys"))
+        .map_or(4095, |(c, _)| c.last().unwrap() + 1);
+    write(&format!("[{b},{past}]"));
+    let out = serve().wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("cpus[1]: CPU {past} does not exist on this host")),
+        "{err}"
+    );
+}
