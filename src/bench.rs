@@ -27,6 +27,9 @@
 //! the largest worker pool, the submitting thread is pinned to one CPU and
 //! the workers to the others (worker `w` of each pool on the `w`-th), and
 //! each raw pass copies on the CPU of the worker whose phase it bounds.
+//! Where the threads ran is read back from the kernel ([`RanOn`]: the
+//! caller's CPUs, each worker's read-back CPUs and last CPU, each raw copy
+//! thread's CPUs) and the table says when workers shared the caller's CPU.
 //! Unpinned, a worker and the raw pass ran on whichever vCPUs the
 //! scheduler chose, and one vCPU of a VM can be slower than the other for
 //! seconds (a busy hyperthread sibling on the host, invisible in

@@ -59,7 +59,7 @@ fn open_from_pinned_thread(
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(opener_cpu, &mut set);
             assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set),
                 0
             );
         }
@@ -106,7 +106,9 @@ fn opts(workers: usize, cpus: Vec<usize>) -> EngineOptions {
 /// `status()` reports the CPUs each worker read back.
 #[test]
 fn an_opener_narrower_than_the_cpus_asked_for_does_not_confine_the_workers() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let Some((a, b)) = two_cpus() else { return };
     let (e, workers) = open_from_pinned_thread(a, opts(2, vec![a, b]));
     assert_eq!(workers.len(), 6, "{workers:?}");
@@ -143,7 +145,9 @@ fn an_opener_narrower_than_the_cpus_asked_for_does_not_confine_the_workers() {
 /// inherited the opener's one CPU).
 #[test]
 fn a_process_wider_than_the_cpus_asked_for_places_workers_as_asked() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let Some((a, b)) = two_cpus() else { return };
     let (e, workers) = open_from_pinned_thread(a, opts(2, vec![b]));
     assert_eq!(workers.len(), 6);
@@ -171,7 +175,9 @@ fn a_process_wider_than_the_cpus_asked_for_places_workers_as_asked() {
 /// asked for, else the whole set. Nothing fails silently.
 #[test]
 fn cpus_outside_the_process_set_warn_and_fall_back() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let all = ProcessCpus::current();
     let a = all.cpus[0];
     let e = Engine::open(vec![memfd_dev()], SLOT, false, opts(1, vec![4000, a])).unwrap();
@@ -294,7 +300,12 @@ fn serve_logs_where_every_worker_runs() {
         // SAFETY: as above.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                if libc::sched_setaffinity(
+                    0,
+                    std::mem::size_of::<libc::cpu_set_t>(),
+                    &raw const set,
+                ) != 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())

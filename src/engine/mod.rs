@@ -476,7 +476,7 @@ impl Engine {
             .load()
             .as_ref()
             .map_or_else(Vec::new, |pools| {
-                pools.iter().flat_map(|p| p.placement()).collect()
+                pools.iter().flat_map(WorkerPool::placement).collect()
             })
     }
 
