@@ -39,7 +39,12 @@ pub struct EngineOptions {
     /// about 4 MiB for 4096 slots × 64 keys). A larger task grows its
     /// record once; the record keeps the room.
     pub task_keys: usize,
-    /// CPUs to pin workers to (round-robin); empty: no pinning.
+    /// CPUs to pin workers to: worker `w` of each pool on `cpus[w % len]`
+    /// alone. Empty: not pinned, every worker may use the process's whole
+    /// allowed set (not just the opening thread's CPUs). CPUs outside the
+    /// process's set are dropped with a warning
+    /// ([`Engine::placement_warnings`](super::Engine::placement_warnings));
+    /// `crate::numa::affinity` has the policy.
     pub cpus: Vec<usize>,
     /// Which data chose `cpus` (HMAT, distance, an explicit list, or
     /// none); status reports it as `numa.source`. Set by
