@@ -354,9 +354,18 @@ impl EngineConfig {
                 } else {
                     ArenaSource::Path(PathBuf::from(&d.device_path))
                 };
-                let arena = ArenaSpec::new(source, d.max_dax_size_bytes)
+                let mut arena = ArenaSpec::new(source, d.max_dax_size_bytes)
                     .populate(self.prefault)
                     .sysfs_root(&self.sysfs_root);
+                if d.device_path == "memfd" {
+                    // Room to grow, as for a hotplugged memfd (the tables
+                    // are sized for it; the memory itself comes with a grow,
+                    // checked then).
+                    arena = arena.max_size_bytes(
+                        d.max_dax_size_bytes
+                            .saturating_mul(crate::engine::MEMFD_GROW_FACTOR),
+                    );
+                }
                 DeviceSpec {
                     path: d.device_path.clone(),
                     core: CoreConfig::new(arena, self.slot_bytes),
