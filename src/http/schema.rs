@@ -117,7 +117,7 @@ pub(crate) fn generic(body: &Value) -> Result<Accepted, Refusal> {
 /// The DAX operations and their fields (beyond `adapter_index`).
 fn dax_fields(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
-        "add" => &["device_path", "size"],
+        "add" => &["device_path", "size", "max_size"],
         "remove" => &["device_path", "mode", "force"],
         "resize" => &["device_path", "size", "mode", "force"],
         _ => return None,
@@ -174,6 +174,23 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
         }
     }
 
+    // `max_size: StrictInt | str | None` (add): the largest size a later
+    // resize may grow the device to.
+    let mut max_size = None;
+    if fields.contains(&"max_size") {
+        match o.get("max_size") {
+            None | Some(Value::Null) => {}
+            Some(v @ Value::Number(n)) if n.is_i64() || n.is_u64() => max_size = Some(v),
+            Some(v @ Value::String(_)) => max_size = Some(v),
+            Some(v) => errs.push(item(
+                "int_type",
+                &["max_size", "int"],
+                "Input should be a valid integer",
+                v,
+            )),
+        }
+    }
+
     if fields.contains(&"mode") {
         mode(op, o, &mut payload, &mut errs);
     }
@@ -209,6 +226,17 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
             v => v.as_u64().filter(|&b| b > 0),
         };
         payload.insert("size_bytes".into(), bytes.ok_or(Refusal::BadSize)?.into());
+    }
+    if let Some(v) = max_size {
+        let bytes = match v {
+            Value::String(s) => parse_size(s),
+            v => v.as_u64().filter(|&b| b > 0),
+        };
+        // A bad value goes on as it is: the backend refuses it by name.
+        payload.insert(
+            "max_size_bytes".into(),
+            bytes.map_or_else(|| v.clone(), Value::from),
+        );
     }
     let add_path = (op == "add")
         .then(|| payload["device_path"].as_str().map(str::to_owned))
