@@ -921,6 +921,32 @@ mod tests {
         assert_eq!(e.usage().0, 0);
     }
 
+    /// Issue 17, item 11: a removed device leaves the list the data path
+    /// walks (unlock, delete, placement), so their cost does not grow
+    /// with the number of devices ever removed; status still lists the
+    /// tombstones, in id order. Fails on the old code (the list grew by
+    /// one per cycle).
+    #[test]
+    fn removed_devices_leave_the_data_path_list() {
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(4 * SLOT), SLOT),
+        };
+        let e = Engine::open(vec![dev], SLOT, true, EngineOptions::default()).unwrap();
+        for _ in 0..50 {
+            let (_, d) = e.hotplug_add("memfd", 4 * SLOT, |_, _| Ok(())).unwrap();
+            e.remove_device(d.id, super::super::RemoveMode::Evict, false)
+                .unwrap();
+        }
+        assert_eq!(e.inner.pool.list().len(), 1, "tombstones in the live list");
+        let ids: Vec<u32> = e.devices().iter().map(|d| d.id.0).collect();
+        assert_eq!(ids, (0..51).collect::<Vec<_>>());
+        assert_eq!(e.status()["devices"][50]["index"], 50);
+        e.close();
+        assert!(e.inner.pool.list().is_empty(), "closed devices left");
+    }
+
     #[test]
     fn state_changes_are_typed_and_tombstones_stay() {
         const SLOT: usize = 4096;
