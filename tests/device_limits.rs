@@ -6,6 +6,9 @@
 //! with the reason in the HTTP body. Real memfds, tmpfs files, `daxkv
 //! serve` under a real `RLIMIT_DATA`, HTTP on 127.0.0.1.
 
+#![allow(clippy::many_single_char_names)] // scenario tests
+
+use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 use std::time::Duration;
 
@@ -174,7 +177,6 @@ fn serve_with_tables_beyond_rlimit_data_exits_with_the_size() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    use std::os::unix::process::ExitStatusExt;
     assert_eq!(
         out.status.signal(),
         None,

@@ -254,7 +254,7 @@ fn traffic_races_add_and_remove() {
                         }
                     }
                     e.submit_unlock(&keys);
-                    if n % 5 == 0 {
+                    if n.is_multiple_of(5) {
                         e.delete(&keys[..2]);
                     }
                     n += 1;

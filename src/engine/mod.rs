@@ -347,6 +347,35 @@ impl Inner {
     }
 }
 
+/// A closed or removed device in `status()`: its core is gone.
+fn tombstone_json(
+    index: usize,
+    info: &DeviceInfo,
+    slot_bytes: usize,
+    inflight: &[usize],
+) -> serde_json::Value {
+    serde_json::json!({
+        "index": index,
+        "device_id": info.id.0,
+        "device_path": info.path,
+        "state": info.state.name(),
+        "is_healthy": false,
+        "max_dax_size_bytes": 0,
+        "slot_bytes": slot_bytes,
+        "max_slots": 0,
+        "live_slot_count": 0,
+        "locked_key_count": 0,
+        "borrowed_slot_count": 0,
+        "active_read_count": 0,
+        "active_write_count": 0,
+        "closing": true,
+        "inflight_store_tasks": inflight[0],
+        "inflight_lookup_tasks": inflight[1],
+        "inflight_load_tasks": inflight[2],
+        "supports_restart_recovery": false,
+    })
+}
+
 /// The engine. `Send + Sync`; all methods take `&self`.
 pub struct Engine {
     inner: Arc<Inner>,
@@ -656,28 +685,12 @@ impl Engine {
         let mut healthy = !closing;
         for (i, e) in devs.iter().enumerate() {
             let pool::Entry::Live(d) = e else {
-                // A closed or removed device: its core is gone.
-                let info = e.info();
-                devices.push(serde_json::json!({
-                    "index": i,
-                    "device_id": info.id.0,
-                    "device_path": info.path,
-                    "state": info.state.name(),
-                    "is_healthy": false,
-                    "max_dax_size_bytes": 0,
-                    "slot_bytes": self.inner.slot_bytes,
-                    "max_slots": 0,
-                    "live_slot_count": 0,
-                    "locked_key_count": 0,
-                    "borrowed_slot_count": 0,
-                    "active_read_count": 0,
-                    "active_write_count": 0,
-                    "closing": true,
-                    "inflight_store_tasks": inflight[0],
-                    "inflight_lookup_tasks": inflight[1],
-                    "inflight_load_tasks": inflight[2],
-                    "supports_restart_recovery": false,
-                }));
+                devices.push(tombstone_json(
+                    i,
+                    &e.info(),
+                    self.inner.slot_bytes,
+                    &inflight,
+                ));
                 continue;
             };
             let st = d.core().status();
