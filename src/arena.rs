@@ -77,7 +77,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -310,8 +310,9 @@ struct Mapped {
     base: *mut u8,
     len: usize,
     /// The open file or memfd; closed with the mapping (a closed device's
-    /// fd does not outlive its `close`).
-    file: Option<File>,
+    /// fd does not outlive its `close`). Shared only with the memfd
+    /// registry's weak handle ([`memlimit::register_memfd`]).
+    file: Option<Arc<File>>,
 }
 
 /// One mapping plus its gate. See the module doc for the protocol.
@@ -419,7 +420,7 @@ impl Arena {
                 // A memfd is RAM: refuse a size the process cannot hold
                 // before creating it (the pages come on first touch, too
                 // late to say no).
-                memlimit::check("memfd", len, &spec.mem_roots)?;
+                memlimit::check_memfd(len, &spec.mem_roots)?;
                 let file = sys::memfd_create("daxkv").map_err(|e| map_err("memfd", len, e))?;
                 file.set_len(len as u64).map_err(|e| OpenError::Truncate {
                     what: "memfd".into(),
@@ -440,6 +441,9 @@ impl Arena {
                     map,
                 );
                 a.mem_roots = Some(spec.mem_roots.clone());
+                if let Some(f) = &a.mapped.get_mut().file {
+                    memlimit::register_memfd(f);
+                }
                 Ok(a)
             }
             ArenaSource::CreateFile(path) => {
@@ -621,7 +625,7 @@ impl Arena {
                 map: Some(map),
                 base,
                 len,
-                file,
+                file: file.map(Arc::new),
             }),
             // ORDERING: Relaxed — only uniqueness matters.
             id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
@@ -954,7 +958,7 @@ impl Exclusive<'_> {
         let file = unsafe { (*a.mapped.get()).file.as_ref() };
         if a.kind == ArenaKind::Memfd && new_len > cur_len {
             if let Some(roots) = &a.mem_roots {
-                memlimit::check("memfd grow", new_len - cur_len, roots)?;
+                memlimit::check_memfd(new_len - cur_len, roots)?;
             }
         }
         let new_map = if let Some(file) = file {

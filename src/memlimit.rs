@@ -20,9 +20,18 @@
 
 #![forbid(unsafe_code)]
 
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::error::OpenError;
+
+/// The memfds this process has open (weakly: a closed one drops out), so
+/// that a new memfd is checked against the memory the earlier ones may
+/// still take when they are touched (their size less their resident
+/// pages): otherwise each of many requests would pass on its own.
+static MEMFDS: Mutex<Vec<Weak<File>>> = Mutex::new(Vec::new());
 
 /// The roots the limits are read under (fake trees in tests).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +166,53 @@ pub fn check(what: &str, bytes: usize, roots: &MemRoots) -> Result<(), OpenError
         }),
         _ => Ok(()),
     }
+}
+
+/// Count `f`, a memfd device's file, in what later memfds are checked
+/// against ([`check_memfd`]) while it is open.
+pub(crate) fn register_memfd(f: &Arc<File>) {
+    let mut v = MEMFDS.lock().unwrap_or_else(PoisonError::into_inner);
+    v.retain(|w| w.strong_count() > 0);
+    v.push(Arc::downgrade(f));
+}
+
+/// Bytes the open memfds may still take: their sizes less what is
+/// resident already (which `MemAvailable` and cgroup usage count).
+fn memfds_untouched() -> u64 {
+    let mut v = MEMFDS.lock().unwrap_or_else(PoisonError::into_inner);
+    v.retain(|w| w.strong_count() > 0);
+    v.iter()
+        .filter_map(Weak::upgrade)
+        .filter_map(|f| f.metadata().ok())
+        .map(|m| m.len().saturating_sub(m.blocks().saturating_mul(512)))
+        .sum()
+}
+
+/// Refuse a memfd of `bytes` (or a grow by `bytes`) if it does not fit
+/// the memory the process may still use, less what the memfds already
+/// open may still take.
+pub fn check_memfd(bytes: usize, roots: &MemRoots) -> Result<(), OpenError> {
+    let Some(h) = headroom(roots) else {
+        return Ok(());
+    };
+    let promised = memfds_untouched();
+    let left = h.bytes.saturating_sub(promised);
+    if bytes as u64 > left {
+        return Err(OpenError::MemoryLimit {
+            what: "memfd".into(),
+            bytes,
+            limit_bytes: left,
+            limit: if promised > 0 {
+                format!(
+                    "{}, less {promised} bytes the open memfd devices may still take",
+                    h.source
+                )
+            } else {
+                h.source
+            },
+        });
+    }
+    Ok(())
 }
 
 /// `n` values made by `f`, in a boxed slice, or `None` if the allocation

@@ -23,6 +23,22 @@ const SLOT: usize = 4096;
 const T: Duration = Duration::from_secs(20);
 const BIN: &str = env!("CARGO_BIN_EXE_daxkv");
 
+/// The memfd check counts every memfd the process has open: tests that
+/// open memfds run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn mem_available() -> u64 {
+    let s = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let l = s.lines().find(|l| l.starts_with("MemAvailable:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
 fn http(e: &std::sync::Arc<Engine>) -> daxkv::http::HttpServer {
     let backend = std::sync::Arc::new(daxkv::reconfigure::DaxReconfigure::probing(
         e.clone(),
@@ -80,6 +96,7 @@ fn store_and_load(e: &Engine, i: u64) {
 #[test]
 fn http_add_of_a_memfd_beyond_memory_names_the_size() {
     const BIG_SLOT: usize = 1 << 20;
+    let _s = serial();
     let e = std::sync::Arc::new(
         Engine::open(vec![], BIG_SLOT, true, EngineOptions::default()).unwrap(),
     );
@@ -96,10 +113,33 @@ fn http_add_of_a_memfd_beyond_memory_names_the_size() {
     assert!(e.devices().is_empty(), "nothing added");
 }
 
+/// Two memfds of 60 % of the available memory each: the first is
+/// mapped (sparse, untouched), the second is refused, counting what the
+/// first may still take; once the first is closed, the second fits.
+/// Fails with a per-request check only (both were mapped: 120 % of the
+/// memory promised).
+#[test]
+fn memfds_are_checked_together() {
+    use daxkv::arena::Arena;
+    let _s = serial();
+    let size = usize::try_from(mem_available() / 10 * 6).unwrap();
+    let first = Arena::open(&ArenaSpec::memfd(size)).unwrap();
+    let err = Arena::open(&ArenaSpec::memfd(size)).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, OpenError::MemoryLimit { bytes, .. } if bytes == size),
+        "{msg}"
+    );
+    assert!(msg.contains("open memfd devices may still take"), "{msg}");
+    drop(first);
+    Arena::open(&ArenaSpec::memfd(size)).unwrap();
+}
+
 /// A configured memfd is checked too, against the cgroup limit read
 /// from a fake `/proc` + `/sys` tree (cgroup v2, limit on an ancestor).
 #[test]
 fn a_configured_memfd_over_the_cgroup_limit_is_refused() {
+    let _s = serial();
     let d = tempfile::tempdir().unwrap();
     let roots = MemRoots {
         proc_root: d.path().join("proc"),
@@ -280,6 +320,7 @@ fn a_file_grows_after_it_is_extended_up_to_max_size() {
 /// ("cannot grow … largest … 65536 bytes", a bare 400 over HTTP).
 #[test]
 fn the_configured_memfd_device_grows() {
+    let _s = serial();
     let cfg = daxkv::config::EngineConfig::from_json(
         r#"{"slot_bytes": 4096, "devices": [{"device_path": "memfd", "max_dax_size_gb": 0.015625}],
             "hotplug_enabled": true, "prefault": false, "numa": "off"}"#,
