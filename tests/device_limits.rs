@@ -355,3 +355,38 @@ fn the_configured_memfd_device_grows() {
         "{b}"
     );
 }
+
+/// `daxkv add --max-size` sets the limit a later resize grows to.
+#[test]
+fn cli_add_takes_max_size() {
+    let _s = serial();
+    let e =
+        std::sync::Arc::new(Engine::open(vec![], SLOT, true, EngineOptions::default()).unwrap());
+    let h = http(&e);
+    let out = Command::new(BIN)
+        .args(["add", "memfd", "64KiB", "--max-size", "256KiB", "--server"])
+        .arg(h.local_addr().to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (s, b) = post(
+        &h,
+        "resize",
+        &json!({"device_path": "memfd", "size": "256KiB"}),
+    );
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = post(
+        &h,
+        "resize",
+        &json!({"device_path": "memfd", "size": "512KiB"}),
+    );
+    assert_eq!(s, 400, "{b}");
+    assert!(
+        b["error"].as_str().unwrap_or_default().contains("262144"),
+        "{b}"
+    );
+}
