@@ -390,3 +390,48 @@ fn cli_add_takes_max_size() {
         "{b}"
     );
 }
+
+/// A configured file device with `max_size_gb` grows after its file is
+/// extended (engine API), up to that limit; a `max_size_gb` below the
+/// size is a config error naming the field.
+#[test]
+fn a_configured_file_grows_up_to_max_size_gb() {
+    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
+    let p = dir.path().join("dev");
+    std::fs::File::create(&p)
+        .unwrap()
+        .set_len(16 * SLOT as u64)
+        .unwrap();
+    let gb = |slots: usize| (slots * SLOT) as f64 / f64::from(1u32 << 30);
+    let json = |max: f64| {
+        json!({
+            "slot_bytes": SLOT,
+            "devices": [{"device_path": p.display().to_string(),
+                         "max_dax_size_gb": gb(16), "max_size_gb": max}],
+            "prefault": false,
+        })
+        .to_string()
+    };
+    let err = daxkv::config::EngineConfig::from_json(&json(gb(8))).unwrap_err();
+    assert_eq!(err.field, "devices[0].max_size_gb", "{err}");
+    let cfg = daxkv::config::EngineConfig::from_json(&json(gb(64))).unwrap();
+    let e = Engine::open(cfg.device_specs(), SLOT, false, EngineOptions::default()).unwrap();
+    store_and_load(&e, 1);
+    let id = e.devices()[0].id;
+    let msg = e.resize_device(id, 32 * SLOT).unwrap_err().to_string();
+    assert!(msg.contains("extend it first"), "{msg}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(128 * SLOT as u64)
+        .unwrap();
+    e.resize_device(id, 64 * SLOT).unwrap();
+    store_and_load(&e, 2);
+    store_and_load(&e, 1);
+    let msg = e.resize_device(id, 128 * SLOT).unwrap_err().to_string();
+    assert!(
+        msg.contains("max_size_bytes") && msg.contains("262144"),
+        "{msg}"
+    );
+}
