@@ -38,6 +38,16 @@ fn payload(i: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Another anonymous device, named `name` (one name per device, so the
+/// engine's naming of `memfd` plays no part), with 4 × room to grow as a
+/// hotplugged memfd has.
+fn anon(name: &str, bytes: usize) -> DeviceSpec {
+    DeviceSpec {
+        path: name.into(),
+        core: CoreConfig::new(ArenaSpec::memfd(bytes).max_size_bytes(4 * bytes), SLOT),
+    }
+}
+
 fn memfd(slots: usize) -> DeviceSpec {
     DeviceSpec {
         path: "memfd".into(),
@@ -194,14 +204,16 @@ fn add_remove_cycles_leave_fds_and_rss_bounded() {
         .unwrap();
     let memfds0 = fds_to("/memfd:");
     // Warm up the allocator and workers once before measuring.
-    let (_, d) = e.hotplug_add("memfd", 32 << 20, |_, _| Ok(())).unwrap();
-    e.remove_device(d.id, RemoveMode::Evict, true).unwrap();
+    let d = e.add_device(&anon("memfd:warm", 32 << 20)).unwrap();
+    e.remove_device(d, RemoveMode::Evict, true).unwrap();
     let rss0 = rss_bytes();
     for c in 0..CYCLES {
-        let (_, d) = e.hotplug_add("memfd", 32 << 20, |_, _| Ok(())).unwrap();
+        let d = e
+            .add_device(&anon(&format!("memfd:c{c}"), 32 << 20))
+            .unwrap();
         let ids: Vec<u64> = (0..256).map(|i| c * 1000 + i).collect();
         assert!(store(&e, &ids, SLOT), "cycle {c}: stored");
-        e.remove_device(d.id, RemoveMode::Evict, true).unwrap();
+        e.remove_device(d, RemoveMode::Evict, true).unwrap();
     }
     let grown = rss_bytes().saturating_sub(rss0);
     assert_eq!(fds_to("/memfd:"), memfds0, "memfd fds grew");
@@ -263,7 +275,9 @@ fn traffic_races_add_and_remove() {
         })
         .collect();
     for c in 0..CYCLES {
-        let (_, d) = e.hotplug_add("memfd", 256 * SLOT, |_, _| Ok(())).unwrap();
+        let d = e
+            .add_device(&anon(&format!("memfd:c{c}"), 256 * SLOT))
+            .unwrap();
         std::thread::sleep(Duration::from_millis(5));
         let mode = if c % 2 == 0 {
             RemoveMode::Evict
@@ -271,8 +285,8 @@ fn traffic_races_add_and_remove() {
             RemoveMode::Migrate
         };
         // A migrate may stop on a key locked meanwhile; then evict it.
-        if e.remove_device(d.id, mode, true).is_err() {
-            e.remove_device(d.id, RemoveMode::Evict, true).unwrap();
+        if e.remove_device(d, mode, true).is_err() {
+            e.remove_device(d, RemoveMode::Evict, true).unwrap();
         }
     }
     stop.store(true, Ordering::Relaxed);

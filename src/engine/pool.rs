@@ -934,9 +934,14 @@ mod tests {
             core: CoreConfig::new(ArenaSpec::memfd(4 * SLOT), SLOT),
         };
         let e = Engine::open(vec![dev], SLOT, true, EngineOptions::default()).unwrap();
-        for _ in 0..50 {
-            let (_, d) = e.hotplug_add("memfd", 4 * SLOT, |_, _| Ok(())).unwrap();
-            e.remove_device(d.id, super::super::RemoveMode::Evict, false)
+        for c in 0..50 {
+            let d = e
+                .add_device(&DeviceSpec {
+                    path: format!("memfd:c{c}"),
+                    core: CoreConfig::new(ArenaSpec::memfd(4 * SLOT), SLOT),
+                })
+                .unwrap();
+            e.remove_device(d, super::super::RemoveMode::Evict, false)
                 .unwrap();
         }
         assert_eq!(e.inner.pool.list().len(), 1, "tombstones in the live list");
