@@ -77,7 +77,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -85,6 +85,7 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::copy;
 use crate::error::OpenError;
+use crate::memlimit::{self, MemRoots};
 use crate::sys;
 
 const COUNT_MASK: u64 = (1 << 48) - 1;
@@ -181,6 +182,9 @@ pub struct ArenaSpec {
     pub populate: bool,
     /// Where sysfs lives (a fake root in tests).
     pub sysfs_root: PathBuf,
+    /// Where the memory limits a memfd is checked against are read
+    /// ([`crate::memlimit`]; fake trees in tests).
+    pub mem_roots: MemRoots,
 }
 
 impl ArenaSpec {
@@ -194,6 +198,7 @@ impl ArenaSpec {
             max_size_bytes: None,
             populate: false,
             sysfs_root: PathBuf::from("/sys"),
+            mem_roots: MemRoots::default(),
         }
     }
 
@@ -210,8 +215,10 @@ impl ArenaSpec {
     }
 
     /// Allow a later grow up to `max` bytes (also the size the core's
-    /// tables are allocated for). For a device or existing file it is
-    /// capped at what the device or file holds.
+    /// tables are allocated for). For a device-dax node it is capped at
+    /// what the device holds; an existing file may be extended later and
+    /// then grown into, up to `max` (a grow past the file's length then is
+    /// refused with [`OpenError::FileShorterThanGrow`]).
     #[must_use]
     pub fn max_size_bytes(mut self, max: usize) -> ArenaSpec {
         self.max_size_bytes = Some(max);
@@ -223,6 +230,13 @@ impl ArenaSpec {
     #[must_use]
     pub fn sysfs_root(mut self, root: impl Into<PathBuf>) -> ArenaSpec {
         self.sysfs_root = root.into();
+        self
+    }
+
+    /// Read the memory limits under `roots` instead of `/proc` and `/sys`.
+    #[must_use]
+    pub fn mem_roots(mut self, roots: MemRoots) -> ArenaSpec {
+        self.mem_roots = roots;
         self
     }
 }
@@ -295,6 +309,10 @@ struct Mapped {
     map: Option<MmapRaw>,
     base: *mut u8,
     len: usize,
+    /// The open file or memfd; closed with the mapping (a closed device's
+    /// fd does not outlive its `close`). Shared only with the memfd
+    /// registry's weak handle ([`memlimit::register_memfd`]).
+    file: Option<Arc<File>>,
 }
 
 /// One mapping plus its gate. See the module doc for the protocol.
@@ -303,12 +321,13 @@ pub struct Arena {
     kind: ArenaKind,
     path: Option<PathBuf>,
     identity: Option<DeviceIdentity>,
-    file: Option<File>,
     /// The file or memfd may be ftruncate'd when growing (we created it).
     resizable_file: bool,
     align_bytes: usize,
     max_len: usize,
     populate: bool,
+    /// A memfd's grows are checked against these memory limits.
+    mem_roots: Option<MemRoots>,
     mapped: UnsafeCell<Mapped>,
     /// Process-unique id for the nested-guard record (module doc).
     id: u64,
@@ -398,6 +417,10 @@ impl Arena {
                 ))
             }
             ArenaSource::Memfd => {
+                // A memfd is RAM: refuse a size the process cannot hold
+                // before creating it (the pages come on first touch, too
+                // late to say no).
+                memlimit::check_memfd(len, &spec.mem_roots)?;
                 let file = sys::memfd_create("daxkv").map_err(|e| map_err("memfd", len, e))?;
                 file.set_len(len as u64).map_err(|e| OpenError::Truncate {
                     what: "memfd".into(),
@@ -405,7 +428,7 @@ impl Arena {
                     source: e,
                 })?;
                 let map = map_fd(&file, len, spec.populate, "memfd")?;
-                Ok(Arena::new(
+                let mut a = Arena::new(
                     "memfd".into(),
                     ArenaKind::Memfd,
                     None,
@@ -416,7 +439,12 @@ impl Arena {
                     max_len,
                     spec.populate,
                     map,
-                ))
+                );
+                a.mem_roots = Some(spec.mem_roots.clone());
+                if let Some(f) = &a.mapped.get_mut().file {
+                    memlimit::register_memfd(f);
+                }
+                Ok(a)
             }
             ArenaSource::CreateFile(path) => {
                 let file = OpenOptions::new()
@@ -524,12 +552,11 @@ impl Arena {
                     requested_bytes: len,
                 });
             }
+            // An explicit largest size may pass the file's length now: the
+            // file can be extended later and grown into (`remap` checks
+            // its length then).
             let file_len = md.len() as usize;
-            (
-                ArenaKind::File,
-                1,
-                spec.max_size_bytes.unwrap_or(file_len).min(file_len),
-            )
+            (ArenaKind::File, 1, spec.max_size_bytes.unwrap_or(file_len))
         } else {
             let kind = if ft.is_block_device() {
                 "block device"
@@ -589,15 +616,16 @@ impl Arena {
             kind,
             path,
             identity,
-            file,
             resizable_file,
             align_bytes,
             max_len,
             populate,
+            mem_roots: None,
             mapped: UnsafeCell::new(Mapped {
                 map: Some(map),
                 base,
                 len,
+                file: file.map(Arc::new),
             }),
             // ORDERING: Relaxed — only uniqueness matters.
             id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
@@ -845,6 +873,7 @@ impl Arena {
         // `reenter` needs a live guard); `admin` excludes `exclusive`.
         let m = unsafe { &mut *self.mapped.get() };
         m.map = None;
+        m.file = None;
         m.base = std::ptr::null_mut();
         m.len = 0;
         true
@@ -922,7 +951,28 @@ impl Exclusive<'_> {
                 align_bytes: a.align_bytes,
             });
         }
-        let new_map = if let Some(file) = &a.file {
+        let cur_len = self.len();
+        // SAFETY: inside `exclusive`: no guard exists and `admin` is held,
+        // so nothing mutates `mapped` while this shared borrow lives (it
+        // ends before the `&mut` below).
+        let file = unsafe { (*a.mapped.get()).file.as_ref() };
+        if a.kind == ArenaKind::Memfd && new_len > cur_len {
+            if let Some(roots) = &a.mem_roots {
+                memlimit::check_memfd(new_len - cur_len, roots)?;
+            }
+        }
+        let new_map = if let Some(file) = file {
+            if !a.resizable_file && a.kind == ArenaKind::File {
+                // Mapping past a file's end SIGBUSes on first touch.
+                let file_bytes = file.metadata().map_or(0, |m| m.len());
+                if file_bytes < new_len as u64 {
+                    return Err(OpenError::FileShorterThanGrow {
+                        what: a.describe.clone(),
+                        requested_bytes: new_len,
+                        file_bytes,
+                    });
+                }
+            }
             if a.resizable_file {
                 let cur = file.metadata().map_or(0, |m| m.len());
                 if cur < new_len as u64 {
@@ -938,7 +988,7 @@ impl Exclusive<'_> {
         } else {
             let m = map_anon(new_len, a.populate)?;
             // Anonymous memory has no backing to re-map: carry the bytes.
-            let keep = self.len().min(new_len);
+            let keep = cur_len.min(new_len);
             // SAFETY: no guard exists (we are inside `exclusive`); the old
             // mapping is valid for `len` bytes and the new one for
             // `new_len`; they are distinct mappings.

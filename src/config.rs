@@ -16,7 +16,10 @@
 //! keys: `numa` (`"auto"`, `"off"` or a node number), `cpus` (a list),
 //! `spin_us`, `wait_spin_us`, `prefault`, `task_slots`, `task_keys`, `sysfs_root`, `signal` (`"always"`,
 //! the default, or `"when_waiting"`: see `engine::Signal`). A `device_path` of
-//! `"memfd"` maps an anonymous memfd (embedded use and tests).
+//! `"memfd"` maps an anonymous memfd (embedded use and tests). A device's
+//! `max_size_gb` (≥ `max_dax_size_gb`) is the largest a resize may grow it
+//! to (default: 4 × the size for `memfd`, the file's or device's length
+//! for a path); its slot tables are sized for it.
 //!
 //! Every invalid value is an error that names the field and the rule; an
 //! unknown key is an error too (a typo should not silently fall back to a
@@ -50,6 +53,7 @@ const OURS: &[&str] = &[
     "devices",
     "device_path",
     "max_dax_size_gb",
+    "max_size_gb",
     "hotplug_enabled",
     "num_store_workers",
     "num_lookup_workers",
@@ -90,6 +94,10 @@ pub struct DeviceConfig {
     pub device_path: String,
     /// Bytes to map (`max_dax_size_gb` × 2³⁰, whole slots).
     pub max_dax_size_bytes: usize,
+    /// The largest size a resize may grow it to (`max_size_gb` × 2³⁰; the
+    /// slot tables are sized for it). `None`: 4 × the size for `memfd`,
+    /// the file's or device's length for a path.
+    pub max_size_bytes: Option<usize>,
 }
 
 /// A validated engine configuration.
@@ -177,9 +185,22 @@ fn device(
         };
         return Err(err(f("max_dax_size_gb"), format!("{who} configured DAX arena ({bytes} bytes) does not fit one slot of {slot_bytes} bytes")));
     }
+    let max_size_bytes = match obj.get("max_size_gb") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_f64().filter(|g| *g > 0.0 && g.is_finite()) {
+            Some(g) if (g * GIB) as usize >= bytes => Some((g * GIB) as usize),
+            _ => {
+                return Err(err(
+                    f("max_size_gb"),
+                    format!("must be a number ≥ max_dax_size_gb (got {v})"),
+                ))
+            }
+        },
+    };
     Ok(DeviceConfig {
         device_path: path,
         max_dax_size_bytes: bytes,
+        max_size_bytes,
     })
 }
 
@@ -359,9 +380,19 @@ impl EngineConfig {
                 } else {
                     ArenaSource::Path(PathBuf::from(&d.device_path))
                 };
-                let arena = ArenaSpec::new(source, d.max_dax_size_bytes)
+                let mut arena = ArenaSpec::new(source, d.max_dax_size_bytes)
                     .populate(self.prefault)
                     .sysfs_root(&self.sysfs_root);
+                // Room to grow, as for a hotplugged device (the tables are
+                // sized for it; a memfd's memory comes with a grow, checked
+                // then).
+                let default_max = (d.device_path == "memfd").then(|| {
+                    d.max_dax_size_bytes
+                        .saturating_mul(crate::engine::MEMFD_GROW_FACTOR)
+                });
+                if let Some(max) = d.max_size_bytes.or(default_max) {
+                    arena = arena.max_size_bytes(max);
+                }
                 DeviceSpec {
                     path: d.device_path.clone(),
                     core: CoreConfig::new(arena, self.slot_bytes),
@@ -409,7 +440,8 @@ mod tests {
             c.devices,
             vec![DeviceConfig {
                 device_path: "/dev/dax0.0".into(),
-                max_dax_size_bytes: 1 << 29
+                max_dax_size_bytes: 1 << 29,
+                max_size_bytes: None,
             }]
         );
         assert_eq!((c.num_store_workers, c.num_lookup_workers), (1, 1));

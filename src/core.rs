@@ -460,10 +460,28 @@ impl DaxCore {
                 max: SLOT_MAX,
             });
         }
+        // The tables are DRAM sized by a caller's number (a file's length,
+        // a request's size): checked against the memory the process may
+        // use, then allocated fallibly, so a too-large device is an error
+        // that names the size, never an abort of the whole process.
+        let table_bytes = DaxCore::table_bytes(capacity_slots);
+        crate::memlimit::check(
+            &format!("slot tables for {capacity_slots} slots"),
+            table_bytes,
+            &cfg.arena.mem_roots,
+        )?;
+        let alloc_failed = || OpenError::TableAlloc {
+            slots: capacity_slots,
+            bytes: table_bytes,
+        };
+        let slots = crate::memlimit::try_boxed(capacity_slots, SlotMeta::default)
+            .ok_or_else(alloc_failed)?;
+        let bitmap = Bitmap::try_new(capacity_slots, max_slots).ok_or_else(alloc_failed)?;
+        let index = Index::try_with_slots(capacity_slots).ok_or_else(alloc_failed)?;
         Ok(DaxCore {
-            slots: (0..capacity_slots).map(|_| SlotMeta::default()).collect(),
-            bitmap: Bitmap::new(capacity_slots, max_slots),
-            index: Index::with_slots(capacity_slots),
+            slots,
+            bitmap,
+            index,
             arena,
             slot_bytes,
             capacity_slots,
@@ -594,6 +612,17 @@ impl DaxCore {
         }
         #[cfg(not(debug_assertions))]
         false
+    }
+
+    /// DRAM bytes the tables of a core of `capacity_slots` slots take
+    /// (about what [`DaxCore::dram_bytes`] will report).
+    pub fn table_bytes(capacity_slots: usize) -> usize {
+        let index = Index::buckets_for(capacity_slots)
+            .saturating_mul(std::mem::size_of::<u64>() + std::mem::size_of::<u8>());
+        capacity_slots
+            .saturating_mul(std::mem::size_of::<SlotMeta>())
+            .saturating_add(index)
+            .saturating_add(capacity_slots.div_ceil(64).max(1) * 8)
     }
 
     /// DRAM bytes of slot metadata, index and bitmap.

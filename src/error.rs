@@ -134,7 +134,7 @@ pub enum OpenError {
         /// The OS error.
         source: std::io::Error,
     },
-    #[error("{what}: cannot grow to {requested_bytes} bytes; the largest this arena can map is {max_bytes} bytes")]
+    #[error("{what}: cannot grow to {requested_bytes} bytes: the device's slot tables were sized when it was added for at most {max_bytes} bytes (max_size_bytes at add; by default a memfd's size × 4, a file's or device's length then); remove it and add it again with a larger max_size_bytes")]
     /// A remap asked for more than the arena's largest size
     /// ([`crate::arena::ArenaSpec::max_size_bytes`], or what the device or
     /// file holds).
@@ -149,6 +149,39 @@ pub enum OpenError {
     /// The arena is closed.
     #[error("arena is closed")]
     Closed,
+    #[error("{what} of {bytes} bytes exceeds the memory this process may still use: {limit_bytes} bytes ({limit})")]
+    /// A memfd or a device's slot tables would not fit the memory the
+    /// process may use (`MemAvailable`, or its cgroup's limit minus usage;
+    /// [`crate::memlimit`]).
+    MemoryLimit {
+        /// What was to be allocated ("memfd", "slot tables for N slots").
+        what: String,
+        /// Bytes asked for.
+        bytes: usize,
+        /// Bytes the process may still take.
+        limit_bytes: u64,
+        /// Which limit that is.
+        limit: String,
+    },
+    #[error("slot tables for {slots} slots need {bytes} bytes of DRAM and could not be allocated (a memory limit, e.g. RLIMIT_DATA); use larger slots or a smaller device")]
+    /// Allocating a device's slot tables failed.
+    TableAlloc {
+        /// Slots the tables are sized for.
+        slots: usize,
+        /// Bytes they need.
+        bytes: usize,
+    },
+    #[error("{what}: cannot grow to {requested_bytes} bytes: the file holds {file_bytes} bytes; extend it first")]
+    /// A grow of a file device past the file's current length (mapping
+    /// past the end would SIGBUS on first touch).
+    FileShorterThanGrow {
+        /// The arena's description.
+        what: String,
+        /// Size asked for, bytes.
+        requested_bytes: usize,
+        /// The file's length now, bytes.
+        file_bytes: u64,
+    },
 }
 
 /// Why a single put was refused (hot path: `Copy`, no allocation).

@@ -117,11 +117,21 @@ pub struct Index {
 impl Index {
     /// A table for up to `slots` live keys.
     pub fn with_slots(slots: usize) -> Index {
-        let n = (slots * 2).max(64).next_multiple_of(64);
-        Index {
-            buckets: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            hints: (0..n).map(|_| AtomicU8::new(0)).collect(),
-        }
+        Index::try_with_slots(slots).expect("index allocation failed")
+    }
+
+    /// Buckets an index for `slots` slots has (two per slot, at least 64).
+    pub fn buckets_for(slots: usize) -> usize {
+        slots.saturating_mul(2).max(64).next_multiple_of(64)
+    }
+
+    /// [`Index::with_slots`], or `None` if the tables cannot be allocated.
+    pub fn try_with_slots(slots: usize) -> Option<Index> {
+        let n = Index::buckets_for(slots);
+        Some(Index {
+            buckets: crate::memlimit::try_boxed(n, || AtomicU64::new(0))?,
+            hints: crate::memlimit::try_boxed(n, || AtomicU8::new(0))?,
+        })
     }
 
     /// Buckets in the table (two per slot, at least 64).

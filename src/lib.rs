@@ -18,6 +18,7 @@
 //! | [`cell`] | [`cell::Mailbox`]: the engine's reusable task-table cell |
 //! | [`buf`] | caller buffers handed to the engine (owned, or raw with a lifetime rule) |
 //! | [`numa`] | device NUMA node, topology and nearest CPUs from sysfs |
+//! | [`memlimit`] | memory a memfd or slot table may take (MemAvailable, cgroup limits) |
 //! | [`probe`] | what a device path is (devdax, kmem, unbound, file, …) from `stat` and sysfs, never opening it; the add / resize gates |
 //! | [`config`] | LMCache's `dax` adapter JSON, validated with errors that name the field |
 //! | [`engine`] | [`engine::Engine`]: worker pools, task table, device pool |
@@ -49,6 +50,7 @@ pub mod error;
 pub mod http;
 pub mod index;
 pub mod key;
+pub mod memlimit;
 pub mod metrics;
 pub mod notify;
 pub mod numa;

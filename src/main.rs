@@ -155,6 +155,11 @@ enum Cmd {
         path: String,
         /// Size: bytes, or a string like 64GiB.
         size: String,
+        /// The largest size a later resize may grow it to (bytes or a
+        /// string like 256GiB; default: 4 × SIZE for memfd, the file's or
+        /// device's length for a path).
+        #[arg(long)]
+        max_size: Option<String>,
         #[command(flatten)]
         server: ServerArgs,
     },
@@ -337,12 +342,18 @@ fn main() -> std::process::ExitCode {
             traffic,
         }),
         Cmd::Status { server } => client(&server, "GET", "/reconfigure/dax/l2/status", None),
-        Cmd::Add { path, size, server } => client(
-            &server,
-            "POST",
-            "/reconfigure/dax/l2/add",
-            Some(&serde_json::json!({"device_path": path, "size": size_arg(&size)})),
-        ),
+        Cmd::Add {
+            path,
+            size,
+            max_size,
+            server,
+        } => {
+            let mut body = serde_json::json!({"device_path": path, "size": size_arg(&size)});
+            if let Some(m) = max_size {
+                body["max_size"] = size_arg(&m);
+            }
+            client(&server, "POST", "/reconfigure/dax/l2/add", Some(&body))
+        }
         Cmd::Remove {
             path,
             mode,

@@ -248,12 +248,6 @@ fn hotplug_err(e: &crate::engine::HotplugError) -> ReconfigureError {
             status,
             json!({ "error": e.to_string(), "moved_keys": moved, "total_keys": total }),
         ),
-        // The remap's reason goes to the log, not to the caller (it may
-        // name the path).
-        H::Remap(why) => {
-            eprintln!("daxkv: resize: {why}");
-            ReconfigureError::msg(status, "failed to remap DAX device")
-        }
         _ => ReconfigureError::msg(status, e.to_string()),
     }
 }
@@ -282,6 +276,19 @@ fn size_of(payload: &Value) -> Result<usize, ReconfigureError> {
             400,
             "size_bytes must be a positive integer",
         )),
+    }
+}
+
+/// The optional `max_size_bytes` of an add: a positive integer, or absent.
+fn max_size_of(payload: &Value) -> Result<Option<usize>, ReconfigureError> {
+    const BAD: &str = "max_size_bytes must be a positive integer";
+    match payload.get("max_size_bytes") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_u64().map(usize::try_from) {
+            Some(Ok(v)) if v > 0 => Ok(Some(v)),
+            _ => Err(ReconfigureError::msg(400, BAD)),
+        },
+        Some(_) => Err(ReconfigureError::msg(400, BAD)),
     }
 }
 
@@ -347,8 +354,9 @@ impl Reconfigurable for DaxReconfigure {
                     }
                 }
                 let size = size_of(payload)?;
+                let max = max_size_of(payload)?;
                 let (index, info) = e
-                    .hotplug_add(&path, size, |p, n| (self.gate)(p, n, false))
+                    .hotplug_add_with_max(&path, size, max, |p, n| (self.gate)(p, n, false))
                     .map_err(|err| hotplug_err(&err))?;
                 Ok(json!({
                     "status": "ok",

@@ -516,15 +516,20 @@ pub struct Bitmap {
 impl Bitmap {
     /// `bits` slots, of which the first `available` are free.
     pub fn new(bits: usize, available: usize) -> Bitmap {
+        Bitmap::try_new(bits, available).expect("bitmap allocation failed")
+    }
+
+    /// [`Bitmap::new`], or `None` if it cannot be allocated.
+    pub fn try_new(bits: usize, available: usize) -> Option<Bitmap> {
         let n = bits.div_ceil(64).max(1);
-        let words: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        let words = crate::memlimit::try_boxed(n, || AtomicU64::new(0))?;
         let b = Bitmap {
             words,
             hint: AtomicUsize::new(0),
             bits,
         };
         b.set_available(0, available.min(bits));
-        b
+        Some(b)
     }
 
     /// Slots the bitmap covers (the largest slot count the arena can grow

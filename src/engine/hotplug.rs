@@ -34,13 +34,14 @@ use super::pool::{next_writable, Device, DeviceSpec, DeviceState};
 use super::{DeviceId, DeviceInfo, Engine, EngineError, HotplugOp, HotplugOutcome};
 use crate::arena::{ArenaSource, ArenaSpec};
 use crate::core::{CoreConfig, PutOutcome};
-use crate::error::PutError;
+use crate::error::{OpenError, PutError};
 use crate::key::Key;
 
-/// How far a hotplugged memfd device may grow (× its first size): the
+/// How far a memfd device (hotplugged or configured) may grow by default
+/// (× its first size; `max_size_bytes` at add sets another limit): the
 /// slot tables are sized for the largest size, so the headroom costs DRAM
 /// (review finding: a flat 64 GiB took 800 MiB of tables at 4 KiB slots).
-const MEMFD_GROW_FACTOR: usize = 4;
+pub const MEMFD_GROW_FACTOR: usize = 4;
 
 /// How `remove_device` empties a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +94,11 @@ pub enum HotplugError {
     /// Mapping failed (details in the log, never the path).
     #[error("failed to map DAX device")]
     MapFailed,
+    /// The device would take more memory than the process may use (a
+    /// memfd's size, or the slot tables), or its tables could not be
+    /// allocated: the reason, with the sizes.
+    #[error("{0}")]
+    Memory(String),
     /// No live device has this path.
     #[error("DAX device not found")]
     NotFound,
@@ -159,7 +165,9 @@ impl HotplugError {
             | HotplugError::SourceLocked { .. }
             | HotplugError::ShrinkWouldDrop
             | HotplugError::ShrinkStillLive => 409,
-            HotplugError::NoDestination | HotplugError::InsufficientCapacity { .. } => 507,
+            HotplugError::NoDestination
+            | HotplugError::InsufficientCapacity { .. }
+            | HotplugError::Memory(_) => 507,
             HotplugError::Engine(EngineError::Closing) => 503,
             _ => 400,
         }
@@ -242,6 +250,7 @@ impl HotplugError {
             HotplugError::NoDestination
             | HotplugError::InsufficientCapacity { .. }
             | HotplugError::MapFailed
+            | HotplugError::Memory(_)
             | HotplugError::Remap(_)
             | HotplugError::SourceLocked { .. } => HotplugOutcome::Failed,
             _ => HotplugOutcome::Rejected,
@@ -322,7 +331,7 @@ impl Engine {
                 let s = d.state();
                 !s.is_tombstone() && s != DeviceState::Failed && d.path() == path
             })
-            .map(|(i, d)| (i, d.id(), d.state()))
+            .map(|(_, d)| (d.index(), d.id(), d.state()))
             .collect();
         match m.len() {
             0 => Err(HotplugError::NotFound),
@@ -337,9 +346,8 @@ impl Engine {
             .pool
             .list()
             .iter()
-            .enumerate()
-            .find(|(_, d)| d.id() == id)
-            .map(|(i, d)| (i, d.info()))
+            .find(|d| d.id() == id)
+            .map(|d| (d.index(), d.info()))
     }
 
     /// Whether a device this engine has open (not a tombstone) is the same
@@ -360,9 +368,8 @@ impl Engine {
             .pool
             .list()
             .iter()
-            .enumerate()
-            .find(|(_, d)| d.id() == id && !d.state().is_tombstone())
-            .map(|(i, d)| (i, d.clone()))
+            .find(|d| d.id() == id && !d.state().is_tombstone())
+            .map(|d| (d.index(), d.clone()))
             .ok_or(HotplugError::NotFound)
     }
 
@@ -398,13 +405,33 @@ impl Engine {
         size_bytes: usize,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
     ) -> Result<(usize, DeviceInfo), HotplugError> {
-        counted(self, HotplugOp::Add, self.add_inner(path, size_bytes, gate))
+        self.hotplug_add_with_max(path, size_bytes, None, gate)
+    }
+
+    /// [`Engine::hotplug_add`] with the largest size a later resize may
+    /// grow the device to (`max_size_bytes`, at least `size_bytes`; the
+    /// slot tables are sized for it). Default: [`MEMFD_GROW_FACTOR`] × the
+    /// size for a memfd, the file's (or device's) length now for a path.
+    /// A file may be extended later and grown into, up to this limit.
+    pub fn hotplug_add_with_max(
+        &self,
+        path: &str,
+        size_bytes: usize,
+        max_size_bytes: Option<usize>,
+        gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
+    ) -> Result<(usize, DeviceInfo), HotplugError> {
+        counted(
+            self,
+            HotplugOp::Add,
+            self.add_inner(path, size_bytes, max_size_bytes, gate),
+        )
     }
 
     fn add_inner(
         &self,
         path: &str,
         size_bytes: usize,
+        max_size_bytes: Option<usize>,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
     ) -> Result<(usize, DeviceInfo), HotplugError> {
         let admin = self.hotplug_admin()?;
@@ -418,6 +445,11 @@ impl Engine {
         if size_bytes / self.inner.slot_bytes == 0 {
             return Err(HotplugError::Invalid("size_bytes does not fit one slot"));
         }
+        if max_size_bytes.is_some_and(|m| m < size_bytes) {
+            return Err(HotplugError::Invalid(
+                "max_size_bytes must be at least size_bytes",
+            ));
+        }
         let source = if path == "memfd" {
             ArenaSource::Memfd
         } else {
@@ -429,13 +461,12 @@ impl Engine {
             // The same path string (an entry whose file was replaced
             // counts too).
             let devs = self.inner.pool.list();
-            if let Some((i, d)) = devs
+            if let Some(d) = devs
                 .iter()
-                .enumerate()
-                .find(|(_, d)| !d.state().is_tombstone() && d.path() == path)
+                .find(|d| !d.state().is_tombstone() && d.path() == path)
             {
                 return if d.core().arena_bytes() == size_bytes {
-                    Ok((i, d.info()))
+                    Ok((d.index(), d.info()))
                 } else {
                     Err(HotplugError::SizeConflict)
                 };
@@ -443,10 +474,11 @@ impl Engine {
             ArenaSource::Path(p.to_path_buf())
         };
         let mut arena = ArenaSpec::new(source, size_bytes);
-        if path == "memfd" {
-            // Room to grow: address space only (a file or device can grow
-            // up to its own length, which the arena reads at open).
-            arena = arena.max_size_bytes(size_bytes.saturating_mul(MEMFD_GROW_FACTOR));
+        // Room to grow: the tables are sized for it (a file or device
+        // defaults to its own length, which the arena reads at open).
+        let default_max = (path == "memfd").then(|| size_bytes.saturating_mul(MEMFD_GROW_FACTOR));
+        if let Some(max) = max_size_bytes.or(default_max) {
+            arena = arena.max_size_bytes(max);
         }
         let spec = DeviceSpec {
             path: path.to_string(),
@@ -459,6 +491,14 @@ impl Engine {
         {
             Ok(id) => id,
             Err(EngineError::SizeConflict { .. }) => return Err(HotplugError::SizeConflict),
+            // Sizes only, no path: the caller is told why.
+            Err(EngineError::Device {
+                source:
+                    source @ (OpenError::MemoryLimit { .. }
+                    | OpenError::TableAlloc { .. }
+                    | OpenError::TooManySlots { .. }),
+                ..
+            }) => return Err(HotplugError::Memory(source.to_string())),
             Err(EngineError::Device { source, .. }) => {
                 eprintln!("daxkv: hotplug add: {source}");
                 return Err(HotplugError::MapFailed);
@@ -493,7 +533,7 @@ impl Engine {
         mode: RemoveMode,
         force: bool,
     ) -> Result<RemoveReport, HotplugError> {
-        let _admin = self.hotplug_admin()?;
+        let admin = self.hotplug_admin()?;
         let (index, dev) = self.device(id)?;
         let old = dev.state();
         let report = |moved_keys, moved_bytes, deleted_keys, freed| RemoveReport {
@@ -537,7 +577,11 @@ impl Engine {
         restore.2 = false;
         dev.set_state(DeviceState::Removing);
         dev.core().close();
-        dev.set_state(DeviceState::Removed);
+        // A tombstone: out of the list; the core (mapping, fd, tables)
+        // goes with the last holder of an older list.
+        self.inner
+            .pool
+            .retire(&admin, |d| d.id() == id, DeviceState::Removed);
         Ok(report(moved, bytes, deleted, moved + deleted))
     }
 
@@ -632,9 +676,17 @@ impl Engine {
                 return Err(HotplugError::ShrinkStillLive);
             }
         }
-        dev.core()
-            .remap(size_bytes)
-            .map_err(|e| HotplugError::Remap(e.to_string()))?;
+        dev.core().remap(size_bytes).map_err(|e| {
+            // The reason goes to the caller, the path left out (the log
+            // has it whole).
+            eprintln!("daxkv: resize: {e}");
+            let why = e.to_string();
+            HotplugError::Remap(if dev.path() == "memfd" {
+                why
+            } else {
+                why.replace(dev.path(), "the device")
+            })
+        })?;
         restore.2 = false;
         dev.set_state(old);
         Ok(report(moved, deleted, &dev))

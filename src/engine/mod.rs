@@ -149,7 +149,9 @@ mod submit;
 mod task;
 mod worker;
 
-pub use hotplug::{HotplugError, RemoveMode, RemoveReport, ResizeReport, ShrinkMode};
+pub use hotplug::{
+    HotplugError, RemoveMode, RemoveReport, ResizeReport, ShrinkMode, MEMFD_GROW_FACTOR,
+};
 pub use metrics::{
     HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op, CALLER_SHARDS,
     DURATION_BUCKETS,
@@ -348,6 +350,35 @@ impl Inner {
             }
         }
     }
+}
+
+/// A closed or removed device in `status()`: its core is gone.
+fn tombstone_json(
+    index: usize,
+    info: &DeviceInfo,
+    slot_bytes: usize,
+    inflight: &[usize],
+) -> serde_json::Value {
+    serde_json::json!({
+        "index": index,
+        "device_id": info.id.0,
+        "device_path": info.path,
+        "state": info.state.name(),
+        "is_healthy": false,
+        "max_dax_size_bytes": 0,
+        "slot_bytes": slot_bytes,
+        "max_slots": 0,
+        "live_slot_count": 0,
+        "locked_key_count": 0,
+        "borrowed_slot_count": 0,
+        "active_read_count": 0,
+        "active_write_count": 0,
+        "closing": true,
+        "inflight_store_tasks": inflight[0],
+        "inflight_lookup_tasks": inflight[1],
+        "inflight_load_tasks": inflight[2],
+        "supports_restart_recovery": false,
+    })
 }
 
 /// The engine. `Send + Sync`; all methods take `&self`.
@@ -677,7 +708,7 @@ impl Engine {
 
     /// Status fields (docs/lmcache-dax-behavior.md §3.10), as a JSON value.
     pub fn status(&self) -> serde_json::Value {
-        let devs = self.inner.pool.list();
+        let devs = self.inner.pool.entries();
         // ORDERING: Acquire — a snapshot for status; pairs with
         // `request_close`.
         let closing = self.inner.closing.load(Ordering::Acquire);
@@ -691,7 +722,16 @@ impl Engine {
         let mut devices = Vec::new();
         let (mut live, mut locked, mut borrowed) = (0, 0, 0);
         let mut healthy = !closing;
-        for (i, d) in devs.iter().enumerate() {
+        for (i, e) in devs.iter().enumerate() {
+            let pool::Entry::Live(d) = e else {
+                devices.push(tombstone_json(
+                    i,
+                    &e.info(),
+                    self.inner.slot_bytes,
+                    &inflight,
+                ));
+                continue;
+            };
             let st = d.core().status();
             let state = d.state();
             if state.counts_capacity() {
@@ -742,7 +782,7 @@ impl Engine {
         serde_json::json!({
             "is_healthy": healthy,
             "type": "dax",
-            "device_path": devs.first().map(|d| d.path().to_string()).unwrap_or_default(),
+            "device_path": devs.first().map(|d| d.info().path).unwrap_or_default(),
             "max_dax_size_bytes": cap,
             "total_used_bytes": used,
             "slot_bytes": self.inner.slot_bytes,

@@ -129,6 +129,13 @@ impl Device {
         &self.path
     }
 
+    /// Its position in the full device list (status's `index`): ids are
+    /// given in order, never reused, and tombstones keep their place, so
+    /// the position is the id.
+    pub fn index(&self) -> usize {
+        self.id.0 as usize
+    }
+
     /// Its state now.
     pub fn state(&self) -> DeviceState {
         // ORDERING: Acquire — pairs with `set_state`.
@@ -219,12 +226,70 @@ pub struct DeviceSpec {
     pub core: CoreConfig,
 }
 
+/// What is left of a closed or removed device: enough for status. The
+/// device itself (its core: mapping, fd, slot tables) leaves the pool's
+/// list when it becomes a tombstone and is freed when the last task part,
+/// session or [`RawDevice`] that still holds it lets go (at once if none
+/// does): nothing of it stays behind, and the data path never walks it.
+#[derive(Clone, Debug)]
+pub(super) struct Tombstone {
+    id: DeviceId,
+    path: Box<str>,
+    state: DeviceState,
+}
+
+impl Tombstone {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            id: self.id,
+            path: self.path.to_string(),
+            state: self.state,
+            arena_bytes: 0,
+            slot_bytes: 0,
+            max_slots: 0,
+            live_slots: 0,
+        }
+    }
+}
+
+/// One entry of the full device list: a device, or a tombstone.
+pub(super) enum Entry {
+    /// A device in the pool (any state but closed / removed).
+    Live(Arc<Device>),
+    /// A closed or removed device.
+    Gone(Tombstone),
+}
+
+impl Entry {
+    /// Its id (and position).
+    pub(super) fn id(&self) -> DeviceId {
+        match self {
+            Entry::Live(d) => d.id,
+            Entry::Gone(t) => t.id,
+        }
+    }
+
+    /// Its id, path, state and usage.
+    pub(super) fn info(&self) -> DeviceInfo {
+        match self {
+            Entry::Live(d) => d.info(),
+            Entry::Gone(t) => t.info(),
+        }
+    }
+}
+
 /// The device list and the state the control plane changes under one
 /// mutex.
 pub(super) struct DevicePool {
-    /// The device list: read lock-free by the data path; replaced only
-    /// under `admin`.
+    /// The devices that are not tombstones: read lock-free by the data
+    /// path; replaced only under `admin`. A device leaves it when closed
+    /// or removed ([`DevicePool::retire`]), so per-operation work (unlock,
+    /// delete, placement) does not grow with the number of devices ever
+    /// removed.
     devices: ArcSwap<Vec<Arc<Device>>>,
+    /// Closed and removed devices, for status (ids stay taken). Changed
+    /// only under `admin`.
+    tombstones: Mutex<Vec<Tombstone>>,
     /// Serializes the control plane's changes (add, state changes, close):
     /// an identity check and the append are one step.
     admin: Mutex<()>,
@@ -260,6 +325,7 @@ impl DevicePool {
         let n = devs.len() as u32;
         Ok(DevicePool {
             devices: ArcSwap::from_pointee(devs),
+            tombstones: Mutex::new(Vec::new()),
             admin: Mutex::new(()),
             next_id: AtomicU32::new(n),
             slot_bytes,
@@ -267,9 +333,68 @@ impl DevicePool {
         })
     }
 
-    /// The device list now (lock-free; cheap).
+    /// The devices now, tombstones left out (lock-free; cheap).
     pub(super) fn list(&self) -> Guard<Arc<Vec<Arc<Device>>>> {
         self.devices.load()
+    }
+
+    /// Every device ever added, tombstones included, in id order (status;
+    /// allocates).
+    pub(super) fn entries(&self) -> Vec<Entry> {
+        let mut v: Vec<Entry> = self.list().iter().cloned().map(Entry::Live).collect();
+        v.extend(
+            self.tombstones
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .cloned()
+                .map(Entry::Gone),
+        );
+        v.sort_by_key(Entry::id);
+        v
+    }
+
+    /// Turn the devices `which` picks into tombstones of state `to`
+    /// (closed or removed): set the state (holders of an older list see
+    /// it and skip them), then drop them from the list. Each is freed when
+    /// the last holder of an older list lets go. Called under `admin`.
+    pub(super) fn retire(
+        &self,
+        _admin: &MutexGuard<'_, ()>,
+        which: impl Fn(&Device) -> bool,
+        to: DeviceState,
+    ) {
+        debug_assert!(to.is_tombstone());
+        let cur = self.list();
+        let mut graves = self
+            .tombstones
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut keep = Vec::with_capacity(cur.len());
+        for d in cur.iter() {
+            if which(d) {
+                d.set_state(to);
+                graves.push(Tombstone {
+                    id: d.id,
+                    path: d.path.as_str().into(),
+                    state: to,
+                });
+            } else {
+                keep.push(d.clone());
+            }
+        }
+        drop(graves);
+        self.devices.store(Arc::new(keep));
+    }
+
+    /// The state of tombstone `id`, if it is one.
+    fn tombstone_state(&self, id: DeviceId) -> Option<DeviceState> {
+        self.tombstones
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|t| t.id == id)
+            .map(|t| t.state)
     }
 
     /// The device list now, as an owned snapshot.
@@ -318,7 +443,8 @@ impl DevicePool {
         let mut cfg = spec.core.clone();
         cfg.slot_bytes = self.slot_bytes;
         let core = DaxCore::open(&cfg).map_err(|source| EngineError::Device {
-            index: self.list().len(),
+            // ORDERING: Relaxed — under `admin`, as below.
+            index: self.next_id.load(Ordering::Relaxed) as usize,
             source,
         })?;
         // The identity of what was opened (a path that appeared meanwhile,
@@ -388,15 +514,27 @@ impl DevicePool {
 
     /// Move device `id` to `to`; returns its previous state. A tombstone
     /// (closed, removed) never changes again, and no device becomes
-    /// `Closed` this way (that is `close`'s).
+    /// `Closed` this way (that is `close`'s). A device set `Removed` leaves
+    /// the list ([`DevicePool::retire`]).
     pub(super) fn set_state(
         &self,
         id: DeviceId,
         to: DeviceState,
         closing: &AtomicBool,
     ) -> Result<DeviceState, EngineError> {
-        let _admin = self.admin();
-        let d = self.find_open(id, closing, |_| true)?;
+        let admin = self.admin();
+        let d = match self.find_open(id, closing, |_| true) {
+            Ok(d) => d,
+            Err(EngineError::NoSuchDevice { .. }) if self.tombstone_state(id).is_some() => {
+                let from = self.tombstone_state(id).unwrap_or(DeviceState::Removed);
+                return Err(EngineError::StateChange {
+                    id: id.0,
+                    from: from.name(),
+                    to: to.name(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let from = d.state();
         if from.is_tombstone() || to == DeviceState::Closed {
             return Err(EngineError::StateChange {
@@ -405,7 +543,11 @@ impl DevicePool {
                 to: to.name(),
             });
         }
-        d.set_state(to);
+        if to.is_tombstone() {
+            self.retire(&admin, |x| x.id == id, to);
+        } else {
+            d.set_state(to);
+        }
         Ok(from)
     }
 
@@ -444,11 +586,12 @@ impl DevicePool {
     /// Under `admin`: a racing `add` either appended before this (and its
     /// device is closed here) or sees `closing` and refuses.
     pub(super) fn close_all(&self) {
-        let _admin = self.admin();
+        let admin = self.admin();
         for d in self.list().iter() {
             d.core.close();
-            d.set_state(DeviceState::Closed);
         }
+        // Out of the list: the tables go once the last holder lets go.
+        self.retire(&admin, |_| true, DeviceState::Closed);
     }
 
     /// Close every device's mapping without the admin mutex (a failed
@@ -461,9 +604,11 @@ impl DevicePool {
 }
 
 impl Engine {
-    /// The devices with their state and usage (a snapshot; allocates).
+    /// The devices with their state and usage, tombstones (closed,
+    /// removed: no size, no slots) included, in id order (a snapshot;
+    /// allocates).
     pub fn devices(&self) -> Vec<DeviceInfo> {
-        self.inner.pool.list().iter().map(|d| d.info()).collect()
+        self.inner.pool.entries().iter().map(Entry::info).collect()
     }
 
     /// Remap device `id` to `bytes` of mapping: grow, or shrink when no
@@ -501,7 +646,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Device `id`'s mapping, for raw-copy baselines (see [`RawDevice`]).
+    /// Device `id`'s mapping, for raw-copy baselines (see [`RawDevice`]);
+    /// `None` for a closed or removed device. A `RawDevice` keeps the
+    /// device's mapping, fd and tables alive until it drops, even after
+    /// the device is removed.
     pub fn raw_device(&self, id: DeviceId) -> Option<RawDevice> {
         self.inner
             .pool
@@ -771,6 +919,37 @@ mod tests {
         );
         drop(set);
         assert_eq!(e.usage().0, 0);
+    }
+
+    /// Issue 17, item 11: a removed device leaves the list the data path
+    /// walks (unlock, delete, placement), so their cost does not grow
+    /// with the number of devices ever removed; status still lists the
+    /// tombstones, in id order. Fails on the old code (the list grew by
+    /// one per cycle).
+    #[test]
+    fn removed_devices_leave_the_data_path_list() {
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(4 * SLOT), SLOT),
+        };
+        let e = Engine::open(vec![dev], SLOT, true, EngineOptions::default()).unwrap();
+        for c in 0..50 {
+            let d = e
+                .add_device(&DeviceSpec {
+                    path: format!("memfd:c{c}"),
+                    core: CoreConfig::new(ArenaSpec::memfd(4 * SLOT), SLOT),
+                })
+                .unwrap();
+            e.remove_device(d, super::super::RemoveMode::Evict, false)
+                .unwrap();
+        }
+        assert_eq!(e.inner.pool.list().len(), 1, "tombstones in the live list");
+        let ids: Vec<u32> = e.devices().iter().map(|d| d.id.0).collect();
+        assert_eq!(ids, (0..51).collect::<Vec<_>>());
+        assert_eq!(e.status()["devices"][50]["index"], 50);
+        e.close();
+        assert!(e.inner.pool.list().is_empty(), "closed devices left");
     }
 
     #[test]

@@ -117,7 +117,7 @@ pub(crate) fn generic(body: &Value) -> Result<Accepted, Refusal> {
 /// The DAX operations and their fields (beyond `adapter_index`).
 fn dax_fields(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
-        "add" => &["device_path", "size"],
+        "add" => &["device_path", "size", "max_size"],
         "remove" => &["device_path", "mode", "force"],
         "resize" => &["device_path", "size", "mode", "force"],
         _ => return None,
@@ -174,6 +174,12 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
         }
     }
 
+    let max_size = if fields.contains(&"max_size") {
+        max_size_field(o, &mut errs)
+    } else {
+        None
+    };
+
     if fields.contains(&"mode") {
         mode(op, o, &mut payload, &mut errs);
     }
@@ -210,6 +216,9 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
         };
         payload.insert("size_bytes".into(), bytes.ok_or(Refusal::BadSize)?.into());
     }
+    if let Some(v) = max_size {
+        payload.insert("max_size_bytes".into(), max_size_bytes(v));
+    }
     let add_path = (op == "add")
         .then(|| payload["device_path"].as_str().map(str::to_owned))
         .flatten();
@@ -218,6 +227,35 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
         payload: Value::Object(payload),
         add_path,
     })
+}
+
+/// `max_size: StrictInt | str | None` (add): the largest size a later
+/// resize may grow the device to.
+fn max_size_field<'a>(o: &'a Map<String, Value>, errs: &mut Vec<Value>) -> Option<&'a Value> {
+    match o.get("max_size") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Number(n)) if n.is_i64() || n.is_u64() => Some(v),
+        Some(v @ Value::String(_)) => Some(v),
+        Some(v) => {
+            errs.push(item(
+                "int_type",
+                &["max_size", "int"],
+                "Input should be a valid integer",
+                v,
+            ));
+            None
+        }
+    }
+}
+
+/// A `max_size` in bytes; a bad value goes on as it is, for the backend
+/// to refuse by name.
+fn max_size_bytes(v: &Value) -> Value {
+    let bytes = match v {
+        Value::String(s) => parse_size(s),
+        v => v.as_u64().filter(|&b| b > 0),
+    };
+    bytes.map_or_else(|| v.clone(), Value::from)
 }
 
 /// `mode: Literal[...] = "migrate"` (`drain` for `remove` only).
