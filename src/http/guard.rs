@@ -68,8 +68,7 @@ fn split_authority(s: &str, bare_v6: bool) -> Option<(String, Option<u16>)> {
     };
     let name_ok = !h.is_empty()
         && h.len() <= 253
-        && h
-            .bytes()
+        && h.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_');
     name_ok.then(|| (h.to_ascii_lowercase(), p))
 }

@@ -708,10 +708,11 @@ async fn post_op(
         Ok(v) => v,
         Err(e) => return unprocessable(&[schema::json_error(&bytes, &e)]),
     };
+    let big = schema::BigInts::scan(&bytes);
     let accepted = if backend == "dax" {
-        schema::dax(&op, &value)
+        schema::dax(&op, &value, &big)
     } else {
-        schema::generic(&value)
+        schema::generic(&value, &big)
     };
     let Accepted {
         local_index,
