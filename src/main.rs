@@ -140,6 +140,12 @@ enum Cmd {
         /// Listen on a non-loopback address too (put a proxy in front).
         #[arg(long)]
         allow_non_loopback: bool,
+        /// Accept requests naming this host (`Host` / `Origin`): NAME,
+        /// NAME:PORT or an IP address (repeatable). 127.0.0.1, [::1] and
+        /// localhost at the listening port are always accepted; others get
+        /// 403 (a browser page's DNS rebinding). For non-loopback listeners.
+        #[arg(long, value_name = "HOST")]
+        allow_host: Vec<String>,
         /// Run the bench workload continuously against the engine (bytes
         /// verified; figures in /metrics), to watch hotplug under load.
         #[arg(long)]
@@ -330,6 +336,7 @@ fn main() -> std::process::ExitCode {
             token,
             allow_prefix,
             allow_non_loopback,
+            allow_host,
             traffic,
         } => serve(&daxkv::serve::ServeConfig {
             config,
@@ -338,6 +345,7 @@ fn main() -> std::process::ExitCode {
                 token,
                 allow_prefixes: allow_prefix,
                 allow_non_loopback,
+                allow_hosts: allow_host,
                 ..daxkv::http::HttpConfig::default()
             },
             traffic,
