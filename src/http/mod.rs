@@ -33,7 +33,9 @@
 //! else is `{"error": msg}`: 400 for an empty backend or operation, an
 //! unsupported DAX operation or a bad size (see [`parse_size`]; the input
 //! is never echoed and never reaches a backend), 401, 403, 404 (`"<backend>
-//! adapter not found"`, `"not found"`), 405, 413.
+//! adapter not found"`, `"not found"`), 405, 408 (a body not received in
+//! [`HttpConfig::body_read_timeout`]), 413, 415 (a POST that is not
+//! `application/json`).
 //!
 //! **The `adapter_index` quirk.** A POST's `adapter_index` counts among the
 //! adapters of that backend (backend-local); the 200 answer carries the
@@ -49,7 +51,10 @@
 //! [`HttpConfig::body_limit`] bytes (413). The allow-list is checked before
 //! the backend opens the path: it keeps a mistaken or hostile controller
 //! off other devices, not a local user who can write inside the allowed
-//! directories.
+//! directories. Browsers on the same host are kept out by the `Host`,
+//! `Origin` and `Content-Type` rules of `guard.rs`; connections are capped,
+//! idle and slow ones timed out, and an accept error (`EMFILE`) retried
+//! after a back-off (`conn.rs`).
 
 #![forbid(unsafe_code)]
 // `Err(Response)` is axum's early-return idiom; every such path is cold.
