@@ -457,11 +457,13 @@ fn client(
                     .or_else(|| v.get("reason"))
                     .or_else(|| v.get("detail"))
             })
-            .map(ToString::to_string)
-            .unwrap_or_else(|| {
-                let cut: String = text.chars().take(200).collect();
-                format!("not a daxkv answer: {cut:?}")
-            });
+            .map_or_else(
+                || {
+                    let cut: String = text.chars().take(200).collect();
+                    format!("not a daxkv answer: {cut:?}")
+                },
+                ToString::to_string,
+            );
         bail!("{method} {path}: {status}: {msg}");
     }
     let v = parsed.unwrap_or_default();

@@ -181,7 +181,7 @@ fn an_endless_answer_is_cut_off() {
         |mut s| {
             read_head(&mut s);
             let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\n");
-            let chunk = [b'x'; 64 << 10];
+            let chunk = vec![b'x'; 64 << 10];
             // At most 256 MiB, until the client hangs up.
             for _ in 0..4096 {
                 if s.write_all(&chunk).is_err() {

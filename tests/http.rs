@@ -1291,9 +1291,17 @@ fn foreign_hosts_and_cross_site_origins_are_403() {
         }
     }
     assert_eq!(dax.calls().len(), allowed_posts);
+}
 
-    // No Host: HTTP/1.1 requires one (400); HTTP/1.0 may omit it, and no
-    // browser does, so it passes. Two Hosts: 400.
+/// No `Host`: HTTP/1.1 requires one (400); HTTP/1.0 may omit it, and no
+/// browser does, so it passes. Two `Host`s: 400. An absolute-form target
+/// names its authority too.
+#[test]
+fn requests_without_exactly_one_host_of_ours() {
+    let srv = start(&[Recording::new("dax", "a")]);
+    let a = srv.local_addr();
+    let port = a.port();
+    let host = format!("Host: {a}");
     let r = raw(
         a,
         "GET /reconfigure/dax/l2/status HTTP/1.1\r\nConnection: close\r\n\r\n",
@@ -1311,7 +1319,6 @@ fn foreign_hosts_and_cross_site_origins_are_403() {
         &[&host, "Host: evil.example"],
     );
     assert_eq!(r.status, 400);
-    // An absolute-form target names its authority too.
     let r = raw(
         a,
         &format!("GET http://evil.example:{port}/reconfigure/dax/l2/status HTTP/1.1\r\n{host}\r\nConnection: close\r\n\r\n"),

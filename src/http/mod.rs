@@ -158,6 +158,60 @@ impl Default for HttpConfig {
     }
 }
 
+impl HttpConfig {
+    /// Check every field (what [`serve`] refuses, but binding): call it
+    /// before slow start-up work to fail early with the same error.
+    pub fn validate(&self) -> Result<(), HttpError> {
+        self.checked().map(drop)
+    }
+
+    /// The checks; the canonical allow-list on success.
+    fn checked(&self) -> Result<Vec<PathBuf>, HttpError> {
+        if !self.addr.ip().is_loopback() && !self.allow_non_loopback {
+            return Err(HttpError::NonLoopback(self.addr));
+        }
+        if let Some(t) = &self.token {
+            if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(HttpError::Config(
+                    "token must be non-empty printable ASCII without spaces".into(),
+                ));
+            }
+        }
+        if self.body_limit == 0 {
+            return Err(HttpError::Config("body_limit must be > 0".into()));
+        }
+        if self.max_concurrent_mutations == 0 {
+            return Err(HttpError::Config(
+                "max_concurrent_mutations must be > 0".into(),
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(HttpError::Config("max_connections must be > 0".into()));
+        }
+        for (name, d) in [
+            ("header_read_timeout", self.header_read_timeout),
+            ("body_read_timeout", self.body_read_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(HttpError::Config(format!("{name} must be > 0")));
+            }
+        }
+        // The names are checked before binding; the port is known after.
+        guard::Hosts::new(self.addr, &self.allow_hosts).map_err(HttpError::Config)?;
+        self.allow_prefixes
+            .iter()
+            .map(|p| {
+                canonical(p).ok_or_else(|| {
+                    HttpError::Config(format!(
+                        "allow_prefixes: {} is neither absolute nor under an existing directory",
+                        p.display()
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
 /// The callbacks the server calls besides the [`Registry`]; each runs on
 /// the blocking pool, never on the event loop.
 #[derive(Clone, Default)]
@@ -259,49 +313,7 @@ pub fn serve(
     registry: Registry,
     hooks: HttpHooks,
 ) -> Result<HttpServer, HttpError> {
-    if !cfg.addr.ip().is_loopback() && !cfg.allow_non_loopback {
-        return Err(HttpError::NonLoopback(cfg.addr));
-    }
-    if let Some(t) = &cfg.token {
-        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(HttpError::Config(
-                "token must be non-empty printable ASCII without spaces".into(),
-            ));
-        }
-    }
-    if cfg.body_limit == 0 {
-        return Err(HttpError::Config("body_limit must be > 0".into()));
-    }
-    if cfg.max_concurrent_mutations == 0 {
-        return Err(HttpError::Config(
-            "max_concurrent_mutations must be > 0".into(),
-        ));
-    }
-    if cfg.max_connections == 0 {
-        return Err(HttpError::Config("max_connections must be > 0".into()));
-    }
-    for (name, d) in [
-        ("header_read_timeout", cfg.header_read_timeout),
-        ("body_read_timeout", cfg.body_read_timeout),
-    ] {
-        if d.is_zero() {
-            return Err(HttpError::Config(format!("{name} must be > 0")));
-        }
-    }
-    // The names are checked before binding; the port is known after.
-    guard::Hosts::new(cfg.addr, &cfg.allow_hosts).map_err(HttpError::Config)?;
-    let allow = cfg
-        .allow_prefixes
-        .iter()
-        .map(|p| {
-            canonical(p).ok_or_else(|| {
-                HttpError::Config(format!(
-                    "allow_prefixes: {} is neither absolute nor under an existing directory",
-                    p.display()
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let allow = cfg.checked()?;
 
     let listener = std::net::TcpListener::bind(cfg.addr).map_err(|source| HttpError::Bind {
         addr: cfg.addr,
