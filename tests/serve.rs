@@ -329,3 +329,65 @@ fn the_control_plane_survives_running_out_of_fds() {
         "EMFILE was never hit:\n{log}"
     );
 }
+
+/// A raw request to a running server with exactly these header lines.
+fn raw_request(addr: &str, head: &str, body: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "{head}Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What a web page on the same host could send to `daxkv serve`: a form
+/// or `text/plain` POST that would add a memfd device (415), a request
+/// through a rebound DNS name (403); `--allow-host` admits a name. No
+/// device is added by any of them.
+#[test]
+fn serve_refuses_browser_requests_and_admits_allowed_hosts() {
+    let s = Serve::start(&["--allow-host", "kv.internal"]);
+    let port = s.addr.rsplit(':').next().unwrap().to_string();
+    let add = "POST /reconfigure/dax/l2/add HTTP/1.1\r\n";
+    let body = r#"{"device_path": "memfd", "size": "64MiB"}"#;
+    let host = format!("Host: {}\r\n", s.addr);
+    for ct in [
+        "",
+        "Content-Type: text/plain\r\n",
+        "Content-Type: application/x-www-form-urlencoded\r\n",
+    ] {
+        assert_eq!(
+            raw_request(&s.addr, &format!("{add}{host}{ct}"), body),
+            415,
+            "{ct:?}"
+        );
+    }
+    let json = "Content-Type: application/json\r\n";
+    let evil = format!("Host: evil.example:{port}\r\n");
+    assert_eq!(
+        raw_request(&s.addr, &format!("{add}{evil}{json}"), body),
+        403
+    );
+    let origin = "Origin: http://evil.example\r\n";
+    assert_eq!(
+        raw_request(&s.addr, &format!("{add}{host}{json}{origin}"), body),
+        403
+    );
+    let status = "GET /reconfigure/dax/l2/status HTTP/1.1\r\n";
+    assert_eq!(raw_request(&s.addr, &format!("{status}{evil}"), ""), 403);
+    let named = format!("Host: kv.internal:{port}\r\n");
+    assert_eq!(raw_request(&s.addr, &format!("{status}{named}"), ""), 200);
+    let (_, st) = s.get("/reconfigure/dax/l2/status");
+    let st: Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["adapters"][0]["status"]["num_devices"], 1, "{st}");
+    s.stop_with(libc::SIGTERM);
+}
