@@ -27,6 +27,7 @@
 //! | [`bench`](mod@bench) | the standard `daxkv bench` workload |
 //! | [`reconfigure`] | the run-time reconfiguration protocol and [`reconfigure::Registry`] |
 //! | [`http`] | the HTTP control plane (reconfigure API, `/health`, `/metrics`) |
+//! | [`client`] | the control plane's bounded client (`daxkv status \| add \| remove \| resize`) |
 //!
 //! Unsafe code lives in `arena`, `copy`, `ring`, `cell`, `buf`, `notify` and
 //! `sys`; `core` and `bench` are `#![deny(unsafe_code)]` with single blocks
@@ -42,6 +43,7 @@ pub mod bench;
 pub mod buf;
 pub mod busy;
 pub mod cell;
+pub mod client;
 pub mod config;
 pub mod copy;
 pub mod core;

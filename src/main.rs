@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use daxkv::client::Expect;
 
 #[derive(Parser)]
 #[command(
@@ -139,6 +140,12 @@ enum Cmd {
         /// Listen on a non-loopback address too (put a proxy in front).
         #[arg(long)]
         allow_non_loopback: bool,
+        /// Accept requests naming this host (`Host` / `Origin`): NAME,
+        /// NAME:PORT or an IP address (repeatable). 127.0.0.1, [::1] and
+        /// localhost at the listening port are always accepted; others get
+        /// 403 (a browser page's DNS rebinding). For non-loopback listeners.
+        #[arg(long, value_name = "HOST")]
+        allow_host: Vec<String>,
         /// Run the bench workload continuously against the engine (bytes
         /// verified; figures in /metrics), to watch hotplug under load.
         #[arg(long)]
@@ -197,9 +204,14 @@ enum Cmd {
 /// Where a running server is.
 #[derive(clap::Args)]
 struct ServerArgs {
-    /// The server's control-plane address.
+    /// The server's control-plane address: host:port or http://host:port.
     #[arg(long, default_value = daxkv::serve::DEFAULT_HTTP)]
     server: String,
+    /// Give up after this many seconds without a whole answer (an
+    /// operation may still finish on the server).
+    #[arg(long, value_name = "SECONDS", default_value_t = daxkv::client::DEFAULT_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    timeout: u64,
     /// Bearer token, if the server wants one.
     #[arg(long, env = "DAXKV_TOKEN")]
     token: Option<String>,
@@ -329,6 +341,7 @@ fn main() -> std::process::ExitCode {
             token,
             allow_prefix,
             allow_non_loopback,
+            allow_host,
             traffic,
         } => serve(&daxkv::serve::ServeConfig {
             config,
@@ -337,11 +350,18 @@ fn main() -> std::process::ExitCode {
                 token,
                 allow_prefixes: allow_prefix,
                 allow_non_loopback,
+                allow_hosts: allow_host,
                 ..daxkv::http::HttpConfig::default()
             },
             traffic,
         }),
-        Cmd::Status { server } => client(&server, "GET", "/reconfigure/dax/l2/status", None),
+        Cmd::Status { server } => client(
+            &server,
+            "GET",
+            "/reconfigure/dax/l2/status",
+            None,
+            Expect::Status,
+        ),
         Cmd::Add {
             path,
             size,
@@ -352,7 +372,13 @@ fn main() -> std::process::ExitCode {
             if let Some(m) = max_size {
                 body["max_size"] = size_arg(&m);
             }
-            client(&server, "POST", "/reconfigure/dax/l2/add", Some(&body))
+            client(
+                &server,
+                "POST",
+                "/reconfigure/dax/l2/add",
+                Some(&body),
+                Expect::Operation(&["add"]),
+            )
         }
         Cmd::Remove {
             path,
@@ -364,6 +390,7 @@ fn main() -> std::process::ExitCode {
             "POST",
             "/reconfigure/dax/l2/remove",
             Some(&serde_json::json!({"device_path": path, "mode": mode, "force": force})),
+            Expect::Operation(&["remove", "drain"]),
         ),
         Cmd::Resize {
             path,
@@ -378,6 +405,7 @@ fn main() -> std::process::ExitCode {
             Some(
                 &serde_json::json!({"device_path": path, "size": size_arg(&size), "mode": mode, "force": force}),
             ),
+            Expect::Operation(&["resize"]),
         ),
         cmd @ Cmd::Bench { .. } => run(cmd),
     };
@@ -418,28 +446,53 @@ fn size_arg(s: &str) -> serde_json::Value {
         .map_or_else(|_| serde_json::json!(s), |n| serde_json::json!(n))
 }
 
-/// `daxkv status | add | remove | resize`: one request; the answer as a
-/// table (or JSON); exit 1 with the server's message on an error status.
+/// `daxkv status | add | remove | resize`: one request, bounded in time and
+/// size; the answer as a table (or JSON); exit 1 with the server's message
+/// on an error status, and when the answer is not a daxkv answer.
 fn client(
     a: &ServerArgs,
     method: &str,
     path: &str,
     body: Option<&serde_json::Value>,
+    expect: Expect,
 ) -> anyhow::Result<()> {
-    let (status, text) = daxkv::serve::request(&a.server, method, path, body, a.token.as_deref())
-        .with_context(|| format!("{}: cannot reach the server", a.server))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    let c = daxkv::client::Client::new(
+        &a.server,
+        a.token.as_deref(),
+        std::time::Duration::from_secs(a.timeout),
+    )?;
+    let (status, text) = c.request(method, path, body)?;
+    let parsed: Option<serde_json::Value> = serde_json::from_str(&text).ok();
     if !(200..300).contains(&status) {
-        let msg = v
-            .get("error")
-            .or_else(|| v.get("reason"))
-            .map_or_else(|| v.to_string(), ToString::to_string);
+        // A daxkv error is a JSON object with one of these; anything else
+        // is shown cut short.
+        let msg = parsed
+            .as_ref()
+            .and_then(|v| {
+                v.get("error")
+                    .or_else(|| v.get("reason"))
+                    .or_else(|| v.get("detail"))
+            })
+            .map_or_else(
+                || {
+                    let cut: String = text.chars().take(200).collect();
+                    format!("not a daxkv answer: {cut:?}")
+                },
+                ToString::to_string,
+            );
         bail!("{method} {path}: {status}: {msg}");
     }
+    let v = parsed.unwrap_or_default();
+    daxkv::client::check_answer(expect, &v).map_err(|why| {
+        daxkv::client::ClientError::NotDaxkv {
+            server: c.authority().to_string(),
+            status,
+            why,
+        }
+    })?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
-    } else if path.ends_with("/status") {
+    } else if expect == Expect::Status {
         print!("{}", daxkv::serve::status_table(&v));
     } else {
         for (k, val) in v.as_object().into_iter().flatten() {

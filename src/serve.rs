@@ -14,8 +14,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -337,9 +336,9 @@ fn start_traffic(engine: Arc<Engine>, stats: Arc<TrafficStats>) -> Traffic {
     Traffic { stop, thread }
 }
 
-/// One HTTP/1.1 request to `server` (`host:port`, or an `http://` URL's
-/// authority): `(status, body)`. The client of `daxkv status | add |
-/// remove | resize`.
+/// One HTTP/1.1 request to `server` (`host:port`, or `http://host:port`):
+/// `(status, body)`, within [`crate::client::DEFAULT_TIMEOUT`] and
+/// [`crate::client::MAX_ANSWER_BYTES`]. See [`crate::client::Client`].
 pub fn request(
     server: &str,
     method: &str,
@@ -347,63 +346,12 @@ pub fn request(
     body: Option<&Value>,
     token: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
-    let authority = server
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
-    let addr = authority
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other(format!("{authority}: no address")))?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(600)))?;
-    let body = body.map(Value::to_string).unwrap_or_default();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n{auth}\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, rest) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("malformed HTTP answer"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other("malformed HTTP status line"))?;
-    let chunked = head.lines().any(|l| {
-        l.to_ascii_lowercase()
-            .starts_with("transfer-encoding: chunked")
-    });
-    let body = if chunked {
-        unchunk(rest)
-    } else {
-        rest.to_string()
-    };
-    Ok((status, body))
-}
-
-/// Decode a chunked body.
-fn unchunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+    crate::client::Client::new(server, token, crate::client::DEFAULT_TIMEOUT)
+        .and_then(|c| c.request(method, path, body))
+        .map_err(|e| match e {
+            crate::client::ClientError::Connect { error, .. } => error,
+            e => std::io::Error::other(e.to_string()),
+        })
 }
 
 /// The devices of a `/reconfigure/dax/l2/status` answer as a table.
@@ -501,10 +449,5 @@ mod tests {
         std::fs::write(&j, r#"{"type":"dax","slot_bytes":0}"#).unwrap();
         let e = load_config(Some(&j)).unwrap_err().to_string();
         assert!(e.contains("slot_bytes"), "{e}");
-    }
-
-    #[test]
-    fn chunked_bodies_decode() {
-        assert_eq!(unchunk("4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n"), "Wikipedia");
     }
 }

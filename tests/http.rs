@@ -105,7 +105,7 @@ fn req(
     extra: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> Resp {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in extra {
         write!(head, "{k}: {v}\r\n").unwrap();
     }
@@ -887,7 +887,8 @@ fn body_limit_is_413() {
     let big = json!({"device_path": "x".repeat(2000), "size": 1}).to_string();
     // Declared too long: answered before the body is read.
     let head = format!(
-        "POST /reconfigure/dax/l2/add HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        "POST /reconfigure/dax/l2/add HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
         big.len()
     );
     let r = raw(a, &head, b"");
@@ -905,8 +906,11 @@ fn body_limit_is_413() {
         .unwrap();
     }
     chunked.push_str("0\r\n\r\n");
-    let head = "POST /reconfigure/dax/l2/add HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
-    let r = raw(a, head, chunked.as_bytes());
+    let head = format!(
+        "POST /reconfigure/dax/l2/add HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    let r = raw(a, &head, chunked.as_bytes());
     assert_eq!(r.status, 413);
     assert_eq!(r.json(), json!({"error": "request body too large"}));
     // Under the limit: fine.
@@ -1042,8 +1046,7 @@ fn shutdown_closes_the_port() {
     assert_eq!(get(a, "/health").status, 200);
     // A keep-alive connection left open does not hold shutdown up.
     let mut idle = TcpStream::connect(a).unwrap();
-    idle.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
+    write!(idle, "GET /health HTTP/1.1\r\nHost: {a}\r\n\r\n").unwrap();
     let t = Instant::now();
     srv.shutdown();
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
@@ -1075,7 +1078,8 @@ fn shutdown_does_not_wait_for_a_blocked_mutation_forever() {
         let body = json!({"device_path": "/d"}).to_string();
         write!(
             s,
-            "POST /reconfigure/dax/l2/remove HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /reconfigure/dax/l2/remove HTTP/1.1\r\nHost: {a}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -1094,4 +1098,440 @@ fn shutdown_does_not_wait_for_a_blocked_mutation_forever() {
     assert!(TcpStream::connect(a).is_err());
     release_tx.send(()).unwrap();
     assert_eq!(dax.calls().len(), 1);
+}
+
+// ------------------------------------------------------------- browsers
+
+/// A POST with exactly these header lines (no `Content-Type` unless
+/// given), as a browser's form or `fetch` could send it.
+fn post_with(addr: SocketAddr, path: &str, lines: &[&str], body: &[u8]) -> Resp {
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for l in lines {
+        head.push_str(l);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    raw(addr, &head, body)
+}
+
+/// A GET with exactly these header lines.
+fn get_with(addr: SocketAddr, path: &str, lines: &[&str]) -> Resp {
+    let mut head = format!("GET {path} HTTP/1.1\r\nConnection: close\r\n");
+    for l in lines {
+        head.push_str(l);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    raw(addr, &head, b"")
+}
+
+const CT_REFUSED: &str = "Content-Type must be application/json";
+
+/// Cross-site request forgery by content type: a form (urlencoded or
+/// multipart), `text/plain`, or an untyped body (a `fetch` of a Blob sends
+/// none) needs no CORS preflight, so every mutating route refuses all of
+/// them with 415 before reading the body; the backend is never called.
+#[test]
+fn mutations_need_a_json_content_type() {
+    let dax = Recording::new("dax", "a");
+    let fake = Recording::new("fake", "f");
+    let srv = start(&[Arc::clone(&dax), Arc::clone(&fake)]);
+    let a = srv.local_addr();
+    let host = format!("Host: {a}");
+    let body = json!({"device_path": "/dev/shm/x", "size": "1GiB"}).to_string();
+    for route in [
+        "/reconfigure/dax/l2/add",
+        "/reconfigure/dax/l2/remove",
+        "/reconfigure/dax/l2/resize",
+        "/reconfigure/dax/add",
+        "/reconfigure/fake/l2/flush",
+    ] {
+        for ct in [
+            None,
+            Some("Content-Type: text/plain"),
+            Some("Content-Type: text/plain;charset=UTF-8"),
+            Some("Content-Type: application/x-www-form-urlencoded"),
+            Some("Content-Type: multipart/form-data; boundary=xyz"),
+            Some("Content-Type: application/jsonp"),
+            Some("Content-Type: "),
+        ] {
+            let mut lines = vec![host.as_str()];
+            lines.extend(ct);
+            let r = post_with(a, route, &lines, body.as_bytes());
+            assert_eq!(r.status, 415, "{route} {ct:?}: {}", r.text());
+            assert_eq!(r.json(), json!({ "error": CT_REFUSED }));
+        }
+        let r = post_with(
+            a,
+            route,
+            &[
+                &host,
+                "Content-Type: application/json",
+                "Content-Type: text/plain",
+            ],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 415, "{route}: two Content-Types");
+    }
+    assert!(dax.calls().is_empty());
+    assert!(fake.calls().is_empty());
+    // JSON with parameters, in any case, passes.
+    let r = post_with(
+        a,
+        "/reconfigure/dax/l2/add",
+        &[&host, "Content-Type: Application/JSON; charset=utf-8"],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dax.calls().len(), 1);
+}
+
+/// DNS rebinding and cross-site pages: a `Host` that is not ours, an
+/// `Origin` of another site (or `null`), `Sec-Fetch-Site: cross-site` are
+/// 403 on every route but `/health`, mutations and reads alike; ours pass.
+#[test]
+fn foreign_hosts_and_cross_site_origins_are_403() {
+    let dax = Recording::new("dax", "a");
+    let hooks = HttpHooks {
+        metrics: Some(Arc::new(|| "daxkv_up 1\n".to_string())),
+        ..HttpHooks::default()
+    };
+    let srv = start_with(HttpConfig::default(), &[Arc::clone(&dax)], hooks);
+    let a = srv.local_addr();
+    let port = a.port();
+    let ct = "Content-Type: application/json";
+    let body = json!({"device_path": "/dev/shm/x", "size": 4096}).to_string();
+    let add = "/reconfigure/dax/l2/add";
+    let mut allowed_posts = 0;
+
+    let foreign_hosts = [
+        format!("evil.example:{port}"),
+        format!("127.0.0.1:{}", port.wrapping_add(1)),
+        format!("localhost.:{port}"),
+        format!("127.0.0.1.evil.example:{port}"),
+        format!("0.0.0.0:{port}"),
+        "127.0.0.1".to_string(),
+        "localhost".to_string(),
+        format!("user@127.0.0.1:{port}"),
+    ];
+    for h in &foreign_hosts {
+        let host = format!("Host: {h}");
+        let r = post_with(a, add, &[&host, ct], body.as_bytes());
+        assert_eq!(r.status, 403, "{h}: {}", r.text());
+        assert!(r.json()["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Host not allowed"));
+        for path in [
+            "/reconfigure/dax/l2/status",
+            "/reconfigure/dax/status",
+            "/metrics",
+        ] {
+            assert_eq!(get_with(a, path, &[&host]).status, 403, "{h} {path}");
+        }
+        // /health answers whoever asks (as without the token).
+        assert_eq!(get_with(a, "/health", &[&host]).status, 200, "{h}");
+    }
+    let host = format!("Host: {a}");
+    let foreign_origins = [
+        "http://evil.example".to_string(),
+        "null".to_string(),
+        format!("https://127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{}", port.wrapping_add(1)),
+        "http://localhost".to_string(),
+        format!("http://evil.example:{port}"),
+        "file://".to_string(),
+    ];
+    for o in &foreign_origins {
+        let origin = format!("Origin: {o}");
+        let r = post_with(a, add, &[&host, ct, &origin], body.as_bytes());
+        assert_eq!(r.status, 403, "{o}: {}", r.text());
+        assert_eq!(
+            r.json(),
+            json!({"error": "cross-site request refused (Origin)"})
+        );
+        let r = get_with(a, "/reconfigure/dax/l2/status", &[&host, &origin]);
+        assert_eq!(r.status, 403, "{o}");
+    }
+    for site in ["cross-site", "same-site", "Cross-Site"] {
+        let h = format!("Sec-Fetch-Site: {site}");
+        let r = post_with(a, add, &[&host, ct, &h], body.as_bytes());
+        assert_eq!(r.status, 403, "{site}");
+    }
+    assert!(dax.calls().is_empty());
+
+    // Ours: every loopback spelling at our port, our origins, a request a
+    // page of our own origin would send.
+    for h in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("LocalHost:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        let host = format!("Host: {h}");
+        let r = post_with(a, add, &[&host, ct], body.as_bytes());
+        assert_eq!(r.status, 200, "{h}: {}", r.text());
+        allowed_posts += 1;
+        assert_eq!(get_with(a, "/metrics", &[&host]).status, 200, "{h}");
+    }
+    for o in [
+        format!("http://127.0.0.1:{port}"),
+        format!("http://localhost:{port}"),
+        format!("http://[::1]:{port}"),
+    ] {
+        let origin = format!("Origin: {o}");
+        for site in ["same-origin", "none"] {
+            let s = format!("Sec-Fetch-Site: {site}");
+            let r = post_with(a, add, &[&host, ct, &origin, &s], body.as_bytes());
+            assert_eq!(r.status, 200, "{o} {site}: {}", r.text());
+            allowed_posts += 1;
+        }
+    }
+    assert_eq!(dax.calls().len(), allowed_posts);
+}
+
+/// No `Host`: HTTP/1.1 requires one (400); HTTP/1.0 may omit it, and no
+/// browser does, so it passes. Two `Host`s: 400. An absolute-form target
+/// names its authority too.
+#[test]
+fn requests_without_exactly_one_host_of_ours() {
+    let srv = start(&[Recording::new("dax", "a")]);
+    let a = srv.local_addr();
+    let port = a.port();
+    let host = format!("Host: {a}");
+    let r = raw(
+        a,
+        "GET /reconfigure/dax/l2/status HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"",
+    );
+    assert_eq!(
+        (r.status, r.json()),
+        (400, json!({"error": "missing Host header"}))
+    );
+    let r = raw(a, "GET /reconfigure/dax/l2/status HTTP/1.0\r\n\r\n", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get_with(
+        a,
+        "/reconfigure/dax/l2/status",
+        &[&host, "Host: evil.example"],
+    );
+    assert_eq!(r.status, 400);
+    let r = raw(
+        a,
+        &format!("GET http://evil.example:{port}/reconfigure/dax/l2/status HTTP/1.1\r\n{host}\r\nConnection: close\r\n\r\n"),
+        b"",
+    );
+    assert_eq!(r.status, 403);
+}
+
+/// `allow_hosts` admits the names a non-loopback listener is reached by;
+/// an entry that is no authority is a config error naming it.
+#[test]
+fn allow_hosts_admits_configured_names() {
+    let dax = Recording::new("dax", "a");
+    let cfg = HttpConfig {
+        allow_hosts: vec!["kv.internal".into(), "10.9.8.7:9999".into()],
+        ..HttpConfig::default()
+    };
+    let srv = start_with(cfg, &[Arc::clone(&dax)], HttpHooks::default());
+    let a = srv.local_addr();
+    let port = a.port();
+    let st = "/reconfigure/dax/l2/status";
+    for (h, code) in [
+        (format!("kv.internal:{port}"), 200),
+        (format!("KV.Internal:{port}"), 200),
+        ("10.9.8.7:9999".to_string(), 200),
+        ("kv.internal:1".to_string(), 403),
+        (format!("10.9.8.7:{port}"), 403),
+    ] {
+        let host = format!("Host: {h}");
+        assert_eq!(get_with(a, st, &[&host]).status, code, "{h}");
+    }
+    let origin = format!("Origin: http://kv.internal:{port}");
+    let host = format!("Host: kv.internal:{port}");
+    let r = post_with(
+        a,
+        "/reconfigure/dax/l2/remove",
+        &[&host, &origin, "Content-Type: application/json"],
+        br#"{"device_path": "/d"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(srv);
+    for bad in ["kv internal", "http://kv", "kv:99999", ""] {
+        let cfg = HttpConfig {
+            allow_hosts: vec![bad.into()],
+            ..HttpConfig::default()
+        };
+        match serve(cfg, Registry::new(), HttpHooks::default()) {
+            Err(HttpError::Config(m)) => {
+                assert!(
+                    m.contains("allow_hosts") && m.contains(&format!("{bad:?}")),
+                    "{m}"
+                );
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}
+
+// ----------------------------------------------------------- connections
+
+/// Read until the server closes (or resets) the connection, within 20 s;
+/// `None` if it kept it open that long.
+fn read_until_closed(s: &mut TcpStream) -> Option<Vec<u8>> {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => return Some(buf),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return Some(buf),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return None
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// A connection that sends nothing, half a head, or stays idle after an
+/// answer is closed after `header_read_timeout`; a body that does not
+/// arrive is 408 after `body_read_timeout`, and the backend never sees it.
+#[test]
+fn idle_and_slow_connections_are_closed() {
+    let dax = Recording::new("dax", "a");
+    let cfg = HttpConfig {
+        header_read_timeout: Duration::from_millis(300),
+        body_read_timeout: Duration::from_millis(300),
+        ..HttpConfig::default()
+    };
+    let srv = start_with(cfg, &[Arc::clone(&dax)], HttpHooks::default());
+    let a = srv.local_addr();
+
+    let mut silent = TcpStream::connect(a).unwrap();
+    let got = read_until_closed(&mut silent).expect("a silent connection was kept open");
+    assert!(
+        got.is_empty() || got.starts_with(b"HTTP/1.1 408"),
+        "{got:?}"
+    );
+
+    let mut half = TcpStream::connect(a).unwrap();
+    half.write_all(b"GET /health HTTP/1.1\r\nHost: ").unwrap();
+    assert!(
+        read_until_closed(&mut half).is_some(),
+        "a half-sent head was kept open"
+    );
+
+    let mut keep = TcpStream::connect(a).unwrap();
+    write!(keep, "GET /health HTTP/1.1\r\nHost: {a}\r\n\r\n").unwrap();
+    let got = read_until_closed(&mut keep).expect("an idle keep-alive connection was kept open");
+    assert_eq!(parse(&got).status, 200);
+
+    let mut slow = TcpStream::connect(a).unwrap();
+    write!(
+        slow,
+        "POST /reconfigure/dax/l2/remove HTTP/1.1\r\nHost: {a}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"device_path\""
+    )
+    .unwrap();
+    let got = read_until_closed(&mut slow).expect("a stalled body was kept open");
+    let r = parse(&got);
+    assert_eq!(
+        (r.status, r.json()),
+        (408, json!({"error": "request body not received in time"}))
+    );
+    assert!(dax.calls().is_empty());
+    // The server still answers.
+    assert_eq!(get(a, "/health").status, 200);
+}
+
+/// At `max_connections` open connections the next caller waits (in the
+/// kernel's queue, no fd taken) and is served once one closes.
+#[test]
+fn connections_past_the_cap_wait_for_a_slot() {
+    let cfg = HttpConfig {
+        max_connections: 2,
+        header_read_timeout: Duration::from_secs(60),
+        ..HttpConfig::default()
+    };
+    let srv = start_with(cfg, &[], HttpHooks::default());
+    let a = srv.local_addr();
+    // Two keep-alive connections, each answered once (so surely accepted),
+    // then left open.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(a).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(s, "GET /health HTTP/1.1\r\nHost: {a}\r\n\r\n").unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(s);
+    }
+    let (tx, rx) = mpsc::channel();
+    let third = std::thread::spawn(move || {
+        let r = get(a, "/health");
+        tx.send(()).unwrap();
+        r
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "a third connection was served past the cap of 2"
+    );
+    held.pop();
+    assert_eq!(third.join().unwrap().status, 200);
+}
+
+/// JSON integers beyond u64 are what pydantic makes of them (valid
+/// integers): a huge `size` is the 400 size message, a huge
+/// `adapter_index` 404; a float stays a 422.
+#[test]
+fn integers_beyond_u64_answer_as_upstream() {
+    let dax = Recording::new("dax", "a");
+    let fake = Recording::new("fake", "f");
+    let srv = start(&[Arc::clone(&dax), Arc::clone(&fake)]);
+    let a = srv.local_addr();
+    let huge = "1180591620717411303424"; // 2^70
+    for n in [
+        huge.to_string(),
+        format!("-{huge}"),
+        "18446744073709551616".into(),
+    ] {
+        for (route, extra) in [
+            ("/reconfigure/dax/l2/add", ""),
+            ("/reconfigure/dax/l2/resize", r#", "mode": "evict""#),
+            ("/reconfigure/dax/add", ""),
+        ] {
+            let body = format!(r#"{{"device_path": "/d", "size": {n}{extra}}}"#);
+            let r = post_raw(a, route, body.as_bytes());
+            assert_eq!(r.status, 400, "{route} {n}: {}", r.text());
+            assert_eq!(r.json(), json!({ "error": BAD_SIZE }));
+        }
+        let body = format!(r#"{{"adapter_index": {n}, "device_path": "/d"}}"#);
+        let r = post_raw(a, "/reconfigure/dax/l2/remove", body.as_bytes());
+        assert_eq!(
+            (r.status, r.json()),
+            (404, json!({"error": "dax adapter not found"})),
+            "{n}"
+        );
+        let body = format!(r#"{{"adapter_index": {n}}}"#);
+        let r = post_raw(a, "/reconfigure/fake/l2/flush", body.as_bytes());
+        assert_eq!(
+            (r.status, r.json()),
+            (404, json!({"error": "fake adapter not found"})),
+            "{n}"
+        );
+    }
+    let r = post_raw(
+        a,
+        "/reconfigure/dax/l2/add",
+        br#"{"device_path": "/d", "size": 1e21}"#,
+    );
+    assert_eq!(detail_types(&r)[0].0, "int_type");
+    assert!(dax.calls().is_empty());
+    assert!(fake.calls().is_empty());
 }

@@ -240,3 +240,154 @@ fn a_bad_config_is_one_line_and_exit_1() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `daxkv serve` with at most `nofile` open files (RLIMIT_NOFILE).
+fn start_with_fd_limit(nofile: u64) -> Serve {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--http", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // setrlimit(2) only, which is async-signal-safe; it touches no lock or
+    // allocation of the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: nofile,
+                rlim_max: nofile,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("daxkv: serving on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    Serve { child, addr }
+}
+
+/// Idle connections until the server runs out of file descriptors: its
+/// accepts fail with EMFILE while they are held (logged), and once they are
+/// closed `/health` and status answer again; the process never stopped
+/// serving. (Without timers in the HTTP runtime, the back-off after the
+/// first EMFILE panicked and the port closed for good.)
+#[test]
+fn the_control_plane_survives_running_out_of_fds() {
+    let s = start_with_fd_limit(64);
+    assert_eq!(s.get("/health").0, 200);
+    // More connections than the limit allows fds for, bounded in count and
+    // time: past the kernel's accept queue a connect times out.
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        let Ok(c) = std::net::TcpStream::connect_timeout(
+            &s.addr.parse().unwrap(),
+            Duration::from_millis(500),
+        ) else {
+            break;
+        };
+        held.push(c);
+    }
+    assert!(held.len() > 64, "only {} connections opened", held.len());
+    // Let the server try (and fail) to accept them; the process lives on.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut s = s;
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "serve exited under fd exhaustion"
+    );
+    drop(held);
+    let t0 = Instant::now();
+    let health = loop {
+        match request(&s.addr, "GET", "/health", None, None) {
+            Ok((200, body)) => break body,
+            other => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "the control plane did not recover: {other:?}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    assert_eq!(health, r#"{"status":"ok"}"#);
+    let (code, st) = s.get("/reconfigure/dax/l2/status");
+    assert_eq!(code, 200, "{st}");
+    let log = s.stop_with(libc::SIGTERM);
+    assert!(
+        log.contains("accept failed"),
+        "EMFILE was never hit:\n{log}"
+    );
+}
+
+/// A raw request to a running server with exactly these header lines.
+fn raw_request(addr: &str, head: &str, body: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "{head}Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What a web page on the same host could send to `daxkv serve`: a form
+/// or `text/plain` POST that would add a memfd device (415), a request
+/// through a rebound DNS name (403); `--allow-host` admits a name. No
+/// device is added by any of them.
+#[test]
+fn serve_refuses_browser_requests_and_admits_allowed_hosts() {
+    let s = Serve::start(&["--allow-host", "kv.internal"]);
+    let port = s.addr.rsplit(':').next().unwrap().to_string();
+    let add = "POST /reconfigure/dax/l2/add HTTP/1.1\r\n";
+    let body = r#"{"device_path": "memfd", "size": "64MiB"}"#;
+    let host = format!("Host: {}\r\n", s.addr);
+    for ct in [
+        "",
+        "Content-Type: text/plain\r\n",
+        "Content-Type: application/x-www-form-urlencoded\r\n",
+    ] {
+        assert_eq!(
+            raw_request(&s.addr, &format!("{add}{host}{ct}"), body),
+            415,
+            "{ct:?}"
+        );
+    }
+    let json = "Content-Type: application/json\r\n";
+    let evil = format!("Host: evil.example:{port}\r\n");
+    assert_eq!(
+        raw_request(&s.addr, &format!("{add}{evil}{json}"), body),
+        403
+    );
+    let origin = "Origin: http://evil.example\r\n";
+    assert_eq!(
+        raw_request(&s.addr, &format!("{add}{host}{json}{origin}"), body),
+        403
+    );
+    let status = "GET /reconfigure/dax/l2/status HTTP/1.1\r\n";
+    assert_eq!(raw_request(&s.addr, &format!("{status}{evil}"), ""), 403);
+    let named = format!("Host: kv.internal:{port}\r\n");
+    assert_eq!(raw_request(&s.addr, &format!("{status}{named}"), ""), 200);
+    let (_, st) = s.get("/reconfigure/dax/l2/status");
+    let st: Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["adapters"][0]["status"]["num_devices"], 1, "{st}");
+    s.stop_with(libc::SIGTERM);
+}

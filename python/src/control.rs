@@ -13,7 +13,9 @@
 //!   a free port, read back from `DaxConnector.http_address`), `token`
 //!   (bearer token for every route but `/health`), `allow_prefixes` (the
 //!   device paths an `add` may name), `allow_non_loopback` (default
-//!   false). Unknown keys are an error, as in the engine's config.
+//!   false), `allow_hosts` (the `Host` / `Origin` names accepted besides
+//!   127.0.0.1, [::1] and localhost at the port; for non-loopback hosts).
+//!   Unknown keys are an error, as in the engine's config.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -123,6 +125,19 @@ fn http_config(v: &Value) -> PyResult<HttpConfig> {
                         p.as_str()
                             .map(PathBuf::from)
                             .ok_or_else(|| bad(&what, format!("not a path: {p}")))
+                    })
+                    .collect::<PyResult<_>>()?;
+            }
+            "allow_hosts" => {
+                let arr = v
+                    .as_array()
+                    .ok_or_else(|| bad(&what, "must be a list of host names"))?;
+                cfg.allow_hosts = arr
+                    .iter()
+                    .map(|h| {
+                        h.as_str()
+                            .map(str::to_owned)
+                            .ok_or_else(|| bad(&what, format!("not a host name: {h}")))
                     })
                     .collect::<PyResult<_>>()?;
             }

@@ -4,6 +4,7 @@ driven with urllib, reconfiguring the connector's own engine."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import socket
@@ -130,6 +131,47 @@ def test_control_plane_token(make_connector):
     assert request(addr, "GET", "/reconfigure/dax/l2/status", token="s3cret")[0] == 200
 
 
+def test_control_plane_refuses_browser_requests(make_connector):
+    """The connector's server has the same guards as `daxkv serve`: a POST
+    that is not JSON (a form, text/plain, no Content-Type) is 415, a foreign
+    Host or a cross-site Origin 403; `allow_hosts` admits a name."""
+    c = make_connector(hotplug_enabled=True, http={"port": 0, "allow_hosts": ["kv.internal"]})
+    addr = c.http_address
+    host, port = addr.rsplit(":", 1)
+    body = json.dumps({"device_path": "memfd", "size": 8 * SLOT}).encode()
+
+    def raw(headers: dict, data: bytes | None = body, method: str = "POST",
+            path: str = "/reconfigure/dax/l2/add") -> int:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            for k, v in headers.items():
+                conn.putheader(k, v)
+            if data is not None:
+                conn.putheader("Content-Length", str(len(data)))
+            conn.endheaders(data)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    before = len(devices(addr))
+    ours = {"Host": addr}
+    for ct in [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]:
+        headers = dict(ours) if ct is None else {**ours, "Content-Type": ct}
+        assert raw(headers) == 415, ct
+    js = {"Content-Type": "application/json"}
+    assert raw({"Host": f"evil.example:{port}", **js}) == 403
+    assert raw({**ours, **js, "Origin": "http://evil.example"}) == 403
+    assert raw({**ours, **js, "Origin": "null"}) == 403
+    assert raw({"Host": f"evil.example:{port}"}, None, "GET", "/reconfigure/dax/l2/status") == 403
+    assert raw({"Host": f"evil.example:{port}"}, None, "GET", "/health") == 200
+    assert len(devices(addr)) == before, "a refused request changed the devices"
+    assert raw({"Host": f"kv.internal:{port}"}, None, "GET", "/reconfigure/dax/l2/status") == 200
+    c.close()
+    with pytest.raises(RuntimeError, match="allow_hosts"):
+        make_connector(http={"port": 0, "allow_hosts": ["not a host"]})
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
@@ -139,6 +181,8 @@ def test_control_plane_token(make_connector):
         ({"http": {"allow_non_loopback": "yes"}}, "http.allow_non_loopback: must be true or false"),
         ({"http": [8080]}, "http: must be an object"),
         ({"l2_name": 3}, "l2_name: must be a string"),
+        ({"http": {"allow_hosts": "kv"}}, "http.allow_hosts: must be a list of host names"),
+        ({"http": {"allow_hosts": [1]}}, "http.allow_hosts: not a host name: 1"),
         ({"l2_name": ""}, "l2_name: must not be empty"),
     ],
 )

@@ -33,7 +33,9 @@
 //! else is `{"error": msg}`: 400 for an empty backend or operation, an
 //! unsupported DAX operation or a bad size (see [`parse_size`]; the input
 //! is never echoed and never reaches a backend), 401, 403, 404 (`"<backend>
-//! adapter not found"`, `"not found"`), 405, 413.
+//! adapter not found"`, `"not found"`), 405, 408 (a body not received in
+//! [`HttpConfig::body_read_timeout`]), 413, 415 (a POST that is not
+//! `application/json`).
 //!
 //! **The `adapter_index` quirk.** A POST's `adapter_index` counts among the
 //! adapters of that backend (backend-local); the 200 answer carries the
@@ -49,16 +51,21 @@
 //! [`HttpConfig::body_limit`] bytes (413). The allow-list is checked before
 //! the backend opens the path: it keeps a mistaken or hostile controller
 //! off other devices, not a local user who can write inside the allowed
-//! directories.
+//! directories. Browsers on the same host are kept out by the `Host`,
+//! `Origin` and `Content-Type` rules of `guard.rs`; connections are capped,
+//! idle and slow ones timed out, and an accept error (`EMFILE`) retried
+//! after a back-off (`conn.rs`).
 
 #![forbid(unsafe_code)]
 // `Err(Response)` is axum's early-return idiom; every such path is cold.
 #![allow(clippy::result_large_err)]
 
+mod conn;
+mod guard;
 mod schema;
 mod size;
 
-use std::future::{poll_fn, Future, IntoFuture};
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::path::{Component, Path as FsPath, PathBuf};
 use std::pin::pin;
@@ -117,6 +124,20 @@ pub struct HttpConfig {
     /// How long [`HttpServer::shutdown`] waits for requests in flight
     /// before closing their connections.
     pub shutdown_grace: Duration,
+    /// Open connections at most (each holds an fd); further callers wait
+    /// in the kernel's accept queue until one closes.
+    pub max_connections: usize,
+    /// The longest wait for a request head, and for the next request on an
+    /// idle keep-alive connection; the connection is closed after it.
+    pub header_read_timeout: Duration,
+    /// The longest wait for a whole request body (408 after it).
+    pub body_read_timeout: Duration,
+    /// `Host` / `Origin` authorities allowed besides `127.0.0.1`, `[::1]`
+    /// and `localhost` at the listening port (and the listening address
+    /// itself): `name`, `name:port`, `10.0.0.5`, `[fe80::1]:8765`; a
+    /// name without a port means the listening port. For non-loopback
+    /// listeners: the names clients reach this server by.
+    pub allow_hosts: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -129,7 +150,65 @@ impl Default for HttpConfig {
             body_limit: 64 << 10,
             max_concurrent_mutations: 4,
             shutdown_grace: Duration::from_secs(5),
+            max_connections: 128,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            allow_hosts: Vec::new(),
         }
+    }
+}
+
+impl HttpConfig {
+    /// Check every field (what [`serve`] refuses, but binding): call it
+    /// before slow start-up work to fail early with the same error.
+    pub fn validate(&self) -> Result<(), HttpError> {
+        self.checked().map(drop)
+    }
+
+    /// The checks; the canonical allow-list on success.
+    fn checked(&self) -> Result<Vec<PathBuf>, HttpError> {
+        if !self.addr.ip().is_loopback() && !self.allow_non_loopback {
+            return Err(HttpError::NonLoopback(self.addr));
+        }
+        if let Some(t) = &self.token {
+            if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(HttpError::Config(
+                    "token must be non-empty printable ASCII without spaces".into(),
+                ));
+            }
+        }
+        if self.body_limit == 0 {
+            return Err(HttpError::Config("body_limit must be > 0".into()));
+        }
+        if self.max_concurrent_mutations == 0 {
+            return Err(HttpError::Config(
+                "max_concurrent_mutations must be > 0".into(),
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(HttpError::Config("max_connections must be > 0".into()));
+        }
+        for (name, d) in [
+            ("header_read_timeout", self.header_read_timeout),
+            ("body_read_timeout", self.body_read_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(HttpError::Config(format!("{name} must be > 0")));
+            }
+        }
+        // The names are checked before binding; the port is known after.
+        guard::Hosts::new(self.addr, &self.allow_hosts).map_err(HttpError::Config)?;
+        self.allow_prefixes
+            .iter()
+            .map(|p| {
+                canonical(p).ok_or_else(|| {
+                    HttpError::Config(format!(
+                        "allow_prefixes: {} is neither absolute nor under an existing directory",
+                        p.display()
+                    ))
+                })
+            })
+            .collect()
     }
 }
 
@@ -234,36 +313,7 @@ pub fn serve(
     registry: Registry,
     hooks: HttpHooks,
 ) -> Result<HttpServer, HttpError> {
-    if !cfg.addr.ip().is_loopback() && !cfg.allow_non_loopback {
-        return Err(HttpError::NonLoopback(cfg.addr));
-    }
-    if let Some(t) = &cfg.token {
-        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(HttpError::Config(
-                "token must be non-empty printable ASCII without spaces".into(),
-            ));
-        }
-    }
-    if cfg.body_limit == 0 {
-        return Err(HttpError::Config("body_limit must be > 0".into()));
-    }
-    if cfg.max_concurrent_mutations == 0 {
-        return Err(HttpError::Config(
-            "max_concurrent_mutations must be > 0".into(),
-        ));
-    }
-    let allow = cfg
-        .allow_prefixes
-        .iter()
-        .map(|p| {
-            canonical(p).ok_or_else(|| {
-                HttpError::Config(format!(
-                    "allow_prefixes: {} is neither absolute nor under an existing directory",
-                    p.display()
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let allow = cfg.checked()?;
 
     let listener = std::net::TcpListener::bind(cfg.addr).map_err(|source| HttpError::Bind {
         addr: cfg.addr,
@@ -271,8 +321,10 @@ pub fn serve(
     })?;
     let addr = listener.local_addr().map_err(HttpError::Runtime)?;
     listener.set_nonblocking(true).map_err(HttpError::Runtime)?;
+    let hosts = guard::Hosts::new(addr, &cfg.allow_hosts).map_err(HttpError::Config)?;
+    // Timers: the read timeouts and the back-off after an accept error.
     let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
+        .enable_all()
         .thread_name("daxkv-http")
         // Mutations take at most `max_concurrent_mutations` blocking
         // threads; the rest serve status, health and metrics.
@@ -289,10 +341,16 @@ pub fn serve(
         token: cfg.token.map(String::into_bytes),
         allow,
         body_limit: cfg.body_limit,
+        body_read_timeout: cfg.body_read_timeout,
+        hosts,
         hooks,
         mutations: Arc::new(Semaphore::new(cfg.max_concurrent_mutations)),
     });
     let router = router(app);
+    let limits = conn::Limits {
+        max_connections: cfg.max_connections,
+        header_read_timeout: cfg.header_read_timeout,
+    };
     let (grace_tx, grace_rx) = oneshot::channel::<()>();
     let (force_tx, mut force_rx) = oneshot::channel::<()>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -301,11 +359,9 @@ pub fn serve(
         .spawn(move || {
             let _done = done_tx;
             rt.block_on(async move {
-                let server = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = grace_rx.await;
-                    })
-                    .into_future();
+                let server = conn::run(listener, router, limits, async move {
+                    let _ = grace_rx.await;
+                });
                 let mut server = pin!(server);
                 // Whichever ends first: the graceful shutdown, or the force
                 // signal (sent, or dropped with the handle).
@@ -340,6 +396,8 @@ struct App {
     token: Option<Vec<u8>>,
     allow: Vec<PathBuf>,
     body_limit: usize,
+    body_read_timeout: Duration,
+    hosts: guard::Hosts,
     hooks: HttpHooks,
     mutations: Arc<Semaphore>,
 }
@@ -363,6 +421,9 @@ fn router(app: Arc<App>) -> Router {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         })
         .layer(from_fn_with_state(Arc::clone(&app), auth))
+        // Outermost: a browser's cross-site request is refused before the
+        // token is looked at.
+        .layer(from_fn_with_state(Arc::clone(&app), browser_guard))
         .with_state(app)
 }
 
@@ -386,6 +447,13 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "internal error"))
+}
+
+async fn browser_guard(State(app): AppState, req: Request, next: Next) -> Response {
+    match guard::check_request(&app.hosts, req.version(), req.uri(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err((status, msg)) => error(status, msg),
+    }
 }
 
 async fn auth(State(app): AppState, req: Request, next: Next) -> Response {
@@ -591,6 +659,7 @@ async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
+    timeout: Duration,
 ) -> Result<axum::body::Bytes, Response> {
     // A declared length over the limit answers before the body is read (a
     // client that sent `Expect: 100-continue` never sends it).
@@ -604,7 +673,13 @@ async fn read_body(
             "request body too large",
         ));
     }
-    to_bytes(body, limit).await.map_err(|e| {
+    let Ok(read) = tokio::time::timeout(timeout, to_bytes(body, limit)).await else {
+        return Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            "request body not received in time",
+        ));
+    };
+    read.map_err(|e| {
         if e.into_inner().is::<http_body_util::LengthLimitError>() {
             error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
         } else {
@@ -627,6 +702,14 @@ async fn post_op(
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
+    // Every POST mutates: a browser must not be able to send one without
+    // a CORS preflight (module guard).
+    if !guard::json_content_type(headers) {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            guard::CONTENT_TYPE_REFUSED,
+        );
+    }
     let (backend, op) = (normalize(backend), normalize(op));
     if backend.is_empty() {
         return error(StatusCode::BAD_REQUEST, "backend must be non-empty");
@@ -634,7 +717,7 @@ async fn post_op(
     if op.is_empty() {
         return error(StatusCode::BAD_REQUEST, "operation must be non-empty");
     }
-    let bytes = match read_body(headers, body, app.body_limit).await {
+    let bytes = match read_body(headers, body, app.body_limit, app.body_read_timeout).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -642,10 +725,11 @@ async fn post_op(
         Ok(v) => v,
         Err(e) => return unprocessable(&[schema::json_error(&bytes, &e)]),
     };
+    let big = schema::BigInts::scan(&bytes);
     let accepted = if backend == "dax" {
-        schema::dax(&op, &value)
+        schema::dax(&op, &value, &big)
     } else {
-        schema::generic(&value)
+        schema::generic(&value, &big)
     };
     let Accepted {
         local_index,

@@ -30,6 +30,112 @@ pub(crate) struct Accepted {
     pub add_path: Option<String>,
 }
 
+/// The top-level keys of a JSON object body whose value is an integer
+/// literal beyond `i64` / `u64`. serde_json reads such a literal as a
+/// float; pydantic reads it as the (valid) integer it is, so a huge
+/// `adapter_index` is a 404 and a huge `size` the 400 size message there,
+/// not a 422 `int_type`.
+#[derive(Debug, Default)]
+pub(crate) struct BigInts(Vec<String>);
+
+impl BigInts {
+    /// Scan `body` (already parsed by serde_json, so valid JSON).
+    pub(crate) fn scan(body: &[u8]) -> BigInts {
+        let mut out = Vec::new();
+        let mut i = skip_ws(body, 0);
+        if body.get(i) != Some(&b'{') {
+            return BigInts(out);
+        }
+        i += 1;
+        loop {
+            i = skip_ws(body, i);
+            if body.get(i) != Some(&b'"') {
+                break; // `}`: the end
+            }
+            let key_end = string_end(body, i);
+            let key: Option<String> = serde_json::from_slice(&body[i..key_end]).ok();
+            i = skip_ws(body, key_end) + 1; // past `:`
+            i = skip_ws(body, i);
+            let start = i;
+            i = value_end(body, i);
+            let raw = &body[start..i.min(body.len())];
+            let integer = !raw.is_empty()
+                && raw
+                    .iter()
+                    .enumerate()
+                    .all(|(j, &b)| b.is_ascii_digit() || (j == 0 && b == b'-'));
+            if integer {
+                let fits =
+                    serde_json::from_slice::<Value>(raw).is_ok_and(|v| v.is_i64() || v.is_u64());
+                if let (false, Some(k)) = (fits, key) {
+                    out.push(k);
+                }
+            }
+            i = skip_ws(body, i);
+            if body.get(i) != Some(&b',') {
+                break;
+            }
+            i += 1;
+        }
+        BigInts(out)
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.0.iter().any(|k| k == key)
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    i
+}
+
+/// The index past the string starting at `b[i] == '"'`.
+fn string_end(b: &[u8], mut i: usize) -> usize {
+    i += 1;
+    while let Some(&c) = b.get(i) {
+        match c {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    b.len()
+}
+
+/// The index past the JSON value starting at `b[i]`.
+fn value_end(b: &[u8], mut i: usize) -> usize {
+    let mut depth = 0usize;
+    while let Some(&c) = b.get(i) {
+        match c {
+            b'"' => {
+                i = string_end(b, i);
+                if depth == 0 {
+                    return i;
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                if depth == 0 {
+                    return i;
+                }
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b',' if depth == 0 => return i,
+            c if depth == 0 && c.is_ascii_whitespace() => return i,
+            _ => {}
+        }
+        i += 1;
+    }
+    b.len()
+}
+
 /// One FastAPI / pydantic v2 error item.
 pub(crate) fn item(ty: &str, loc: &[&str], msg: &str, input: &Value) -> Value {
     let mut l = vec![Value::from("body")];
@@ -77,11 +183,13 @@ fn object<'a>(body: &'a Value, out: &mut Vec<Value>) -> Option<&'a Map<String, V
     o
 }
 
-/// `adapter_index: int = 0` (a JSON integer; a bool or a float is 422).
-fn adapter_index(o: &Map<String, Value>, out: &mut Vec<Value>) -> Option<usize> {
+/// `adapter_index: int = 0` (a JSON integer; a bool or a float is 422;
+/// an integer beyond `u64` is out of range).
+fn adapter_index(o: &Map<String, Value>, big: &BigInts, out: &mut Vec<Value>) -> Option<usize> {
     match o.get("adapter_index") {
         None => Some(0),
         Some(v) if v.is_i64() || v.is_u64() => v.as_u64().and_then(|i| usize::try_from(i).ok()),
+        Some(Value::Number(_)) if big.has("adapter_index") => None,
         Some(v) => {
             out.push(item(
                 "int_type",
@@ -96,12 +204,12 @@ fn adapter_index(o: &Map<String, Value>, out: &mut Vec<Value>) -> Option<usize> 
 
 /// A generic backend's body: `{adapter_index = 0, ...}`, the rest
 /// forwarded unchanged.
-pub(crate) fn generic(body: &Value) -> Result<Accepted, Refusal> {
+pub(crate) fn generic(body: &Value, big: &BigInts) -> Result<Accepted, Refusal> {
     let mut errs = Vec::new();
     let Some(o) = object(body, &mut errs) else {
         return Err(Refusal::Invalid(errs));
     };
-    let local_index = adapter_index(o, &mut errs);
+    let local_index = adapter_index(o, big, &mut errs);
     if !errs.is_empty() {
         return Err(Refusal::Invalid(errs));
     }
@@ -127,13 +235,13 @@ fn dax_fields(op: &str) -> Option<&'static [&'static str]> {
 /// A DAX body for `op` (normalized): the strict models of
 /// docs/lmcache-dax-behavior.md §5.4, then the size grammar, into the
 /// payload `DaxL2Adapter.reconfigure` expects.
-pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
+pub(crate) fn dax(op: &str, body: &Value, big: &BigInts) -> Result<Accepted, Refusal> {
     let fields = dax_fields(op).ok_or(Refusal::Unsupported)?;
     let mut errs = Vec::new();
     let Some(o) = object(body, &mut errs) else {
         return Err(Refusal::Invalid(errs));
     };
-    let local_index = adapter_index(o, &mut errs);
+    let local_index = adapter_index(o, big, &mut errs);
     let mut payload = Map::new();
 
     match o.get("device_path") {
@@ -151,10 +259,13 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
 
     // `size: StrictInt | str`, converted after the schema passes.
     let mut size = None;
+    // An integer beyond u64: valid for the schema, then not a byte count.
+    let mut size_too_big = false;
     if fields.contains(&"size") {
         match o.get("size") {
             None => errs.push(item("missing", &["size"], "Field required", body)),
             Some(v @ Value::Number(n)) if n.is_i64() || n.is_u64() => size = Some(v),
+            Some(Value::Number(_)) if big.has("size") => size_too_big = true,
             Some(v @ Value::String(_)) => size = Some(v),
             Some(v) => {
                 // pydantic's smart union reports both members.
@@ -209,6 +320,9 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
         return Err(Refusal::Invalid(errs));
     }
 
+    if size_too_big {
+        return Err(Refusal::BadSize);
+    }
     if let Some(v) = size {
         let bytes = match v {
             Value::String(s) => parse_size(s),
@@ -317,7 +431,7 @@ mod tests {
     use super::*;
 
     fn invalid(op: &str, body: &Value) -> Vec<Value> {
-        match dax(op, body) {
+        match dax(op, body, &BigInts::default()) {
             Err(Refusal::Invalid(e)) => e,
             other => panic!("{op} {body}: {other:?}"),
         }
@@ -344,6 +458,7 @@ mod tests {
         let a = dax(
             "add",
             &json!({"device_path": "/dev/dax0.0", "size": "2GiB"}),
+            &BigInts::default(),
         )
         .unwrap();
         assert_eq!(
@@ -352,7 +467,12 @@ mod tests {
         );
         assert_eq!(a.local_index, Some(0));
         assert_eq!(a.add_path.as_deref(), Some("/dev/dax0.0"));
-        let r = dax("remove", &json!({"device_path": "p", "adapter_index": 2})).unwrap();
+        let r = dax(
+            "remove",
+            &json!({"device_path": "p", "adapter_index": 2}),
+            &BigInts::default(),
+        )
+        .unwrap();
         assert_eq!(
             r.payload,
             json!({"device_path": "p", "mode": "migrate", "force": false})
@@ -362,6 +482,7 @@ mod tests {
         let r = dax(
             "resize",
             &json!({"device_path": "p", "size": 4096, "mode": "evict", "force": "yes"}),
+            &BigInts::default(),
         )
         .unwrap();
         assert_eq!(
@@ -371,6 +492,7 @@ mod tests {
         let r = dax(
             "remove",
             &json!({"device_path": "p", "mode": "drain", "force": 1}),
+            &BigInts::default(),
         )
         .unwrap();
         assert_eq!(r.payload["mode"], "drain");
@@ -378,7 +500,8 @@ mod tests {
         assert_eq!(
             dax(
                 "add",
-                &json!({"adapter_index": -1, "device_path": "p", "size": 1})
+                &json!({"adapter_index": -1, "device_path": "p", "size": 1}),
+                &BigInts::default()
             )
             .unwrap()
             .local_index,
@@ -444,29 +567,93 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    dax("add", &json!({"device_path": "p", "size": bad})),
+                    dax(
+                        "add",
+                        &json!({"device_path": "p", "size": bad}),
+                        &BigInts::default()
+                    ),
                     Err(Refusal::BadSize)
                 ),
                 "{bad}"
             );
         }
         assert!(matches!(
-            dax("status", &json!({})),
+            dax("status", &json!({}), &BigInts::default()),
             Err(Refusal::Unsupported)
         ));
-        assert!(matches!(dax("ADD", &json!({})), Err(Refusal::Unsupported)));
+        assert!(matches!(
+            dax("ADD", &json!({}), &BigInts::default()),
+            Err(Refusal::Unsupported)
+        ));
     }
 
     #[test]
     fn generic_bodies() {
-        let a = generic(&json!({"adapter_index": 1, "x": [1], "adapter": "y"})).unwrap();
+        let a = generic(
+            &json!({"adapter_index": 1, "x": [1], "adapter": "y"}),
+            &BigInts::default(),
+        )
+        .unwrap();
         assert_eq!(a.payload, json!({"x": [1], "adapter": "y"}));
         assert_eq!(a.local_index, Some(1));
-        assert!(matches!(generic(&json!("s")), Err(Refusal::Invalid(_))));
         assert!(matches!(
-            generic(&json!({"adapter_index": "1"})),
+            generic(&json!("s"), &BigInts::default()),
             Err(Refusal::Invalid(_))
         ));
+        assert!(matches!(
+            generic(&json!({"adapter_index": "1"}), &BigInts::default()),
+            Err(Refusal::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn big_integers() {
+        let scan = |s: &str| {
+            serde_json::from_str::<Value>(s).unwrap();
+            BigInts::scan(s.as_bytes()).0
+        };
+        let big = "184467440737095516160000";
+        assert_eq!(
+            scan(&format!(
+                r#"{{"size": {big}, "adapter_index": -{big}, "x": 1}}"#
+            )),
+            ["size", "adapter_index"]
+        );
+        assert!(scan(r#"{"size": 18446744073709551615, "a": -9223372036854775808}"#).is_empty());
+        assert_eq!(scan(r#"{"a": -9223372036854775809}"#), ["a"]);
+        // Floats, strings and nested values are not integer literals.
+        assert!(scan(&format!(
+            r#"{{"a": 1e30, "b": "{big}", "c": [{big}], "d": {{"e": {big}}}, "f": 1.0}}"#
+        ))
+        .is_empty());
+        assert_eq!(
+            scan(&format!(
+                "{{ \"s\\\"\\u0041\" :\n{big} , \"t\" : {{\"}}\": 1}}, \"u\":{big}}}"
+            )),
+            ["s\"A", "u"]
+        );
+        assert!(scan("[1]").is_empty());
+        assert!(scan("{}").is_empty());
+        let e = BigInts::scan(format!(r#"{{"device_path": "p", "size": {big}}}"#).as_bytes());
+        let body =
+            serde_json::from_str::<Value>(&format!(r#"{{"device_path": "p", "size": {big}}}"#))
+                .unwrap();
+        assert!(matches!(dax("add", &body, &e), Err(Refusal::BadSize)));
+        let body = serde_json::from_str::<Value>(&format!(
+            r#"{{"device_path": "p", "adapter_index": {big}}}"#
+        ))
+        .unwrap();
+        let e = BigInts::scan(body.to_string().as_bytes());
+        assert_eq!(
+            dax("remove", &body, &BigInts(vec!["adapter_index".into()]))
+                .unwrap()
+                .local_index,
+            None
+        );
+        assert!(
+            matches!(dax("remove", &body, &e), Err(Refusal::Invalid(_))),
+            "a float is still 422"
+        );
     }
 
     #[test]
