@@ -1,0 +1,158 @@
+//! # Releasing the GIL safely near interpreter exit
+//!
+//! When CPython finalizes, a daemon thread that takes the GIL back is ended
+//! with `pthread_exit` (3.11–3.13). Its forced unwind would run through
+//! the Rust frames of the daxkv call it is in (PyO3's `allow_threads`
+//! restores the GIL from Rust) and the process aborts ("FATAL: exception
+//! not rethrown", SIGABRT). LMCache's controllers are daemon threads that
+//! call the adapter in a loop, so a script that exits without closing them
+//! would die this way.
+//!
+//! So no thread inside daxkv takes the GIL back once finalization may have
+//! begun. CPython runs `atexit` callbacks *before* it marks itself
+//! finalizing, with every daemon thread still running normally; the hook
+//! [`at_exit`] (registered at import) sets [`FINALIZING`] and then waits,
+//! with the GIL released, until no thread is between "checked the flag"
+//! and "done with the GIL inside daxkv" ([`WINDOW`]). A thread that finds
+//! the flag set while outside the GIL parks for ever (it is a daemon thread
+//! at exit: the process ends under it, as CPython 3.14 ends such threads).
+//! The main thread (the one running the hook, and finalization after it)
+//! never parks.
+//!
+//! ## The handshake (a Dekker pair, hence `SeqCst`)
+//!
+//! ```text
+//! thread T (GIL released)            at_exit (main thread)
+//! WINDOW += 1                        FINALIZING = true
+//! if FINALIZING { WINDOW -= 1; park }  release GIL
+//! take GIL; …; WINDOW -= 1           wait until WINDOW == 0; take GIL
+//! ```
+//!
+//! The interleaving this rules out: T reads `FINALIZING == false`, the hook
+//! sets it and sees `WINDOW == 0`, finalization begins, T takes the GIL and
+//! is `pthread_exit`ed inside Rust. With both sides `SeqCst` (a store then
+//! a load on each side), at least one sees the other's write: either T sees
+//! the flag and parks, or the hook sees T in the window and waits for it to
+//! leave — which T does while the interpreter is still in `atexit` (the
+//! hook has released the GIL). Acquire/Release would allow both loads to
+//! read the old values (store→load reordering).
+//!
+//! The wait is bounded ([`EXIT_WAIT`]): a thread inside a Python callback
+//! called by daxkv (an allocator, a hook) that never returns cannot hold
+//! the exit up for ever.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use pyo3::marker::Ungil;
+use pyo3::prelude::*;
+
+/// Set by [`at_exit`]: the interpreter is about to finalize.
+static FINALIZING: AtomicBool = AtomicBool::new(false);
+/// Threads between "checked [`FINALIZING`]" and "done with the GIL inside
+/// daxkv".
+static WINDOW: AtomicUsize = AtomicUsize::new(0);
+/// The thread that ran [`at_exit`] (it finalizes: it never parks). Set
+/// before [`FINALIZING`] is stored.
+static MAIN: OnceLock<ThreadId> = OnceLock::new();
+
+/// How long [`at_exit`] waits for the threads in the window.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Leaves the window on drop (also when the section panics).
+struct InWindow;
+
+impl Drop for InWindow {
+    fn drop(&mut self) {
+        // ORDERING: SeqCst — the hook's wait loads it; the thread's GIL
+        // work is done (module doc).
+        WINDOW.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Enter the window, or park for ever if the interpreter is finalizing
+/// (on any thread but the one finalizing it). Call without the GIL.
+fn enter_window() -> InWindow {
+    // ORDERING: SeqCst — the Dekker pair with `at_exit` (module doc):
+    // this increment is ordered before the flag load below.
+    WINDOW.fetch_add(1, Ordering::SeqCst);
+    // ORDERING: SeqCst — pairs with the store in `at_exit`.
+    if FINALIZING.load(Ordering::SeqCst) && MAIN.get() != Some(&std::thread::current().id()) {
+        // ORDERING: SeqCst — out of the window before parking, so the
+        // hook's wait ends.
+        WINDOW.fetch_sub(1, Ordering::SeqCst);
+        park_forever();
+    }
+    InWindow
+}
+
+/// A daemon thread at interpreter exit: never come back to Python.
+fn park_forever() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
+/// `py.allow_threads(f)`, except that the thread never takes the GIL back
+/// once the interpreter may be finalizing (module doc): every daxkv method
+/// that releases the GIL goes through here.
+pub(crate) fn release<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: Ungil + Send + FnOnce() -> T,
+    T: Ungil + Send,
+{
+    let (r, window) = py.allow_threads(|| {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // Still without the GIL: PyO3 takes it back when this returns.
+        (r, enter_window())
+    });
+    drop(window);
+    match r {
+        Ok(v) => v,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// `Python::with_gil(f)` from inside a [`release`]d section (a callback
+/// into Python): parks instead if the interpreter may be finalizing, and
+/// holds the exit hook off while the callback runs.
+pub(crate) fn with_gil<T, F>(f: F) -> T
+where
+    F: for<'py> FnOnce(Python<'py>) -> T,
+{
+    let _window = enter_window();
+    Python::with_gil(f)
+}
+
+/// The `atexit` hook (module doc): registered by the module's init.
+#[pyfunction]
+pub(crate) fn _at_exit(py: Python<'_>) {
+    let _ = MAIN.set(std::thread::current().id());
+    // ORDERING: SeqCst — the Dekker pair with `enter_window`: this store
+    // is ordered before the `WINDOW` loads below.
+    FINALIZING.store(true, Ordering::SeqCst);
+    py.allow_threads(|| {
+        let start = Instant::now();
+        // ORDERING: SeqCst — pairs with `enter_window` / `InWindow::drop`.
+        while WINDOW.load(Ordering::SeqCst) > 0 && start.elapsed() < EXIT_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
+/// Register [`_at_exit`] with Python's `atexit`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let f = wrap_pyfunction!(_at_exit, m)?;
+    m.add_function(f.clone())?;
+    m.py().import("atexit")?.call_method1("register", (f,))?;
+    Ok(())
+}
+
+/// Whether the interpreter is at exit (tests of the handshake).
+#[pyfunction]
+pub(crate) fn _finalizing() -> bool {
+    // ORDERING: Relaxed — a diagnostic read.
+    FINALIZING.load(Ordering::Relaxed)
+}
