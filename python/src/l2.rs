@@ -811,6 +811,30 @@ impl DaxL2Core {
         }))
     }
 
+    /// Write the eventfd of `kind` (`"store"`, `"lookup"` or `"load"`)
+    /// again: a result the caller could not take (a listener raised) is
+    /// kept for the next call, and a poller must come back for it. Under
+    /// `state` while not closed, so the fd is open (module doc,
+    /// "Completions that never reach the engine"); a no-op after close.
+    fn resignal(&self, py: Python<'_>, kind: &str) -> PyResult<()> {
+        self.owner.check("DaxL2Adapter")?;
+        let kind = match kind {
+            "store" => TaskKind::Store,
+            "lookup" => TaskKind::Lookup,
+            "load" => TaskKind::Load,
+            other => return Err(PyValueError::new_err(format!(
+                "daxkv: resignal: kind must be \"store\", \"lookup\" or \"load\" (got {other:?})"
+            ))),
+        };
+        crate::gil::release(py, || {
+            let st = self.lock();
+            if !st.closed {
+                notify_fd(self.engine.event_fd(kind));
+            }
+        });
+        Ok(())
+    }
+
     /// Release one lookup lock per key (on every device). Never fails.
     fn submit_unlock(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         self.owner.check("DaxL2Adapter")?;
