@@ -124,6 +124,7 @@ class DaxBackend(StoragePluginInterface):
         )
         # Set first: close() (and __del__ paths) must work on a half-built one.
         self._close_lock = threading.Lock()
+        self._pid = os.getpid()
         self._closing = False
         self._closed = False
         self._store: Optional[DaxStore] = None
@@ -558,6 +559,10 @@ class DaxBackend(StoragePluginInterface):
         store: it refuses new work, waits for in-flight puts and gets, unmaps
         and closes the device. Idempotent; afterwards gets return None and
         puts raise "DaxBackend is closing"."""
+        if os.getpid() != self._pid:
+            # A forked child: the store, its threads and the restore thread
+            # are the parent's (the store's calls raise RuntimeError here).
+            return
         with self._close_lock:
             if self._closed:
                 return
