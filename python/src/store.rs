@@ -257,8 +257,10 @@ impl PyDaxStore {
     /// are LMCache's `dax.restore_workers`, `dax.restore_max_regions` and
     /// `dax.retrieve_staging_slab_bytes`; `put_workers` (threads copying one
     /// large `put_batch`) defaults to `restore_workers`. Errors use LMCache's wording:
-    /// RuntimeError for a device that cannot be opened or is too small,
-    /// ValueError for bad sizes. Nothing stays open on failure.
+    /// a missing or too small device is `daxkv.DaxConfigError` (a
+    /// ValueError and upstream's RuntimeError), a device the system cannot
+    /// open or map a RuntimeError, bad sizes ValueError. Nothing stays
+    /// open on failure.
     // Python keyword arguments, each with a default: a struct would only
     // move them into a dict.
     #[allow(clippy::too_many_arguments)]

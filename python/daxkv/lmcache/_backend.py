@@ -113,7 +113,9 @@ class DaxBackend(StoragePluginInterface):
                 ``dax.device_path``; TP > 1; more than one KV group; a size
                 or restore setting that is not a positive number.
             RuntimeError: the device cannot be opened, or is smaller than
-                ``dax.max_dax_size``.
+                ``dax.max_dax_size`` (upstream's type and words; a missing or
+                too small device is ``daxkv.DaxConfigError``, a ValueError
+                too: the caller's fault).
         """
         super().__init__(
             dst_device=dst_device,
