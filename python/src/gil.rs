@@ -103,6 +103,7 @@ where
     F: Ungil + Send + FnOnce() -> T,
     T: Ungil + Send,
 {
+    #[allow(clippy::disallowed_methods)] // the one wrapper
     let (r, window) = py.allow_threads(|| {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         // Still without the GIL: PyO3 takes it back when this returns.
@@ -133,6 +134,8 @@ pub(crate) fn _at_exit(py: Python<'_>) {
     // ORDERING: SeqCst — the Dekker pair with `enter_window`: this store
     // is ordered before the `WINDOW` loads below.
     FINALIZING.store(true, Ordering::SeqCst);
+    // The main thread, which finalizes after this: never parks.
+    #[allow(clippy::disallowed_methods)]
     py.allow_threads(|| {
         let start = Instant::now();
         // ORDERING: SeqCst — pairs with `enter_window` / `InWindow::drop`.
