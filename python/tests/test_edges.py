@@ -334,7 +334,7 @@ def test_fork_after_open_backend_store(dax_file: str) -> None:
 def test_huge_worker_counts_are_value_errors(field: str, count: int) -> None:
     """A worker count over the fixed limit is refused before anything is
     allocated or spawned (it ended in "memory allocation failed", an
-    abort), naming the field and the limit; 1024 still opens."""
+    abort; 1025 opened 1025 threads), naming the field and the limit."""
     params = {"slot_bytes": SLOT, "device_path": "memfd", "max_dax_size_gb": 16 * SLOT / 2**30}
     with pytest.raises(ValueError, match=rf"{field}: must be at most 1024 workers per pool \(got {count}\)"):
         daxkv.DaxConnector(**params, **{field: count})
@@ -344,6 +344,7 @@ def test_huge_worker_counts_are_value_errors(field: str, count: int) -> None:
         DaxL2Core.check_config(**params, **{field: count})
     with pytest.raises(ValueError, match=rf"{field}: must be at most 1024"):
         DaxL2Core(**params, **{field: count})
+    DaxL2Core.check_config(**params, **{field: 1024})  # the limit itself is valid
 
 
 def test_duplicate_device_is_a_value_error(dax_file: str) -> None:
