@@ -145,11 +145,39 @@ pub(crate) fn _at_exit(py: Python<'_>) {
     });
 }
 
-/// Register [`_at_exit`] with Python's `atexit`.
+/// In a forked child: no thread is in the window (the threads that were,
+/// waiting for the GIL the forking thread held, do not exist here), but
+/// the count was copied; left as it was, the child's exit hook would wait
+/// its full bound for threads that are gone.
+#[pyfunction]
+pub(crate) fn _after_fork_in_child() {
+    // ORDERING: SeqCst — the child has one thread; the handshake's
+    // ordering is kept for uniformity.
+    WINDOW.store(0, Ordering::SeqCst);
+}
+
+/// Threads in the window now (tests).
+#[pyfunction]
+pub(crate) fn _window_count() -> usize {
+    // ORDERING: Relaxed — a diagnostic read.
+    WINDOW.load(Ordering::Relaxed)
+}
+
+/// Register [`_at_exit`] with Python's `atexit`, and the fork reset
+/// [`_after_fork_in_child`] with `os.register_at_fork`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
     let f = wrap_pyfunction!(_at_exit, m)?;
     m.add_function(f.clone())?;
-    m.py().import("atexit")?.call_method1("register", (f,))?;
+    py.import("atexit")?.call_method1("register", (f,))?;
+    let child = wrap_pyfunction!(_after_fork_in_child, m)?;
+    m.add_function(child.clone())?;
+    let kw = pyo3::types::PyDict::new(py);
+    kw.set_item("after_in_child", child)?;
+    py.import("os")?
+        .call_method("register_at_fork", (), Some(&kw))?;
+    m.add_function(wrap_pyfunction!(_window_count, m)?)?;
+    m.add_function(wrap_pyfunction!(_finalizing, m)?)?;
     Ok(())
 }
 

@@ -822,9 +822,11 @@ impl DaxL2Core {
             "store" => TaskKind::Store,
             "lookup" => TaskKind::Lookup,
             "load" => TaskKind::Load,
-            other => return Err(PyValueError::new_err(format!(
-                "daxkv: resignal: kind must be \"store\", \"lookup\" or \"load\" (got {other:?})"
-            ))),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "daxkv: resignal: kind must be store, lookup or load (got {other:?})"
+                )))
+            }
         };
         crate::gil::release(py, || {
             let st = self.lock();

@@ -992,7 +992,6 @@ fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DaxConnector>()?;
     gil::register(m)?;
     m.add("DaxConfigError", config_error_type(m.py())?)?;
-    m.add_function(wrap_pyfunction!(gil::_finalizing, m)?)?;
     l2::register(m)?;
     m.add_class::<store::PyDaxStore>()?;
     Ok(())

@@ -162,6 +162,38 @@ def test_the_exit_hook_is_registered_at_import() -> None:
     assert p.returncode == 0 and "after False" in p.stdout, (p.stdout, p.stderr)
 
 
+def test_a_fork_child_does_not_inherit_threads_in_the_window() -> None:
+    """Threads of the parent waiting for the GIL inside daxkv (the forking
+    thread holds it) are counted in the exit handshake's window; they do
+    not exist in a forked child, whose count starts at 0 — else its exit
+    hook would wait its whole bound for them."""
+    script = _PRELUDE + textwrap.dedent("""
+        import os
+        import daxkv, daxkv._daxkv as d
+        c = daxkv.DaxConnector(slot_bytes=4096, device_path="memfd",
+                               max_dax_size_gb=64 * 4096 / 2**30, num_load_workers=1)
+
+        def body():
+            c.submit_batch_exists(["k"])
+            c.drain_completions()
+
+        start(body)
+        bad = 0
+        for _ in range(20):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if d._window_count() == 0 else 1)
+            _, status = os.waitpid(pid, 0)
+            bad += os.waitstatus_to_exitcode(status) != 0
+        print("children with a stale window:", bad, flush=True)
+        c.close()
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120, cwd="/")
+    assert "children with a stale window: 0" in p.stdout, (p.stdout, p.stderr[-2000:])
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
 # -- fork after open -------------------------------------------------------------
 
 
