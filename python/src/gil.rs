@@ -62,7 +62,8 @@ static MAIN: OnceLock<ThreadId> = OnceLock::new();
 const EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Leaves the window on drop (also when the section panics).
-struct InWindow;
+#[must_use = "the stretch ends when this is dropped"]
+pub(crate) struct InWindow;
 
 impl Drop for InWindow {
     fn drop(&mut self) {
@@ -114,6 +115,29 @@ where
         Ok(v) => v,
         Err(p) => std::panic::resume_unwind(p),
     }
+}
+
+/// Mark a stretch where this thread holds the GIL inside a daxkv call and
+/// may run Python code (a key's `to_string()`, LMCache's `byte_array`
+/// property, `json.dumps`): that code may hand the GIL to another thread
+/// and take it back, which at exit would end this thread inside Rust. The
+/// hook waits for the stretch to end (the thread runs: the hook has
+/// released the GIL); a thread that would start one after the flag is set
+/// releases the GIL and parks instead. The GIL orders this check against
+/// the hook's flag store (both hold it), so no Dekker pair is needed here;
+/// `SeqCst` keeps one ordering for every access of the pair.
+pub(crate) fn held(py: Python<'_>) -> InWindow {
+    // ORDERING: SeqCst — see above; pairs with `at_exit`.
+    WINDOW.fetch_add(1, Ordering::SeqCst);
+    // ORDERING: SeqCst — pairs with the store in `at_exit`.
+    if FINALIZING.load(Ordering::SeqCst) && MAIN.get() != Some(&std::thread::current().id()) {
+        // ORDERING: SeqCst — out of the window before parking.
+        WINDOW.fetch_sub(1, Ordering::SeqCst);
+        // Parking with the GIL held would stop the interpreter's exit.
+        #[allow(clippy::disallowed_methods)]
+        py.allow_threads(|| -> () { park_forever() });
+    }
+    InWindow
 }
 
 /// `Python::with_gil(f)` from inside a [`release`]d section (a callback

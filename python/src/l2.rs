@@ -299,6 +299,8 @@ fn wire_string(out: &mut String, k: &Bound<'_, PyAny>) -> PyResult<()> {
 /// Engine keys of LMCache's `ObjectKey`s (`str` / `bytes` are refused with
 /// `TypeError`: module doc, "Keys").
 fn object_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    // A key's attributes may be properties (Python code): `gil::held`.
+    let _stretch = crate::gil::held(keys.py());
     object_keys_kept(keys, None)
 }
 
@@ -374,6 +376,8 @@ fn keys_and_views(
     objs: &Bound<'_, PyAny>,
     writable: bool,
 ) -> PyResult<(Vec<Key>, Vec<Py<PyAny>>, Vec<View>)> {
+    // Python code may run (`byte_array` is a property): `gil::held`.
+    let _stretch = crate::gil::held(keys.py());
     let mut kept = Vec::new();
     let ks = object_keys_kept(keys, Some(&mut kept))?;
     let views = export_objs(objs, writable)?;
@@ -984,6 +988,7 @@ impl DaxL2Core {
         if !payload.is_instance_of::<PyDict>() {
             return bad(py);
         }
+        let stretch = crate::gil::held(py);
         let Ok(text) = py
             .import("json")?
             .call_method1("dumps", (payload,))
@@ -994,6 +999,7 @@ impl DaxL2Core {
         let Ok(v) = serde_json::from_str::<Value>(&text) else {
             return bad(py);
         };
+        drop(stretch);
         let raised: Mutex<Option<PyErr>> = Mutex::new(None);
         let owners = |path: &str| -> Vec<String> {
             let Some(cb) = device_owners.as_ref() else {

@@ -323,6 +323,8 @@ pub(crate) fn parse_config(
     adapter_params: Option<&Bound<'_, PyDict>>,
     default_l2_name: &str,
 ) -> PyResult<(EngineConfig, Option<Key>, control::ControlParams)> {
+    // `json.dumps` is Python code run under this Rust frame: `gil::held`.
+    let _stretch = crate::gil::held(py);
     let params = match adapter_params {
         Some(d) => d.copy()?,
         None => PyDict::new(py),

@@ -111,6 +111,8 @@ fn key_of(k: &Bound<'_, PyAny>) -> PyResult<Key> {
     if let Ok(b) = k.downcast::<PyBytes>() {
         return Ok(Key::digest(b.as_bytes()));
     }
+    // `to_string()` is Python code run under this Rust frame: `gil::held`.
+    let _stretch = crate::gil::held(k.py());
     match k.call_method0("to_string") {
         Ok(s) => Ok(Key::digest(s.downcast::<PyString>()?.to_str()?.as_bytes())),
         Err(_) => Err(PyTypeError::new_err(format!(
