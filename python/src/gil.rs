@@ -37,6 +37,21 @@
 //! hook has released the GIL). Acquire/Release would allow both loads to
 //! read the old values (store→load reordering).
 //!
+//! A daxkv call that runs Python code under its own Rust frame with the
+//! GIL held (a key's `to_string()`, LMCache's `byte_array` property,
+//! `json.dumps`, a callback through [`with_gil`]) is the same door: that
+//! code may hand the GIL to another thread and take it back. Such a
+//! stretch is counted in the window too ([`held`], [`with_gil`]); the hook
+//! waits for it to end.
+//!
+//! The tests are hunting ones (`python/tests/test_edges.py`: daemon
+//! threads looping on every face's calls when a script exits, on CPython
+//! 3.11, 3.12 and 3.13, three runs each; before this module most runs died
+//! with SIGABRT, and without [`held`] in the backend's key conversion the
+//! `to_string()` variant still did). loom cannot check this pair: it
+//! models `SeqCst` as acquire/release, under which a correct Dekker pair
+//! reports a failure.
+//!
 //! The wait is bounded ([`EXIT_WAIT`]): a thread inside a Python callback
 //! called by daxkv (an allocator, a hook) that never returns cannot hold
 //! the exit up for ever.

@@ -115,6 +115,32 @@ def body():
 
 start(body)
 """,
+    # Keys whose to_string() is Python code, run under daxkv's Rust frame
+    # with the GIL held (LMCache's CacheEngineKey): that code may hand the
+    # GIL over and take it back while the interpreter exits.
+    "backend_store_py_keys": """
+from daxkv._daxkv import DaxStore
+s = DaxStore("memfd", 64 * 4096, 4096)
+
+class Key:
+    def __init__(self, i):
+        self.i = i
+    def to_string(self):
+        out = ""
+        for c in "model@1@0@":
+            out += c
+        return out + str(self.i)
+
+ks = [Key(i) for i in range(4)]
+
+def body():
+    for k in ks:
+        s.contains(k)
+        s.lock_count(k)
+    s.batched_contains(ks)
+
+start(body)
+""",
 }
 
 
