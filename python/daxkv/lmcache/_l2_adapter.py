@@ -25,6 +25,7 @@ This module imports LMCache; ``import daxkv`` does not.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from collections import deque
@@ -191,7 +192,14 @@ class DaxL2Adapter(L2AdapterInterface):
         self._tickets: list[int] = []
         self._load_lock = threading.RLock()
         self._loads_kept: dict[int, Bitmap] = {}
+        self._pid = os.getpid()
         _expose_through_fault_inject()
+
+    def _not_forked(self) -> None:
+        # Before taking this class's own locks: a parent thread may have
+        # held one at fork(), and the core raises only once reached.
+        if os.getpid() != self._pid:
+            self._core.event_fds()  # raises the core's RuntimeError (a fork)
 
     # -- event fds ------------------------------------------------------------
 
@@ -216,6 +224,7 @@ class DaxL2Adapter(L2AdapterInterface):
         raises, the exception propagates, the results (and the events not yet
         told) stay for the next call, and the store eventfd is written again
         so a poller (LMCache's store controller) makes that call."""
+        self._not_forked()
         with self._store_lock:
             ticket, done = self._core.pop_completed_stores()
             for task_id, ok, nbytes, keys, sizes in done:
@@ -275,6 +284,7 @@ class DaxL2Adapter(L2AdapterInterface):
         told: if one raises, the exception propagates, the bitmap is
         returned by the next call for this id, and the load eventfd is
         written again so a poller (LMCache's prefetch controller) asks."""
+        self._not_forked()
         with self._load_lock:
             kept = self._loads_kept.pop(task_id, None)
             if kept is not None:
