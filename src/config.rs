@@ -133,6 +133,29 @@ pub struct EngineConfig {
     pub signal: crate::engine::Signal,
 }
 
+/// The most workers one pool may have (`num_store_workers`,
+/// `num_lookup_workers`, `num_load_workers`): a fixed bound, not one
+/// relative to the CPU count, so a config valid on one host is valid on
+/// every host. Far more threads than any host uses well; few enough that
+/// the per-worker tables (metrics, rings) and the spawn stay small.
+pub const MAX_WORKERS_PER_POOL: usize = 1024;
+
+/// A worker count: a positive integer at most [`MAX_WORKERS_PER_POOL`].
+fn worker_count(
+    obj: &Map<String, Value>,
+    field: &str,
+    default: usize,
+) -> Result<usize, ConfigError> {
+    let n = positive_int(obj, field, Some(default))?;
+    if n > MAX_WORKERS_PER_POOL {
+        return Err(err(
+            field,
+            format!("must be at most {MAX_WORKERS_PER_POOL} workers per pool (got {n})"),
+        ));
+    }
+    Ok(n)
+}
+
 fn positive_int(
     obj: &Map<String, Value>,
     field: &str,
@@ -357,9 +380,9 @@ impl EngineConfig {
             slot_bytes,
             devices,
             hotplug_enabled,
-            num_store_workers: positive_int(obj, "num_store_workers", Some(1))?,
-            num_lookup_workers: positive_int(obj, "num_lookup_workers", Some(1))?,
-            num_load_workers: positive_int(obj, "num_load_workers", Some(cpus.min(4)))?,
+            num_store_workers: worker_count(obj, "num_store_workers", 1)?,
+            num_lookup_workers: worker_count(obj, "num_lookup_workers", 1)?,
+            num_load_workers: worker_count(obj, "num_load_workers", cpus.min(4))?,
             placement,
             spin: Duration::from_micros(spin_us),
             wait_spin: Duration::from_micros(wait_spin_us),
@@ -543,6 +566,9 @@ mod tests {
             (r#"{"slot_bytes":2147483648,"devices":[{"device_path":"/d","max_dax_size_gb":1}]}"#, "config: devices[0].max_dax_size_gb: devices[0] configured DAX arena (1073741824 bytes) does not fit one slot of 2147483648 bytes"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"num_load_workers":0}"#, "config: num_load_workers: must be a positive integer (got 0)"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"num_store_workers":"2"}"#, "config: num_store_workers: must be a positive integer (got \"2\")"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"num_load_workers":100000}"#, "config: num_load_workers: must be at most 1024 workers per pool (got 100000)"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"num_store_workers":4294967296}"#, "config: num_store_workers: must be at most 1024 workers per pool (got 4294967296)"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"num_lookup_workers":1025}"#, "config: num_lookup_workers: must be at most 1024 workers per pool (got 1025)"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"slot_byte":1}"#, "config: slot_byte: unknown key"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"numa":"near"}"#, "config: numa: must be \"auto\", \"off\" or a node number (got \"near\")"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"cpus":[0,"x"]}"#, "config: cpus[1]: must be a CPU number (got \"x\")"),

@@ -5,6 +5,6 @@ Rust engine; ``daxkv.lmcache`` (imported lazily, needs LMCache) holds the
 ``plugin``-path adapter. See python/README.md.
 """
 
-from ._daxkv import DaxConnector
+from ._daxkv import DaxConfigError, DaxConnector
 
-__all__ = ["DaxConnector"]
+__all__ = ["DaxConfigError", "DaxConnector"]

@@ -1,3 +1,4 @@
+from ._daxkv import DaxConfigError as DaxConfigError
 from ._daxkv import DaxConnector as DaxConnector
 
-__all__ = ["DaxConnector"]
+__all__ = ["DaxConfigError", "DaxConnector"]

@@ -22,7 +22,11 @@
 //! `model@rank(08x)@group(x)@hash(hex)[@salt]`
 //! (docs/lmcache-dax-behavior.md §7.1), digested as the
 //! connector digests it: one key names one engine entry on both paths.
-//! `str` and `bytes` keys are digested as they are (as the connector does).
+//! `str` and `bytes` keys are refused with `TypeError` at every entry
+//! (submit, unlock, exists, delete) before anything is submitted or
+//! deleted: LMCache's base class reads `key.cache_salt` when it counts a
+//! task's bytes, so such a key would be stored (or deleted) and its result
+//! then lost in the listener bookkeeping.
 //!
 //! ## Buffers and their lifetime
 //!
@@ -101,7 +105,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 use serde_json::Value;
 
-use crate::{notify_fd, open_engine, parse_config, View};
+use crate::{json_to_py, notify_fd, open_engine, parse_config, View};
 
 mod known;
 use known::Known;
@@ -226,6 +230,8 @@ pub struct DaxL2Core {
     /// The `l2_name` label of `metrics_text` (`adapter_params["l2_name"]`,
     /// default `"plugin"`).
     l2_name: String,
+    /// The process that opened it (`fork` module doc).
+    owner: crate::fork::Owner,
 }
 
 /// A collection ticket ([`known`]) and, per store, `(task id, success,
@@ -290,9 +296,11 @@ fn wire_string(out: &mut String, k: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
-/// Engine keys of LMCache's keys (`ObjectKey`, or `str` / `bytes` digested
-/// as they are).
+/// Engine keys of LMCache's `ObjectKey`s (`str` / `bytes` are refused with
+/// `TypeError`: module doc, "Keys").
 fn object_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    // A key's attributes may be properties (Python code): `gil::held`.
+    let _stretch = crate::gil::held(keys.py());
     object_keys_kept(keys, None)
 }
 
@@ -308,22 +316,30 @@ fn object_keys_kept(
         if let Some(v) = kept.as_deref_mut() {
             v.push(k.clone().unbind());
         }
-        if let Ok(st) = k.downcast::<PyString>() {
-            out.push(Key::digest(st.to_str()?.as_bytes()));
-        } else if let Ok(b) = k.downcast::<PyBytes>() {
-            out.push(Key::digest(b.as_bytes()));
-        } else {
-            wire_string(&mut s, &k).map_err(|e| {
-                PyTypeError::new_err(format!(
-                    "daxkv: key {i}: not an ObjectKey, str or bytes ({}: {})",
-                    k.get_type()
-                        .name()
-                        .map_or_else(|_| "?".into(), |n| n.to_string()),
-                    e.value(k.py())
-                ))
-            })?;
-            out.push(Key::digest(s.as_bytes()));
+        let type_name = || {
+            k.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        };
+        // Refused before anything is submitted or deleted: LMCache's base
+        // class reads `key.cache_salt` when it counts a task's bytes, so a
+        // `str` key would be stored or deleted and then fail (its result
+        // lost) in the listener bookkeeping.
+        if k.is_instance_of::<PyString>() || k.is_instance_of::<PyBytes>() {
+            return Err(PyTypeError::new_err(format!(
+                "daxkv: key {i}: the plugin path takes LMCache ObjectKeys, not {} (LMCache's \
+                 listeners read each key's cache_salt; DaxConnector takes string keys)",
+                type_name()
+            )));
         }
+        wire_string(&mut s, &k).map_err(|e| {
+            PyTypeError::new_err(format!(
+                "daxkv: key {i}: not an ObjectKey ({}: {})",
+                type_name(),
+                e.value(k.py())
+            ))
+        })?;
+        out.push(Key::digest(s.as_bytes()));
     }
     Ok(out)
 }
@@ -360,6 +376,8 @@ fn keys_and_views(
     objs: &Bound<'_, PyAny>,
     writable: bool,
 ) -> PyResult<(Vec<Key>, Vec<Py<PyAny>>, Vec<View>)> {
+    // Python code may run (`byte_array` is a property): `gil::held`.
+    let _stretch = crate::gil::held(keys.py());
     let mut kept = Vec::new();
     let ks = object_keys_kept(keys, Some(&mut kept))?;
     let views = export_objs(objs, writable)?;
@@ -379,10 +397,6 @@ fn hits(bits: impl Iterator<Item = bool>) -> Vec<usize> {
         .filter(|(_, b)| *b)
         .map(|(i, _)| i)
         .collect()
-}
-
-fn json_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
-    py.import("json")?.call_method1("loads", (v.to_string(),))
 }
 
 impl DaxL2Core {
@@ -589,6 +603,7 @@ impl DaxL2Core {
             }),
             next_local: AtomicU64::new(0),
             closing: Mutex::new(()),
+            owner: crate::fork::Owner::here(),
         })
     }
 
@@ -602,8 +617,11 @@ impl DaxL2Core {
 
     /// The engine's metrics in the Prometheus text format, every series
     /// labelled `l2_name` (the names of `daxkv serve`'s `/metrics`).
-    fn metrics_text(&self, py: Python<'_>) -> String {
-        py.allow_threads(|| crate::control::metrics_text(&self.engine, &self.l2_name))
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        self.owner.check("DaxL2Adapter")?;
+        Ok(crate::gil::release(py, || {
+            crate::control::metrics_text(&self.engine, &self.l2_name)
+        }))
     }
 
     /// The `l2_name` label value.
@@ -634,15 +652,17 @@ impl DaxL2Core {
 
     /// True once `close` has begun.
     #[getter]
-    fn closed(&self, py: Python<'_>) -> bool {
-        py.allow_threads(|| self.lock().closed)
+    fn closed(&self, py: Python<'_>) -> PyResult<bool> {
+        self.owner.check("DaxL2Adapter")?;
+        Ok(crate::gil::release(py, || self.lock().closed))
     }
 
     /// The engine's completion eventfds (store, lookup, load): distinct,
     /// non-blocking; `-1` each after `close`.
-    fn event_fds(&self) -> (i32, i32, i32) {
+    fn event_fds(&self) -> PyResult<(i32, i32, i32)> {
+        self.owner.check("DaxL2Adapter")?;
         let [s, l, d] = self.engine.event_fds();
-        (s, l, d)
+        Ok((s, l, d))
     }
 
     /// Store `objs[i]` under `keys[i]` (zero-copy; each object's own
@@ -653,6 +673,7 @@ impl DaxL2Core {
         keys: &Bound<'_, PyAny>,
         objs: &Bound<'_, PyAny>,
     ) -> PyResult<Id> {
+        self.owner.check("DaxL2Adapter")?;
         let (ks, kept, views) = keys_and_views(keys, objs, false)?;
         let record = kept.iter().map(|k| k.clone_ref(py)).collect();
         let task = Task {
@@ -665,7 +686,7 @@ impl DaxL2Core {
             views,
             held: Held::default(),
         };
-        let (r, rel) = py.allow_threads(|| {
+        let (r, rel) = crate::gil::release(py, || {
             self.submit(task, |e, views| {
                 // SAFETY: the views stay in the task entry until the
                 // store's completion is collected (`pop_completed_stores`)
@@ -693,8 +714,9 @@ impl DaxL2Core {
     /// re-stores twice, docs/lmcache-dax-behavior.md §9.4 item 3). Once
     /// their "stored" events are told, call `stored_reported(ticket)`
     /// (ticket 0: nothing to report).
-    fn pop_completed_stores(&self, py: Python<'_>) -> Collected {
-        let (out, rel) = py.allow_threads(|| {
+    fn pop_completed_stores(&self, py: Python<'_>) -> PyResult<Collected> {
+        self.owner.check("DaxL2Adapter")?;
+        let (out, rel) = crate::gil::release(py, || {
             let mut rel = Released::default();
             let mut done = Vec::new();
             {
@@ -728,27 +750,31 @@ impl DaxL2Core {
             ((ticket, out), rel)
         });
         drop(rel);
-        out
+        Ok(out)
     }
 
     /// The "stored" events of a `pop_completed_stores` ticket are told:
     /// deletes of those keys may be reported now.
-    fn stored_reported(&self, py: Python<'_>, ticket: u64) {
+    fn stored_reported(&self, py: Python<'_>, ticket: u64) -> PyResult<()> {
+        self.owner.check("DaxL2Adapter")?;
         if ticket != 0 {
-            py.allow_threads(|| self.known.lock().reported(ticket));
+            crate::gil::release(py, || self.known.lock().reported(ticket));
         }
+        Ok(())
     }
 
     /// Keys deleted since the last call (by `delete`, a hotplug evict or a
     /// forced shrink) whose "stored" event was told, each once, for
     /// LMCache's listeners.
-    fn take_deleted(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
-        py.allow_threads(|| self.known.lock().take_deleted())
+    fn take_deleted(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        self.owner.check("DaxL2Adapter")?;
+        Ok(crate::gil::release(py, || self.known.lock().take_deleted()))
     }
 
     /// Look the keys up and take one lock in the engine on each hit
     /// (release with `submit_unlock`). Returns the task id.
     fn submit_lookup(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Id> {
+        self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
         let task = Task {
             kind: TaskKind::Lookup,
@@ -760,7 +786,7 @@ impl DaxL2Core {
             views: Vec::new(),
             held: Held::default(),
         };
-        let (r, rel) = py.allow_threads(|| {
+        let (r, rel) = crate::gil::release(py, || {
             self.submit(task, |e, views| match e.submit_lookup_and_lock(ks) {
                 Ok(id) => (Ok(id), views),
                 Err(r) => (Err(r.error), views),
@@ -773,8 +799,9 @@ impl DaxL2Core {
     /// A finished lookup, once: `(number of keys, indices of the hits)`;
     /// `None` while it runs, after it was returned, or for an id that is
     /// not a lookup of this adapter.
-    fn query_lookup(&self, py: Python<'_>, task_id: Id) -> Option<(usize, Vec<usize>)> {
-        let r = py.allow_threads(|| {
+    fn query_lookup(&self, py: Python<'_>, task_id: Id) -> PyResult<Option<(usize, Vec<usize>)>> {
+        self.owner.check("DaxL2Adapter")?;
+        let r = crate::gil::release(py, || {
             let (bits, t) = self.take(task_id, TaskKind::Lookup)?;
             let mut rel = Released::default();
             let n = t.n;
@@ -782,16 +809,43 @@ impl DaxL2Core {
             rel.objs.extend(keys.into_iter().chain(record));
             Some(((n, hits(bits.into_iter())), rel))
         });
-        r.map(|(v, rel)| {
+        Ok(r.map(|(v, rel)| {
             drop(rel);
             v
-        })
+        }))
+    }
+
+    /// Write the eventfd of `kind` (`"store"`, `"lookup"` or `"load"`)
+    /// again: a result the caller could not take (a listener raised) is
+    /// kept for the next call, and a poller must come back for it. Under
+    /// `state` while not closed, so the fd is open (module doc,
+    /// "Completions that never reach the engine"); a no-op after close.
+    fn resignal(&self, py: Python<'_>, kind: &str) -> PyResult<()> {
+        self.owner.check("DaxL2Adapter")?;
+        let kind = match kind {
+            "store" => TaskKind::Store,
+            "lookup" => TaskKind::Lookup,
+            "load" => TaskKind::Load,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "daxkv: resignal: kind must be store, lookup or load (got {other:?})"
+                )))
+            }
+        };
+        crate::gil::release(py, || {
+            let st = self.lock();
+            if !st.closed {
+                notify_fd(self.engine.event_fd(kind));
+            }
+        });
+        Ok(())
     }
 
     /// Release one lookup lock per key (on every device). Never fails.
     fn submit_unlock(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
-        py.allow_threads(|| self.engine.submit_unlock(&ks));
+        crate::gil::release(py, || self.engine.submit_unlock(&ks));
         Ok(())
     }
 
@@ -803,6 +857,7 @@ impl DaxL2Core {
         keys: &Bound<'_, PyAny>,
         objs: &Bound<'_, PyAny>,
     ) -> PyResult<Id> {
+        self.owner.check("DaxL2Adapter")?;
         let (ks, kept, views) = keys_and_views(keys, objs, true)?;
         let task = Task {
             kind: TaskKind::Load,
@@ -814,7 +869,7 @@ impl DaxL2Core {
             views,
             held: Held::default(),
         };
-        let (r, rel) = py.allow_threads(|| {
+        let (r, rel) = crate::gil::release(py, || {
             self.submit(task, |e, views| {
                 // SAFETY: the views stay in the task entry until the load
                 // is collected (`query_load`) or `close` has waited for
@@ -841,8 +896,9 @@ impl DaxL2Core {
         &self,
         py: Python<'_>,
         task_id: Id,
-    ) -> Option<(usize, Vec<usize>, Vec<Py<PyAny>>)> {
-        let r = py.allow_threads(|| {
+    ) -> PyResult<Option<(usize, Vec<usize>, Vec<Py<PyAny>>)>> {
+        self.owner.check("DaxL2Adapter")?;
+        let r = crate::gil::release(py, || {
             let (bits, t) = self.take(task_id, TaskKind::Load)?;
             let mut rel = Released::default();
             let n = t.n;
@@ -858,23 +914,25 @@ impl DaxL2Core {
             }
             Some(((n, hits(bits.into_iter()), loaded), rel))
         });
-        r.map(|(v, rel)| {
+        Ok(r.map(|(v, rel)| {
             drop(rel);
             v
-        })
+        }))
     }
 
     /// Which keys are stored now (no lock taken).
     fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
-        Ok(py.allow_threads(|| self.engine.exists(&ks)))
+        Ok(crate::gil::release(py, || self.engine.exists(&ks)))
     }
 
     /// Delete committed keys no lookup holds locked; per key, whether it
     /// was deleted (a key listed twice is deleted once).
     fn delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
-        Ok(py.allow_threads(|| {
+        Ok(crate::gil::release(py, || {
             let mut left = self.engine.delete(&ks);
             ks.iter()
                 .map(|k| match left.iter().position(|d| d == k) {
@@ -889,19 +947,22 @@ impl DaxL2Core {
     }
 
     /// `(bytes used, capacity bytes)` by slots, over the devices that count.
-    fn usage(&self, py: Python<'_>) -> (u64, u64) {
-        py.allow_threads(|| self.engine.usage())
+    fn usage(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        self.owner.check("DaxL2Adapter")?;
+        Ok(crate::gil::release(py, || self.engine.usage()))
     }
 
     /// The engine's status (LMCache's `report_status` fields and more).
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let v = py.allow_threads(|| self.engine.status());
+        self.owner.check("DaxL2Adapter")?;
+        let v = crate::gil::release(py, || self.engine.status());
         json_to_py(py, &v)
     }
 
     /// `{backend, supported_operations, status}` (LMCache's envelope).
     fn reconfigure_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let v = py.allow_threads(|| self.reconf.reconfigure_status());
+        self.owner.check("DaxL2Adapter")?;
+        let v = crate::gil::release(py, || self.reconf.reconfigure_status());
         json_to_py(py, &v)
     }
 
@@ -918,6 +979,7 @@ impl DaxL2Core {
         payload: &Bound<'py, PyAny>,
         device_owners: Option<Py<PyAny>>,
     ) -> PyResult<(u16, Bound<'py, PyAny>)> {
+        self.owner.check("DaxL2Adapter")?;
         let bad = |py: Python<'py>| -> PyResult<(u16, Bound<'py, PyAny>)> {
             let d = PyDict::new(py);
             d.set_item("error", "payload must be a JSON object")?;
@@ -926,6 +988,7 @@ impl DaxL2Core {
         if !payload.is_instance_of::<PyDict>() {
             return bad(py);
         }
+        let stretch = crate::gil::held(py);
         let Ok(text) = py
             .import("json")?
             .call_method1("dumps", (payload,))
@@ -936,12 +999,13 @@ impl DaxL2Core {
         let Ok(v) = serde_json::from_str::<Value>(&text) else {
             return bad(py);
         };
+        drop(stretch);
         let raised: Mutex<Option<PyErr>> = Mutex::new(None);
         let owners = |path: &str| -> Vec<String> {
             let Some(cb) = device_owners.as_ref() else {
                 return Vec::new();
             };
-            Python::with_gil(|py| {
+            crate::gil::with_gil(|py| {
                 match cb
                     .call1(py, (path,))
                     .and_then(|r| r.extract::<Vec<String>>(py))
@@ -955,7 +1019,7 @@ impl DaxL2Core {
                 }
             })
         };
-        let r = py.allow_threads(|| self.reconf.reconfigure(operation, &v, Some(&owners)));
+        let r = crate::gil::release(py, || self.reconf.reconfigure(operation, &v, Some(&owners)));
         if let Some(e) = raised.into_inner().unwrap_or_else(PoisonError::into_inner) {
             return Err(e);
         }
@@ -967,20 +1031,27 @@ impl DaxL2Core {
 
     /// Whether an open device of this adapter is the same physical device
     /// or file as `path` (by identity, whatever the path string).
-    fn owns_device(&self, py: Python<'_>, path: &str) -> bool {
-        py.allow_threads(|| self.engine.owns_device(std::path::Path::new(path)))
+    fn owns_device(&self, py: Python<'_>, path: &str) -> PyResult<bool> {
+        self.owner.check("DaxL2Adapter")?;
+        Ok(crate::gil::release(py, || {
+            self.engine.owns_device(std::path::Path::new(path))
+        }))
     }
 
     /// Tasks submitted and not collected (each holds its exports).
-    fn pending(&self, py: Python<'_>) -> usize {
-        py.allow_threads(|| self.lock().tasks.len())
+    fn pending(&self, py: Python<'_>) -> PyResult<usize> {
+        self.owner.check("DaxL2Adapter")?;
+        Ok(crate::gil::release(py, || self.lock().tasks.len()))
     }
 
     /// Refuse new tasks, wait for those in flight, close the engine (its
     /// fds and devices) and release every export. Results of finished
     /// tasks can still be collected. Idempotent.
     fn close(&self, py: Python<'_>) {
-        let rel = py.allow_threads(|| {
+        if self.owner.forked() {
+            return;
+        }
+        let rel = crate::gil::release(py, || {
             // A second `close` returns when the first has finished (the
             // engine closed, the exports released), not before: a caller
             // may free its memory once close returns (review finding).
@@ -1015,6 +1086,12 @@ impl DaxL2Core {
 
 impl Drop for DaxL2Core {
     fn drop(&mut self) {
+        if self.owner.forked() {
+            // A forked child (`fork` module doc): the engine is leaked
+            // (one reference never dropped), never closed here.
+            std::mem::forget(self.engine.clone());
+            return;
+        }
         // The exports in `state` (dropped after this) outlive the tasks.
         self.engine.close();
     }

@@ -51,6 +51,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
 mod control;
+mod fork;
+mod gil;
 mod l2;
 mod store;
 
@@ -203,6 +205,8 @@ pub struct DaxConnector {
     /// Held by `close` from start to end: a second `close` returns when
     /// the first has finished, not before.
     closing: Mutex<()>,
+    /// The process that opened it (`fork` module doc).
+    owner: crate::fork::Owner,
 }
 
 fn closed() -> PyErr {
@@ -245,6 +249,43 @@ fn digest_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
     Ok(out)
 }
 
+/// A JSON value as Python objects, built directly (no Python code runs:
+/// see the `gil` module doc for why a daxkv frame avoids running any).
+pub(crate) fn json_to_py<'py>(
+    py: Python<'py>,
+    v: &serde_json::Value,
+) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            let l = pyo3::types::PyList::empty(py);
+            for x in a {
+                l.append(json_to_py(py, x)?)?;
+            }
+            l.into_any()
+        }
+        Value::Object(o) => {
+            let d = PyDict::new(py);
+            for (k, x) in o {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
 /// Export every buffer (writable for destinations).
 fn export(bufs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
     let what = if writable { "destination" } else { "source" };
@@ -282,6 +323,8 @@ pub(crate) fn parse_config(
     adapter_params: Option<&Bound<'_, PyDict>>,
     default_l2_name: &str,
 ) -> PyResult<(EngineConfig, Option<Key>, control::ControlParams)> {
+    // `json.dumps` is Python code run under this Rust frame: `gil::held`.
+    let _stretch = crate::gil::held(py);
     let params = match adapter_params {
         Some(d) => d.copy()?,
         None => PyDict::new(py),
@@ -298,8 +341,88 @@ pub(crate) fn parse_config(
         .import("json")?
         .call_method1("dumps", (params,))?
         .extract()?;
-    let cfg = EngineConfig::from_json(&json).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let cfg = EngineConfig::from_json(&json).map_err(|e| config_error(py, e.to_string()))?;
     Ok((cfg, panic_key, control))
+}
+
+/// `daxkv.DaxConfigError`, made once: raised for a config or open error
+/// that is the caller's fault. A `ValueError` (what LMCache's own adapters
+/// raise for these: its test suite expects `ValueError("… already
+/// mapped")`) that is also a `RuntimeError` (what daxkv's faces raised for
+/// an open error before, and what upstream's non-MP `DaxBackend` raises for
+/// a device it cannot open), so callers catching either keep working.
+pub(crate) fn config_error_type(py: Python<'_>) -> PyResult<&Bound<'_, pyo3::types::PyType>> {
+    static TYPE: pyo3::sync::GILOnceCell<Py<pyo3::types::PyType>> = pyo3::sync::GILOnceCell::new();
+    TYPE.get_or_try_init(py, || {
+        let ns = PyDict::new(py);
+        ns.set_item("__module__", "daxkv")?;
+        ns.set_item(
+            "__doc__",
+            "A daxkv config or open error that is the caller's fault (a bad value, a \
+             duplicate or missing device, a device too small): both a ValueError and a \
+             RuntimeError.",
+        )?;
+        let bases = pyo3::types::PyTuple::new(
+            py,
+            [
+                py.get_type::<PyValueError>(),
+                py.get_type::<PyRuntimeError>(),
+            ],
+        )?;
+        let t = py
+            .get_type::<pyo3::types::PyType>()
+            .call1(("DaxConfigError", bases, ns))?;
+        Ok(t.downcast_into::<pyo3::types::PyType>()?.unbind())
+    })
+    .map(|t| t.bind(py))
+}
+
+/// A [`config_error_type`] error with `msg`.
+pub(crate) fn config_error(py: Python<'_>, msg: String) -> PyErr {
+    match config_error_type(py) {
+        Ok(t) => PyErr::from_type(t.clone(), msg),
+        Err(e) => e,
+    }
+}
+
+/// Whether an open error of a device is the caller's fault (a bad path,
+/// size or kind), not the system's (mmap, sysfs, permissions).
+pub(crate) fn device_is_callers_fault(e: &daxkv::OpenError) -> bool {
+    use daxkv::OpenError as O;
+    matches!(
+        e,
+        O::Zero { .. }
+            | O::NoSlot { .. }
+            | O::SlotTooLarge { .. }
+            | O::TooManySlots { .. }
+            | O::Missing { .. }
+            | O::IsDirectory { .. }
+            | O::Unsupported { .. }
+            | O::FileTooSmall { .. }
+            | O::DeviceTooSmall { .. }
+            | O::Misaligned { .. }
+    )
+}
+
+/// An engine's open error: [`config_error`] when it is the caller's
+/// fault (config values, a device listed twice, a device that is missing
+/// or too small), else `RuntimeError`.
+fn open_error(py: Python<'_>, e: &EngineError) -> PyErr {
+    let msg = format!("daxkv: open: {e}");
+    let callers = match e {
+        EngineError::Invalid { .. }
+        | EngineError::NoDevices
+        | EngineError::TableTooLarge { .. }
+        | EngineError::AlreadyMapped { .. }
+        | EngineError::SizeConflict { .. } => true,
+        EngineError::Device { source, .. } => device_is_callers_fault(source),
+        _ => false,
+    };
+    if callers {
+        config_error(py, msg)
+    } else {
+        PyRuntimeError::new_err(msg)
+    }
 }
 
 /// Open an engine from adapter params ([`parse_config`]), with the GIL
@@ -312,16 +435,15 @@ pub(crate) fn open_engine(
     let (cfg, panic_key, control) = parse_config(py, adapter_params, default_l2_name)?;
     let mut opts = cfg.options();
     opts.panic_on_key = panic_key;
-    let engine = py
-        .allow_threads(|| {
-            Engine::open(
-                cfg.device_specs(),
-                cfg.slot_bytes,
-                cfg.hotplug_enabled,
-                opts,
-            )
-        })
-        .map_err(|e| PyRuntimeError::new_err(format!("daxkv: open: {e}")))?;
+    let engine = crate::gil::release(py, || {
+        Engine::open(
+            cfg.device_specs(),
+            cfg.slot_bytes,
+            cfg.hotplug_enabled,
+            opts,
+        )
+    })
+    .map_err(|e| open_error(py, &e))?;
     Ok((engine, cfg, control))
 }
 
@@ -455,7 +577,8 @@ impl DaxConnector {
         let http = match control.http {
             Some(h) => {
                 let (e, root) = (engine.clone(), cfg.sysfs_root.clone());
-                match py.allow_threads(|| control::start_http(h, e, root, &control.l2_name)) {
+                match crate::gil::release(py, || control::start_http(h, e, root, &control.l2_name))
+                {
                     Ok(s) => Some(s),
                     Err(err) => {
                         engine.close();
@@ -480,6 +603,7 @@ impl DaxConnector {
             }),
             next: AtomicU64::new(1),
             closing: Mutex::new(()),
+            owner: crate::fork::Owner::here(),
             epoll: Mutex::new(Some(epoll)),
             efd: Mutex::new(Some(efd)),
             engine_fds,
@@ -488,27 +612,30 @@ impl DaxConnector {
 
     /// The one pollable fd (an epoll fd; POLLIN when completions wait).
     /// -1 after `close()`.
-    fn event_fd(&self) -> i32 {
-        self.epoll
+    fn event_fd(&self) -> PyResult<i32> {
+        self.owner.check("DaxConnector")?;
+        Ok(self
+            .epoll
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map_or(-1, AsRawFd::as_raw_fd)
+            .map_or(-1, AsRawFd::as_raw_fd))
     }
 
     /// `"host:port"` of the control plane started from
     /// `adapter_params["http"]`, or `None` when none was asked for (also
     /// after `close()`, which stops it).
     #[getter]
-    fn http_address(&self) -> Option<String> {
+    fn http_address(&self) -> PyResult<Option<String>> {
+        self.owner.check("DaxConnector")?;
         let running = self
             .http
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .is_some();
-        running
+        Ok(running
             .then(|| self.http_addr.map(|a| a.to_string()))
-            .flatten()
+            .flatten())
     }
 
     /// The `l2_name` label value (`adapter_params["l2_name"]`).
@@ -520,7 +647,8 @@ impl DaxConnector {
     /// The engine's metrics in the Prometheus text format, every series
     /// labelled `l2_name` (the names of `daxkv serve`'s `/metrics`).
     fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
-        py.allow_threads(|| {
+        self.owner.check("DaxConnector")?;
+        crate::gil::release(py, || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
             Ok(control::metrics_text(&engine, &self.l2_name))
         })
@@ -540,6 +668,7 @@ impl DaxConnector {
         keys: &Bound<'_, PyAny>,
         bufs: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
+        self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
         let views = export(bufs, false)?;
         if keys.len() != views.len() {
@@ -551,7 +680,7 @@ impl DaxConnector {
         }
         let fid = self.fid();
         let slot = self.slot_bytes;
-        py.allow_threads(move || {
+        crate::gil::release(py, move || {
             let mut st = self.lock();
             let engine = st.engine.clone().ok_or_else(closed)?;
             if let Some((i, v)) = views.iter().enumerate().find(|(_, v)| v.len() > slot) {
@@ -608,6 +737,7 @@ impl DaxConnector {
         keys: &Bound<'_, PyAny>,
         bufs: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
+        self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
         let views = export(bufs, true)?;
         if keys.len() != views.len() {
@@ -618,7 +748,7 @@ impl DaxConnector {
             )));
         }
         let fid = self.fid();
-        py.allow_threads(move || {
+        crate::gil::release(py, move || {
             let mut st = self.lock();
             let engine = st.engine.clone().ok_or_else(closed)?;
             let held = match st.busy.hold_writes(fid, &ranges(&views)) {
@@ -662,9 +792,10 @@ impl DaxConnector {
     /// Which keys are stored now, without locking them (see the module
     /// doc). Completes at once; returns its future id.
     fn submit_batch_exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+        self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
         let fid = self.fid();
-        py.allow_threads(move || {
+        crate::gil::release(py, move || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
             let hits = engine.exists(&keys);
             let mut st = self.lock();
@@ -675,9 +806,10 @@ impl DaxConnector {
     /// Delete the keys (committed and not locked in the engine); per-key
     /// bools say which were deleted. Completes at once.
     fn submit_batch_delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+        self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
         let fid = self.fid();
-        py.allow_threads(move || {
+        crate::gil::release(py, move || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
             let deleted = engine.delete(&keys);
             let mut left: Vec<Key> = deleted;
@@ -700,8 +832,9 @@ impl DaxConnector {
     /// Every completion not drained before, as `(future_id, ok, error,
     /// per_key_bools_or_None)`; resets the event fd. Never blocks on the
     /// engine.
-    fn drain_completions(&self, py: Python<'_>) -> Vec<Completion> {
-        let (out, release) = py.allow_threads(|| {
+    fn drain_completions(&self, py: Python<'_>) -> PyResult<Vec<Completion>> {
+        self.owner.check("DaxConnector")?;
+        let (out, release) = crate::gil::release(py, || {
             // Reset first, then collect: a completion published after the
             // collection signals again.
             if let Some(fd) = self
@@ -725,32 +858,37 @@ impl DaxConnector {
             )
         });
         drop(release);
-        out
+        Ok(out)
     }
 
     /// Engine status (a dict: `is_healthy`, `locked_key_count`, devices…).
     /// `{"is_healthy": False, "closed": True}` after `close()`.
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let s = py.allow_threads(|| {
+        self.owner.check("DaxConnector")?;
+        let v = crate::gil::release(py, || {
             self.lock().engine.clone().map_or_else(
-                || r#"{"is_healthy": false, "closed": true}"#.to_string(),
-                |e| e.status().to_string(),
+                || serde_json::json!({"is_healthy": false, "closed": true}),
+                |e| e.status(),
             )
         });
-        py.import("json")?.call_method1("loads", (s,))
+        json_to_py(py, &v)
     }
 
     /// Futures submitted and not yet drained.
-    fn pending(&self) -> usize {
+    fn pending(&self) -> PyResult<usize> {
+        self.owner.check("DaxConnector")?;
         let st = self.lock();
-        st.sets.len() + st.gets.len() + st.ready.len()
+        Ok(st.sets.len() + st.gets.len() + st.ready.len())
     }
 
     /// Wait for the tasks in flight, stop the engine, release every buffer
     /// and close the fds. Completions not drained stay drainable.
     /// Idempotent.
     fn close(&self, py: Python<'_>) {
-        let release = py.allow_threads(|| {
+        if self.owner.forked() {
+            return;
+        }
+        let release = crate::gil::release(py, || {
             let _one_closer = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
             // The control plane first: it stops accepting, and the port is
             // free when close returns. An operation it already runs goes
@@ -810,6 +948,25 @@ impl DaxConnector {
 
 impl Drop for DaxConnector {
     fn drop(&mut self) {
+        if self.owner.forked() {
+            // A forked child: stopping the control plane or closing the
+            // engine would join threads that do not exist here and touch
+            // the parent's slots; both are leaked (`fork` module doc).
+            let http = self
+                .http
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            std::mem::forget(http);
+            let engine = self
+                .state
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .engine
+                .take();
+            std::mem::forget(engine);
+            return;
+        }
         // The control plane first (as in `close`).
         drop(
             self.http
@@ -835,6 +992,8 @@ impl Drop for DaxConnector {
 #[pymodule]
 fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DaxConnector>()?;
+    gil::register(m)?;
+    m.add("DaxConfigError", config_error_type(m.py())?)?;
     l2::register(m)?;
     m.add_class::<store::PyDaxStore>()?;
     Ok(())

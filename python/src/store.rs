@@ -99,6 +99,8 @@ pub struct PyDaxStore {
     /// in flight; `has_hook` keeps the common path to one load.
     write_hook: Mutex<Option<Arc<Py<PyAny>>>>,
     has_hook: AtomicBool,
+    /// The process that opened it (`fork` module doc).
+    owner: crate::fork::Owner,
 }
 
 /// Digest one key (module doc, "Keys").
@@ -109,6 +111,8 @@ fn key_of(k: &Bound<'_, PyAny>) -> PyResult<Key> {
     if let Ok(b) = k.downcast::<PyBytes>() {
         return Ok(Key::digest(b.as_bytes()));
     }
+    // `to_string()` is Python code run under this Rust frame: `gil::held`.
+    let _stretch = crate::gil::held(k.py());
     match k.call_method0("to_string") {
         Ok(s) => Ok(Key::digest(s.downcast::<PyString>()?.to_str()?.as_bytes())),
         Err(_) => Err(PyTypeError::new_err(format!(
@@ -123,8 +127,12 @@ fn keys_of(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
 }
 
 /// Open errors in the wording of LMCache's `DaxCore`
-/// (docs/lmcache-dax-behavior.md §2.1), with ours after.
-fn open_error(path: &str, size_bytes: usize, e: StoreError) -> PyErr {
+/// (docs/lmcache-dax-behavior.md §2.1), with ours after. The caller's
+/// faults (a bad size, a missing or too small device) are
+/// `daxkv.DaxConfigError`, a `ValueError` that is also the `RuntimeError`
+/// upstream raises for a device it cannot open or that is too small.
+fn open_error(py: Python<'_>, path: &str, size_bytes: usize, e: StoreError) -> PyErr {
+    let callers = |msg: String| crate::config_error(py, msg);
     match e {
         StoreError::Open(
             OpenError::FileTooSmall { file_bytes, .. }
@@ -132,23 +140,22 @@ fn open_error(path: &str, size_bytes: usize, e: StoreError) -> PyErr {
                 device_bytes: file_bytes,
                 ..
             },
-        ) => PyRuntimeError::new_err(format!(
+        ) => callers(format!(
             "max_dax_size_bytes ({size_bytes} bytes) exceeds device capacity ({file_bytes} bytes)"
         )),
         StoreError::Open(
             e @ (OpenError::Missing { .. }
-            | OpenError::Open { .. }
             | OpenError::IsDirectory { .. }
             | OpenError::Unsupported { .. }),
-        ) => PyRuntimeError::new_err(format!("Failed to open dax device {path}: {e}")),
+        ) => callers(format!("Failed to open dax device {path}: {e}")),
+        StoreError::Open(e @ OpenError::Open { .. }) => {
+            PyRuntimeError::new_err(format!("Failed to open dax device {path}: {e}"))
+        }
         StoreError::Open(OpenError::NoSlot { .. }) => {
-            PyValueError::new_err("configured arena does not fit even one slot")
+            callers("configured arena does not fit even one slot".into())
         }
-        StoreError::Open(e @ OpenError::Zero { .. })
-        | StoreError::Open(e @ OpenError::SlotTooLarge { .. }) => {
-            PyValueError::new_err(e.to_string())
-        }
-        e @ StoreError::Config { .. } => PyValueError::new_err(e.to_string()),
+        StoreError::Open(e) if crate::device_is_callers_fault(&e) => callers(e.to_string()),
+        e @ StoreError::Config { .. } => callers(e.to_string()),
         e => PyRuntimeError::new_err(format!(
             "Failed to mmap dax arena ({size_bytes} bytes) from {path}: {e}"
         )),
@@ -252,8 +259,10 @@ impl PyDaxStore {
     /// are LMCache's `dax.restore_workers`, `dax.restore_max_regions` and
     /// `dax.retrieve_staging_slab_bytes`; `put_workers` (threads copying one
     /// large `put_batch`) defaults to `restore_workers`. Errors use LMCache's wording:
-    /// RuntimeError for a device that cannot be opened or is too small,
-    /// ValueError for bad sizes. Nothing stays open on failure.
+    /// a missing or too small device is `daxkv.DaxConfigError` (a
+    /// ValueError and upstream's RuntimeError), a device the system cannot
+    /// open or map a RuntimeError, bad sizes ValueError. Nothing stays
+    /// open on failure.
     // Python keyword arguments, each with a default: a struct would only
     // move them into a dict.
     #[allow(clippy::too_many_arguments)]
@@ -290,9 +299,8 @@ impl PyDaxStore {
         cfg.staging_slab_bytes = staging_slab_bytes.unwrap_or_else(|| {
             (256 << 20usize).max(restore_max_regions.saturating_mul(slot_bytes))
         });
-        let store = py
-            .allow_threads(|| DaxStore::open(&cfg))
-            .map_err(|e| open_error(device_path, size_bytes, e))?;
+        let store = crate::gil::release(py, || DaxStore::open(&cfg))
+            .map_err(|e| open_error(py, device_path, size_bytes, e))?;
         let core = store.core();
         Ok(PyDaxStore {
             slot_bytes: core.slot_bytes(),
@@ -303,6 +311,7 @@ impl PyDaxStore {
             positions: Mutex::new(HashMap::new()),
             write_hook: Mutex::new(None),
             has_hook: AtomicBool::new(false),
+            owner: crate::fork::Owner::here(),
         })
     }
 
@@ -332,37 +341,43 @@ impl PyDaxStore {
 
     /// True once `close()` was called.
     #[getter]
-    fn closed(&self) -> bool {
-        self.store().is_none_or(|s| s.core().is_closing())
+    fn closed(&self) -> PyResult<bool> {
+        self.owner.check("DaxStore")?;
+        Ok(self.store().is_none_or(|s| s.core().is_closing()))
     }
 
     /// Committed? With `pin`, a hit also takes one lookup lock.
     #[pyo3(signature = (key, pin = false))]
     fn contains(&self, key: &Bound<'_, PyAny>, pin: bool) -> PyResult<bool> {
+        self.owner.check("DaxStore")?;
         let k = key_of(key)?;
         Ok(self.store().is_some_and(|s| s.contains(k, pin)))
     }
 
     /// True while a put of `key` is in flight.
     fn has_inflight(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.owner.check("DaxStore")?;
         let k = key_of(key)?;
         Ok(self.store().is_some_and(|s| s.exists_in_put_tasks(k)))
     }
 
     /// Lock + 1 if present; whether it is present.
     fn pin(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.owner.check("DaxStore")?;
         let k = key_of(key)?;
         Ok(self.store().is_some_and(|s| s.pin(k)))
     }
 
     /// Lock − 1; whether the key still exists.
     fn unpin(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.owner.check("DaxStore")?;
         let k = key_of(key)?;
         Ok(self.store().is_some_and(|s| s.unpin(k)))
     }
 
     /// The key's lookup lock count (0 if absent).
     fn lock_count(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
+        self.owner.check("DaxStore")?;
         let k = key_of(key)?;
         Ok(self.store().map_or(0, |s| s.core().lock_count(k)))
     }
@@ -370,6 +385,7 @@ impl PyDaxStore {
     /// Number of consecutive hits from the start; pins each if asked.
     #[pyo3(signature = (keys, pin = false))]
     fn batched_contains(&self, keys: &Bound<'_, PyAny>, pin: bool) -> PyResult<usize> {
+        self.owner.check("DaxStore")?;
         let keys = keys_of(keys)?;
         Ok(self.store().map_or(0, |s| s.batched_contains(&keys, pin)))
     }
@@ -383,12 +399,13 @@ impl PyDaxStore {
     /// Remove many; how many were removed.
     #[pyo3(signature = (keys, force = true))]
     fn remove_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, force: bool) -> PyResult<usize> {
+        self.owner.check("DaxStore")?;
         not_from_write_hook("remove")?;
         let keys = keys_of(keys)?;
         let Some(store) = self.store() else {
             return Ok(0);
         };
-        let (n, dropped) = py.allow_threads(|| {
+        let (n, dropped) = crate::gil::release(py, || {
             let done = store.core().delete_many(&keys, force);
             let removed: Vec<Key> = keys
                 .iter()
@@ -422,6 +439,7 @@ impl PyDaxStore {
         tags: Vec<u32>,
         positions: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Vec<u8>, isize)> {
+        self.owner.check("DaxStore")?;
         not_from_write_hook("put_batch")?;
         let keys = keys_of(keys)?;
         let views = crate::export(bufs, false)?;
@@ -469,7 +487,7 @@ impl PyDaxStore {
         let write = |i: usize, w: &SlotWriter<'_>| -> bool {
             if let Some(h) = &hook {
                 IN_WRITE_HOOK.with(|f| f.set(true));
-                let ok = Python::with_gil(|py| match h.call0(py) {
+                let ok = crate::gil::with_gil(|py| match h.call0(py) {
                     Ok(_) => true,
                     Err(e) => {
                         e.print(py);
@@ -491,7 +509,7 @@ impl PyDaxStore {
             w.write(0, src)
         };
         let n = keys.len();
-        let (codes, full_at, replaced) = py.allow_threads(|| {
+        let (codes, full_at, replaced) = crate::gil::release(py, || {
             let mut replaced = Vec::new();
             let mut results: Vec<Option<Result<PutOutcome, StoreError>>> = Vec::with_capacity(n);
             let mut full_at = None;
@@ -571,6 +589,7 @@ impl PyDaxStore {
         prefix_only: bool,
         alloc: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Vec<PyObject>>> {
+        self.owner.check("DaxStore")?;
         not_from_write_hook("restore")?;
         let keys = keys_of(keys)?;
         let Some(store) = self.store() else {
@@ -581,7 +600,7 @@ impl PyDaxStore {
         // with the GIL, after `allow_threads`).
         let mut views: Vec<View> = Vec::new();
         let mut found: Vec<Option<Arc<Py<PyAny>>>> = Vec::new();
-        let r = py.allow_threads(|| {
+        let r = crate::gil::release(py, || {
             // Held across the reservation until the tensors are read.
             let mut lock = Some(self.positions());
             let r = store.restore_into(&keys, prefix_only, |rs| {
@@ -599,15 +618,16 @@ impl PyDaxStore {
                     .iter()
                     .map(|r| (r.index, r.meta & !HAS_POSITIONS, r.len))
                     .collect();
-                let spans = Python::with_gil(|py| -> Result<Vec<(usize, usize)>, AllocFailed> {
-                    let out = alloc.call1(py, (hits,)).map_err(AllocFailed::Err)?;
-                    let out = out.bind(py);
-                    if out.is_none() {
-                        return Err(AllocFailed::NoMemory);
-                    }
-                    views = crate::export(out, true).map_err(AllocFailed::Err)?;
-                    Ok(views.iter().map(span).collect())
-                })?;
+                let spans =
+                    crate::gil::with_gil(|py| -> Result<Vec<(usize, usize)>, AllocFailed> {
+                        let out = alloc.call1(py, (hits,)).map_err(AllocFailed::Err)?;
+                        let out = out.bind(py);
+                        if out.is_none() {
+                            return Err(AllocFailed::NoMemory);
+                        }
+                        views = crate::export(out, true).map_err(AllocFailed::Err)?;
+                        Ok(views.iter().map(span).collect())
+                    })?;
                 let mut by_addr = spans.clone();
                 by_addr.sort_unstable();
                 if let Some(w) = by_addr.windows(2).find(|w| w[0].0 + w[0].1 > w[1].0) {
@@ -654,6 +674,7 @@ impl PyDaxStore {
     /// `committed_key_count`, `max_slots`, `slot_bytes`, `closing`, … plus
     /// `positions_count`. `{"closing": True}` after close.
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.owner.check("DaxStore")?;
         not_from_write_hook("status")?;
         let d = PyDict::new(py);
         let Some(store) = self.store() else {
@@ -661,7 +682,7 @@ impl PyDaxStore {
             d.set_item("is_healthy", false)?;
             return Ok(d);
         };
-        let s = py.allow_threads(|| store.core().status());
+        let s = crate::gil::release(py, || store.core().status());
         d.set_item("is_healthy", s.is_healthy)?;
         d.set_item("device_path", &self.device_path)?;
         d.set_item("max_dax_size_bytes", s.max_dax_size_bytes)?;
@@ -676,7 +697,7 @@ impl PyDaxStore {
         d.set_item("active_write_count", s.active_write_count)?;
         d.set_item("closing", s.closing)?;
         d.set_item("supports_restart_recovery", false)?;
-        let n = py.allow_threads(|| self.positions().len());
+        let n = crate::gil::release(py, || self.positions().len());
         d.set_item("positions_count", n)?;
         Ok(d)
     }
@@ -684,11 +705,12 @@ impl PyDaxStore {
     /// Raise RuntimeError if the slot bookkeeping is inconsistent (tests;
     /// meaningful only while nothing is in flight).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.owner.check("DaxStore")?;
         not_from_write_hook("check_invariants")?;
         let Some(store) = self.store() else {
             return Ok(());
         };
-        py.allow_threads(|| store.core().check_invariants())
+        crate::gil::release(py, || store.core().check_invariants())
             .map_err(|e| PyRuntimeError::new_err(format!("daxkv: invariants: {e}")))
     }
 
@@ -709,7 +731,10 @@ impl PyDaxStore {
     /// until it ends), unmap, and close the fd once no call uses the store.
     /// Idempotent.
     fn close(&self, py: Python<'_>) {
-        let dropped = py.allow_threads(|| {
+        if self.owner.forked() {
+            return;
+        }
+        let dropped = crate::gil::release(py, || {
             let store = self
                 .store
                 .write()
@@ -721,5 +746,20 @@ impl PyDaxStore {
             std::mem::take(&mut *self.positions())
         });
         drop(dropped);
+    }
+}
+
+impl Drop for PyDaxStore {
+    fn drop(&mut self) {
+        if self.owner.forked() {
+            // A forked child (`fork` module doc): the store is leaked, never
+            // closed here (its close would wait on the parent's work).
+            let store = self
+                .store
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            std::mem::forget(store);
+        }
     }
 }

@@ -113,7 +113,9 @@ class DaxBackend(StoragePluginInterface):
                 ``dax.device_path``; TP > 1; more than one KV group; a size
                 or restore setting that is not a positive number.
             RuntimeError: the device cannot be opened, or is smaller than
-                ``dax.max_dax_size``.
+                ``dax.max_dax_size`` (upstream's type and words; a missing or
+                too small device is ``daxkv.DaxConfigError``, a ValueError
+                too: the caller's fault).
         """
         super().__init__(
             dst_device=dst_device,
@@ -124,6 +126,7 @@ class DaxBackend(StoragePluginInterface):
         )
         # Set first: close() (and __del__ paths) must work on a half-built one.
         self._close_lock = threading.Lock()
+        self._pid = os.getpid()
         self._closing = False
         self._closed = False
         self._store: Optional[DaxStore] = None
@@ -558,6 +561,10 @@ class DaxBackend(StoragePluginInterface):
         store: it refuses new work, waits for in-flight puts and gets, unmaps
         and closes the device. Idempotent; afterwards gets return None and
         puts raise "DaxBackend is closing"."""
+        if os.getpid() != self._pid:
+            # A forked child: the store, its threads and the restore thread
+            # are the parent's (the store's calls raise RuntimeError here).
+            return
         with self._close_lock:
             if self._closed:
                 return

@@ -25,7 +25,10 @@ This module imports LMCache; ``import daxkv`` does not.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
+from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable, Optional
@@ -177,7 +180,26 @@ class DaxL2Adapter(L2AdapterInterface):
         self._core = core
         self._slot_bytes: int = core.slot_bytes
         self._hotplug_enabled: bool = core.hotplug_enabled
+        # Results taken from the core and not yet returned to the caller
+        # (a listener raised while they were being told): returned by the
+        # next call, never lost. One lock per kind: the store and prefetch
+        # controllers never wait on each other.
+        self._store_lock = threading.RLock()
+        self._stores_kept: dict[int, L2StoreResult] = {}
+        #: ("stored" events not yet told: (ticket, keys, sizes)).
+        self._stored_untold: deque = deque()
+        #: Tickets whose "stored" events are not all told yet.
+        self._tickets: list[int] = []
+        self._load_lock = threading.RLock()
+        self._loads_kept: dict[int, Bitmap] = {}
+        self._pid = os.getpid()
         _expose_through_fault_inject()
+
+    def _not_forked(self) -> None:
+        # Before taking this class's own locks: a parent thread may have
+        # held one at fork(), and the core raises only once reached.
+        if os.getpid() != self._pid:
+            self._core.event_fds()  # raises the core's RuntimeError (a fork)
 
     # -- event fds ------------------------------------------------------------
 
@@ -196,20 +218,42 @@ class DaxL2Adapter(L2AdapterInterface):
         return self._core.submit_store(keys, objects)
 
     def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
-        out: dict[int, L2StoreResult] = {}
-        ticket, done = self._core.pop_completed_stores()
-        try:
+        """Every store finished since the last call, each once.
+
+        The results are kept here before any listener is told: if a listener
+        raises, the exception propagates, the results (and the events not yet
+        told) stay for the next call, and the store eventfd is written again
+        so a poller (LMCache's store controller) makes that call."""
+        self._not_forked()
+        with self._store_lock:
+            ticket, done = self._core.pop_completed_stores()
             for task_id, ok, nbytes, keys, sizes in done:
-                out[task_id] = L2StoreResult(ok, nbytes)
+                self._stores_kept[task_id] = L2StoreResult(ok, nbytes)
                 # The task's keys the engine holds (those of a failed task
                 # that did go in too); a re-stored key has size 0, so the
                 # byte counters count each slot once.
                 if keys:
+                    self._stored_untold.append((ticket, keys, sizes))
+            if ticket:
+                self._tickets.append(ticket)
+            try:
+                while self._stored_untold:
+                    # Out of the queue before it is told: the base class
+                    # counts the bytes before it calls the listeners, so an
+                    # event is told at most once.
+                    _, keys, sizes = self._stored_untold.popleft()
                     self._notify_keys_stored(keys, sizes)
-        finally:
-            # A delete of these keys waits for this (python/src/l2/known.rs).
-            self._core.stored_reported(ticket)
-        self._report_deleted()
+                self._report_deleted()
+            except BaseException:
+                self._core.resignal("store")
+                raise
+            finally:
+                # A delete of these keys waits for this (python/src/l2/known.rs).
+                untold = {t for t, _, _ in self._stored_untold}
+                for t in [t for t in self._tickets if t not in untold]:
+                    self._core.stored_reported(t)
+                self._tickets = [t for t in self._tickets if t in untold]
+            out, self._stores_kept = self._stores_kept, {}
         return out
 
     # -- lookup and lock ------------------------------------------------------
@@ -236,13 +280,29 @@ class DaxL2Adapter(L2AdapterInterface):
         return self._core.submit_load(keys, objects)
 
     def query_load_result(self, task_id: int) -> Optional[Bitmap]:
-        r = self._core.query_load(task_id)
-        if r is None:
-            return None
-        n, hits, loaded = r
-        if loaded:
-            self._notify_keys_accessed(loaded)
-        return _bitmap(n, hits)
+        """A finished load's bitmap, once. Kept before the listeners are
+        told: if one raises, the exception propagates, the bitmap is
+        returned by the next call for this id, and the load eventfd is
+        written again so a poller (LMCache's prefetch controller) asks."""
+        self._not_forked()
+        with self._load_lock:
+            kept = self._loads_kept.pop(task_id, None)
+            if kept is not None:
+                return kept
+            r = self._core.query_load(task_id)
+            if r is None:
+                return None
+            n, hits, loaded = r
+            bm = _bitmap(n, hits)
+            if loaded:
+                self._loads_kept[task_id] = bm
+                try:
+                    self._notify_keys_accessed(loaded)
+                except BaseException:
+                    self._core.resignal("load")
+                    raise
+                del self._loads_kept[task_id]
+            return bm
 
     # -- eviction, usage, status ------------------------------------------------
 

@@ -1,0 +1,441 @@
+"""The Python faces at their edges: interpreter exit with daemon threads
+inside daxkv calls, fork() after open, bad worker counts, caller-fault open
+errors. Each runs real processes (subprocess scripts, os.fork) over real
+mappings. The LMCache-specific ones (the plugin adapter, the non-MP backend,
+listeners that raise, str keys on the plugin path) are in
+test_edges_lmcache.py."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from typing import Callable
+
+import pytest
+
+import daxkv
+from conftest import SLOT, drain_until
+
+# -- interpreter exit ------------------------------------------------------------
+
+#: Interpreters to run the exit scripts on: this one, and CPython 3.12 /
+#: 3.13 where pyenv has them (the extension is abi3: one build loads in
+#: every 3.11+). Extra ones: DAXKV_EXIT_PYTHONS (paths, ':'-separated).
+def _pythons() -> list[str]:
+    found = [sys.executable]
+    for minor in ("3.12", "3.13"):
+        paths = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{minor}.*/bin/python3")))
+        if paths:
+            found.append(paths[-1])
+        else:
+            print(f"test_edges: no CPython {minor} found under ~/.pyenv; not tested there")
+    extra = os.environ.get("DAXKV_EXIT_PYTHONS", "")
+    found += [p for p in extra.split(":") if p]
+    return found
+
+
+PYTHONS = _pythons()
+
+#: Daemon threads loop on calls that release the GIL; the main thread
+#: returns once each thread has looped a while, without closing anything.
+_PRELUDE = """
+import sys, threading, time
+N_THREADS = 4
+ready = threading.Barrier(N_THREADS + 1, timeout=60)
+
+def spin(body):
+    def run():
+        n = 0
+        while True:
+            body()
+            n += 1
+            if n == 30:
+                ready.wait()
+    return run
+
+def start(body):
+    for _ in range(N_THREADS):
+        threading.Thread(target=spin(body), daemon=True).start()
+    ready.wait()
+    print("exiting with daemon threads inside daxkv", flush=True)
+"""
+
+EXIT_SCRIPTS = {
+    "connector": """
+import daxkv
+c = daxkv.DaxConnector(slot_bytes=4096, device_path="memfd",
+                       max_dax_size_gb=256 * 4096 / 2**30, num_load_workers=1, spin_us=0)
+c.submit_batch_set(["k"], [bytearray(b"v" * 100)])
+
+def body():
+    c.submit_batch_exists(["k", "x"])
+    c.submit_batch_delete(["x"])
+    c.drain_completions()
+    c.status()
+
+start(body)
+""",
+    "l2_core": """
+from daxkv._daxkv import DaxL2Core
+
+class Key:  # the fields of LMCache's ObjectKey
+    def __init__(self, i):
+        self.model_name, self.kv_rank, self.object_group_id = "m", 0, 0
+        self.chunk_hash, self.cache_salt = i.to_bytes(8, "big"), ""
+
+core = DaxL2Core(slot_bytes=4096, device_path="memfd",
+                 max_dax_size_gb=256 * 4096 / 2**30, num_load_workers=1, spin_us=0)
+ks = [Key(1), Key(2)]
+
+def body():
+    core.delete(ks)
+    core.usage()
+    core.exists(ks)
+    core.closed
+    t = core.submit_lookup(ks)
+    core.query_lookup(t)
+    core.submit_unlock(ks)
+    core.pop_completed_stores()
+
+start(body)
+""",
+    "backend_store": """
+from daxkv._daxkv import DaxStore
+s = DaxStore("memfd", 64 * 4096, 4096)
+
+def body():
+    s.put_batch(["a", "b"], [b"x" * 100, b"y" * 100], [0, 0])
+    s.remove_many(["a", "b"])
+    s.status()
+    s.check_invariants()
+
+start(body)
+""",
+    # Keys whose to_string() is Python code, run under daxkv's Rust frame
+    # with the GIL held (LMCache's CacheEngineKey): that code may hand the
+    # GIL over and take it back while the interpreter exits.
+    "backend_store_py_keys": """
+from daxkv._daxkv import DaxStore
+s = DaxStore("memfd", 64 * 4096, 4096)
+
+class Key:
+    def __init__(self, i):
+        self.i = i
+    def to_string(self):
+        out = ""
+        for c in "model@1@0@":
+            out += c
+        return out + str(self.i)
+
+ks = [Key(i) for i in range(4)]
+
+def body():
+    for k in ks:
+        s.contains(k)
+        s.lock_count(k)
+    s.batched_contains(ks)
+
+start(body)
+""",
+}
+
+
+def _run_exit(python: str, script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, "-c", _PRELUDE + textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # Not the source folder (python/), whose daxkv has no extension.
+        cwd="/",
+    )
+
+
+@pytest.mark.parametrize("python", PYTHONS, ids=lambda p: os.path.basename(os.path.dirname(os.path.dirname(p))) or p)
+@pytest.mark.parametrize("face", sorted(EXIT_SCRIPTS))
+def test_exit_with_daemon_threads_inside_daxkv_exits_0(python: str, face: str) -> None:
+    """A script whose daemon threads are inside daxkv calls (GIL released)
+    when the interpreter exits, with nothing closed, exits 0 without a core
+    (it died with SIGABRT, "FATAL: exception not rethrown", exit 134).
+    Three runs each: the race is hit on most runs without the fix."""
+    for run in range(3):
+        p = _run_exit(python, EXIT_SCRIPTS[face])
+        assert "exiting with daemon threads" in p.stdout, p.stderr[-2000:]
+        assert p.returncode == 0, (
+            f"run {run}: exit status {p.returncode} "
+            f"({'SIGABRT' if p.returncode in (134, -6) else 'not 0'}); stderr: {p.stderr[-2000:]}"
+        )
+        assert "FATAL" not in p.stderr, p.stderr[-2000:]
+
+
+def test_the_exit_hook_is_registered_at_import() -> None:
+    """The handshake's hook runs from atexit: not set while running."""
+    from daxkv import _daxkv
+
+    assert _daxkv._finalizing() is False
+    p = subprocess.run(
+        [sys.executable, "-c",
+         "import atexit, daxkv._daxkv as d\n"
+         "atexit.register(lambda: print('after', d._finalizing(), flush=True))\n"],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )
+    # atexit runs last-registered first: ours (registered at import) runs
+    # after the lambda, so the lambda still sees False.
+    assert p.returncode == 0 and "after False" in p.stdout, (p.stdout, p.stderr)
+
+
+def test_a_fork_child_does_not_inherit_threads_in_the_window() -> None:
+    """Threads of the parent waiting for the GIL inside daxkv (the forking
+    thread holds it) are counted in the exit handshake's window; they do
+    not exist in a forked child, whose count starts at 0 — else its exit
+    hook would wait its whole bound for them."""
+    script = _PRELUDE + textwrap.dedent("""
+        import os
+        import daxkv, daxkv._daxkv as d
+        c = daxkv.DaxConnector(slot_bytes=4096, device_path="memfd",
+                               max_dax_size_gb=64 * 4096 / 2**30, num_load_workers=1)
+
+        def body():
+            c.submit_batch_exists(["k"])
+            c.drain_completions()
+
+        start(body)
+        bad = 0
+        for _ in range(20):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if d._window_count() == 0 else 1)
+            _, status = os.waitpid(pid, 0)
+            bad += os.waitstatus_to_exitcode(status) != 0
+        print("children with a stale window:", bad, flush=True)
+        c.close()
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120, cwd="/")
+    assert "children with a stale window: 0" in p.stdout, (p.stdout, p.stderr[-2000:])
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+# -- fork after open -------------------------------------------------------------
+
+
+def in_child(fn: Callable[[], str], timeout_s: int = 30) -> tuple[int, str]:
+    """Run `fn` in a forked child; returns (exit code, what it reported).
+    The child exits 0 only if `fn` returned; a hang is ended by SIGALRM."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            signal.alarm(timeout_s)
+            os.write(w, fn().encode())
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - report anything, PanicException too
+            try:
+                os.write(w, f"{type(e).__name__}: {e}".encode())
+            except BaseException:  # noqa: BLE001
+                pass
+        finally:
+            os._exit(code)
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 65536):
+        out += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def refused_in_child(calls: dict[str, Callable[[], object]]) -> str:
+    """Each call must raise RuntimeError naming the fork; the problems found."""
+    bad = []
+    for name, call in calls.items():
+        try:
+            call()
+            bad.append(f"{name}: no error")
+        except RuntimeError as e:
+            if "fork" not in str(e):
+                bad.append(f"{name}: {e}")
+        except BaseException as e:  # noqa: BLE001
+            bad.append(f"{name}: {type(e).__name__}: {e}")
+    return "\n".join(bad)
+
+
+def test_fork_after_open_connector() -> None:
+    """In a forked child every call raises RuntimeError, close() and drop
+    are silent no-ops, nothing reaches the parent's slots; the parent goes
+    on as before."""
+    box = [daxkv.DaxConnector(slot_bytes=SLOT, device_path="memfd",
+                              max_dax_size_gb=64 * SLOT / 2**30, num_load_workers=2)]
+    c = box[0]
+    fid = c.submit_batch_set(["parent"], [bytearray(b"p" * 1000)])
+    assert drain_until(c, {fid})[fid][0]
+    del c
+
+    def child() -> str:
+        c = box[0]
+        bad = refused_in_child({
+            "submit_batch_set": lambda: c.submit_batch_set(["child"], [bytearray(b"c" * 1000)]),
+            "submit_batch_get": lambda: c.submit_batch_get(["parent"], [bytearray(1000)]),
+            "submit_batch_exists": lambda: c.submit_batch_exists(["parent"]),
+            "submit_batch_delete": lambda: c.submit_batch_delete(["parent"]),
+            "drain_completions": c.drain_completions,
+            "status": c.status,
+            "event_fd": c.event_fd,
+            "pending": c.pending,
+        })
+        c.close()
+        c.close()
+        del c
+        box.clear()  # drop: the last reference in the child
+        import gc
+
+        gc.collect()
+        return bad or "ok"
+
+    code, out = in_child(child)
+    assert (code, out) == (0, "ok")
+    c = box[0]
+    fid = c.submit_batch_exists(["parent", "child"])
+    assert drain_until(c, {fid})[fid][2] == [True, False], "the child reached the parent's slots"
+    dst = bytearray(1000)
+    fid = c.submit_batch_get(["parent"], [dst])
+    assert drain_until(c, {fid})[fid][0] and dst == b"p" * 1000
+    c.close()
+
+
+def test_fork_after_open_l2_core() -> None:
+    """The plugin path's Rust half (the adapter's own test, over LMCache,
+    is in test_edges_lmcache.py)."""
+    from daxkv._daxkv import DaxL2Core
+
+    class Key:
+        def __init__(self, i: int) -> None:
+            self.model_name, self.kv_rank, self.object_group_id = "m", 0, 0
+            self.chunk_hash, self.cache_salt = i.to_bytes(8, "big"), ""
+
+    box = [DaxL2Core(slot_bytes=SLOT, device_path="memfd", max_dax_size_gb=64 * SLOT / 2**30)]
+
+    def child() -> str:
+        core = box[0]
+        bad = refused_in_child({
+            "submit_store": lambda: core.submit_store([Key(9)], [bytearray(100)]),
+            "submit_lookup": lambda: core.submit_lookup([Key(9)]),
+            "delete": lambda: core.delete([Key(9)]),
+            "usage": core.usage,
+            "closed": lambda: core.closed,
+            "pop_completed_stores": core.pop_completed_stores,
+            "event_fds": core.event_fds,
+        })
+        core.close()
+        del core
+        box.clear()
+        return bad or "ok"
+
+    assert in_child(child) == (0, "ok")
+    core = box[0]
+    assert core.usage()[1] > 0 and core.closed is False
+    core.close()
+    assert core.closed is True
+
+
+def test_fork_after_open_backend_store(dax_file: str) -> None:
+    """The non-MP backend's Rust half over a /dev/shm file (the backend
+    class itself, over LMCache, is in test_edges_lmcache.py)."""
+    from daxkv._daxkv import DaxStore
+
+    with open(dax_file, "wb") as f:
+        f.truncate(64 * SLOT)
+    box = [DaxStore(dax_file, 64 * SLOT, SLOT)]
+    codes, full_at = box[0].put_batch(["parent"], [b"p" * 500], [0])
+    assert (list(codes), full_at) == ([0], -1)
+
+    def child() -> str:
+        s = box[0]
+        bad = refused_in_child({
+            "put_batch": lambda: s.put_batch(["child"], [b"c" * 500], [0]),
+            "contains": lambda: s.contains("parent"),
+            "remove_many": lambda: s.remove_many(["parent"]),
+            "status": s.status,
+            "closed": lambda: s.closed,
+            "restore": lambda: s.restore(["parent"], False, lambda hits: [bytearray(500)]),
+        })
+        s.close()
+        del s
+        box.clear()
+        return bad or "ok"
+
+    assert in_child(child) == (0, "ok")
+    s = box[0]
+    assert s.contains("parent") and not s.contains("child")
+    got: list[bytearray] = []
+
+    def alloc(hits):
+        got.extend(bytearray(n) for _, _, n in hits)
+        return got
+
+    s.restore(["parent"], False, alloc)
+    assert got == [bytearray(b"p" * 500)]
+    s.close()
+
+
+# -- worker counts and caller-fault open errors -------------------------------------
+
+
+@pytest.mark.parametrize("field", ["num_store_workers", "num_lookup_workers", "num_load_workers"])
+@pytest.mark.parametrize("count", [10**8, 2**32, 1025])
+def test_huge_worker_counts_are_value_errors(field: str, count: int) -> None:
+    """A worker count over the fixed limit is refused before anything is
+    allocated or spawned (it ended in "memory allocation failed", an
+    abort; 1025 opened 1025 threads), naming the field and the limit."""
+    params = {"slot_bytes": SLOT, "device_path": "memfd", "max_dax_size_gb": 16 * SLOT / 2**30}
+    with pytest.raises(ValueError, match=rf"{field}: must be at most 1024 workers per pool \(got {count}\)"):
+        daxkv.DaxConnector(**params, **{field: count})
+    from daxkv._daxkv import DaxL2Core
+
+    with pytest.raises(ValueError, match=rf"{field}: must be at most 1024"):
+        DaxL2Core.check_config(**params, **{field: count})
+    with pytest.raises(ValueError, match=rf"{field}: must be at most 1024"):
+        DaxL2Core(**params, **{field: count})
+    DaxL2Core.check_config(**params, **{field: 1024})  # the limit itself is valid
+
+
+def test_duplicate_device_is_a_value_error(dax_file: str) -> None:
+    """A device listed twice: ValueError ("already mapped"), as LMCache's
+    own dax adapter raises and its test suite expects; still a
+    RuntimeError too (daxkv.DaxConfigError), as before."""
+    with open(dax_file, "wb") as f:
+        f.truncate(16 * SLOT)
+    dev = {"device_path": dax_file, "max_dax_size_gb": 8 * SLOT / 2**30}
+    params = {"slot_bytes": SLOT, "devices": [dev, dict(dev)]}
+    from daxkv._daxkv import DaxL2Core
+
+    for face in (daxkv.DaxConnector, DaxL2Core):
+        with pytest.raises(ValueError, match="already mapped") as e:
+            face(**params)
+        assert isinstance(e.value, RuntimeError) and type(e.value).__name__ == "DaxConfigError"
+    # A missing device and one too small are the caller's too.
+    for bad, what in [({"device_path": dax_file + ".missing"}, "no such file"),
+                      ({"max_dax_size_gb": 64 * SLOT / 2**30}, "smaller|exceeds|too small")]:
+        with pytest.raises(ValueError, match=what):
+            daxkv.DaxConnector(slot_bytes=SLOT, devices=[dict(dev, **bad)])
+
+
+def test_backend_store_open_errors_are_value_errors(dax_file: str) -> None:
+    """The non-MP store: a missing device and one smaller than asked are
+    ValueErrors that keep upstream's RuntimeError and wording."""
+    from daxkv._daxkv import DaxStore
+
+    with open(dax_file, "wb") as f:
+        f.truncate(8 * SLOT)
+    with pytest.raises(ValueError, match="Failed to open dax device") as e:
+        DaxStore(dax_file + ".missing", 8 * SLOT, SLOT)
+    assert isinstance(e.value, RuntimeError)
+    with pytest.raises(ValueError, match="exceeds device capacity") as e:
+        DaxStore(dax_file, 16 * SLOT, SLOT)
+    assert isinstance(e.value, RuntimeError)
