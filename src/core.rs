@@ -517,6 +517,14 @@ impl DaxCore {
             && DeviceIdentity::of_path(path) == self.identity()
     }
 
+    /// True once a SIGBUS in a copy (the device file truncated under its
+    /// mapping, a poisoned memory line) failed the device (`crate::fault`):
+    /// its keys read as misses and puts fail with
+    /// [`PutError::DeviceFailed`], for good.
+    pub fn is_failed(&self) -> bool {
+        self.arena.is_failed()
+    }
+
     /// True once `close` has started; operations then refuse or miss.
     pub fn is_closing(&self) -> bool {
         self.arena.is_closed()
@@ -661,6 +669,10 @@ impl DaxCore {
     /// act" in the module doc.
     #[inline]
     fn pin_readable(&self, key: Key) -> Option<(SlotId, Generation)> {
+        if self.arena.is_failed() {
+            // A device that faulted serves nothing: its keys are misses.
+            return None;
+        }
         for _ in 0..RETRY_MAX {
             let e = self.index.find(key, self.is_key(key))?;
             self.stall_point(STALL_AFTER_FIND);
@@ -818,6 +830,9 @@ impl DaxCore {
         meta: u32,
         copy: impl FnOnce(&SlotWriter<'_>) -> bool,
     ) -> Result<PutOutcome, PutError> {
+        if self.arena.is_failed() {
+            return Err(PutError::DeviceFailed);
+        }
         // Cheap early exit for re-stores, the common case in LMCache.
         if self.index.contains_live(key, self.is_key(key)) {
             return Ok(PutOutcome::AlreadyPresent);
@@ -895,6 +910,8 @@ impl DaxCore {
         self.unlink_owned(s, gen, e, false);
         Err(if copied {
             PutError::Canceled
+        } else if self.arena.is_failed() {
+            PutError::DeviceFailed
         } else {
             PutError::CopyFailed
         })
