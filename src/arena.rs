@@ -480,6 +480,24 @@ impl Arena {
                 ))
             }
             ArenaSource::CreateFile(path) => {
+                // Before opening (or creating): the file if it exists, else
+                // the directory it would be created in.
+                let at = match path.parent() {
+                    Some(dir) if !path.exists() && !dir.as_os_str().is_empty() => dir,
+                    Some(_) if !path.exists() => Path::new("."),
+                    _ => path.as_path(),
+                };
+                check_file_system(at, None).map_err(|e| match e {
+                    OpenError::FileSystem { fs, .. } => OpenError::FileSystem {
+                        path: path.clone(),
+                        fs,
+                    },
+                    OpenError::Open { source, .. } => OpenError::Open {
+                        path: path.clone(),
+                        source,
+                    },
+                    other => other,
+                })?;
                 let file = OpenOptions::new()
                     .read(true)
                     .write(true)

@@ -25,6 +25,7 @@
 //! | bcachefs | `0xca451a4e` | a file on disk |
 //! | zfs | `0x2fc12fc1` | a file on disk |
 //! | overlayfs | `0x794c7630` | a container's root over one of these |
+//! | nfs, virtiofs, 9p | `0x6969`, `0x6a656a63`, `0x01021997` | a file shared from a host (VMs, containers, test machines) |
 //!
 //! Everything else is refused, with the file system's name where it is a
 //! known pseudo file system (sysfs, procfs, debugfs, …) and its `f_type`
@@ -33,7 +34,7 @@
 #![forbid(unsafe_code)]
 
 /// The allowed file systems: `(f_type, name)`.
-pub const ALLOWED: [(i64, &str); 11] = [
+pub const ALLOWED: [(i64, &str); 14] = [
     (0x0102_1994, "tmpfs"),
     (0x8584_58f6, "ramfs"),
     (0x9584_58f6, "hugetlbfs"),
@@ -44,12 +45,15 @@ pub const ALLOWED: [(i64, &str); 11] = [
     (0xca45_1a4e, "bcachefs"),
     (0x2fc1_2fc1, "zfs"),
     (0x794c_7630, "overlayfs"),
+    (0x6969, "nfs"),
+    (0x6a65_6a63, "virtiofs"),
+    (0x0102_1997, "9p"),
     // The 32-bit kernel's sign-extended view of hugetlbfs' magic.
     (0x9584_58f6_u32 as i32 as i64, "hugetlbfs"),
 ];
 
 /// Known file systems that are refused (named in the error).
-const REFUSED: [(i64, &str); 17] = [
+const REFUSED: [(i64, &str); 16] = [
     (0x6265_6572, "sysfs"),
     (0x9fa0, "procfs"),
     (0x6462_6720, "debugfs"),
@@ -64,10 +68,28 @@ const REFUSED: [(i64, &str); 17] = [
     (0x1cd1, "devpts"),
     (0xde5e_81e4, "efivarfs"),
     (0x7375_7245, "coda"),
-    (0x6969, "nfs"),
     (0xff53_4d42, "cifs"),
     (0x4249_4e4d, "binfmt_misc"),
 ];
+
+/// The `f_type` of the file system holding `path` (`statfs`; nothing is
+/// opened).
+pub fn of_path(path: &std::path::Path) -> std::io::Result<i64> {
+    crate::sys::fs_magic(path)
+}
+
+/// Refuse a regular file at `path` on a file system off the allow-list:
+/// the arena's own message (naming the path and the file system), for
+/// faces that check before they open (`daxkv bench`'s preflight).
+pub fn check_path(path: &std::path::Path) -> Result<(), crate::error::OpenError> {
+    match of_path(path) {
+        Ok(m) if !is_allowed(m) => Err(crate::error::OpenError::FileSystem {
+            path: path.into(),
+            fs: describe(m),
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// Whether a regular file on the file system `magic` may be mapped.
 pub fn is_allowed(magic: i64) -> bool {
