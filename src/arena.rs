@@ -385,6 +385,46 @@ fn check_file_system(path: &Path, file: Option<&File>) -> Result<(), OpenError> 
     }
 }
 
+/// The refusal of a path that is neither a character device nor a regular
+/// file nor a directory.
+fn unsupported(path: &Path, ft: std::fs::FileType) -> OpenError {
+    let kind = if ft.is_block_device() {
+        "block device"
+    } else if ft.is_fifo() {
+        "fifo"
+    } else if ft.is_socket() {
+        "socket"
+    } else {
+        "unknown"
+    };
+    OpenError::Unsupported {
+        path: path.into(),
+        kind,
+    }
+}
+
+/// Before creating or opening `path` as a file: the file if it exists,
+/// else the directory it would be created in, is on an allowed file
+/// system. Errors name `path`.
+fn check_create_target(path: &Path) -> Result<(), OpenError> {
+    let at = match path.parent() {
+        Some(dir) if !path.exists() && !dir.as_os_str().is_empty() => dir,
+        Some(_) if !path.exists() => Path::new("."),
+        _ => path,
+    };
+    check_file_system(at, None).map_err(|e| match e {
+        OpenError::FileSystem { fs, .. } => OpenError::FileSystem {
+            path: path.into(),
+            fs,
+        },
+        OpenError::Open { source, .. } => OpenError::Open {
+            path: path.into(),
+            source,
+        },
+        other => other,
+    })
+}
+
 /// After the open: the descriptor is what `stat` saw (a character device
 /// stays one, a regular file stays one and is on an allowed file system),
 /// so a path swapped between the check and the open is refused.
@@ -480,24 +520,7 @@ impl Arena {
                 ))
             }
             ArenaSource::CreateFile(path) => {
-                // Before opening (or creating): the file if it exists, else
-                // the directory it would be created in.
-                let at = match path.parent() {
-                    Some(dir) if !path.exists() && !dir.as_os_str().is_empty() => dir,
-                    Some(_) if !path.exists() => Path::new("."),
-                    _ => path.as_path(),
-                };
-                check_file_system(at, None).map_err(|e| match e {
-                    OpenError::FileSystem { fs, .. } => OpenError::FileSystem {
-                        path: path.clone(),
-                        fs,
-                    },
-                    OpenError::Open { source, .. } => OpenError::Open {
-                        path: path.clone(),
-                        source,
-                    },
-                    other => other,
-                })?;
+                check_create_target(path)?;
                 let file = OpenOptions::new()
                     .read(true)
                     .write(true)
@@ -597,9 +620,7 @@ impl Arena {
                 spec.max_size_bytes.unwrap_or(usable).min(usable),
             )
         } else if ft.is_file() {
-            // Before opening: opening a pseudo-file read-write can itself
-            // act on the device behind it.
-            check_file_system(path, None)?;
+            check_file_system(path, None)?; // before opening anything
             if md.len() < len as u64 {
                 return Err(OpenError::FileTooSmall {
                     path: path.into(),
@@ -614,19 +635,7 @@ impl Arena {
                 spec.max_size_bytes.unwrap_or(file_len).min(file_len),
             )
         } else {
-            let kind = if ft.is_block_device() {
-                "block device"
-            } else if ft.is_fifo() {
-                "fifo"
-            } else if ft.is_socket() {
-                "socket"
-            } else {
-                "unknown"
-            };
-            return Err(OpenError::Unsupported {
-                path: path.into(),
-                kind,
-            });
+            return Err(unsupported(path, ft));
         };
         let file = OpenOptions::new()
             .read(true)
@@ -1157,12 +1166,11 @@ impl<'a> ArenaGuard<'a> {
     /// the mapping while it runs fails the arena, and then this copy.
     #[inline]
     fn watched(&self, copy: impl FnOnce()) -> Result<(), CopyError> {
-        let failed = match &self.arena.watch {
-            Some(w) => w.failed() || w.in_copy(copy),
-            None => {
-                copy();
-                false
-            }
+        let failed = if let Some(w) = &self.arena.watch {
+            w.failed() || w.in_copy(copy)
+        } else {
+            copy();
+            false
         };
         if failed {
             Err(CopyError::DeviceFailed)
@@ -1231,7 +1239,7 @@ impl<'a> ArenaGuard<'a> {
         // mapping (the arena never hands out references into it); no writer
         // of the range meanwhile (the caller's contract).
         self.watched(|| unsafe {
-            copy::from_dax(dst.as_mut_ptr(), self.base.add(offset), dst.len())
+            copy::from_dax(dst.as_mut_ptr(), self.base.add(offset), dst.len());
         })
     }
 

@@ -49,7 +49,7 @@ pub const ALLOWED: [(i64, &str); 14] = [
     (0x6a65_6a63, "virtiofs"),
     (0x0102_1997, "9p"),
     // The 32-bit kernel's sign-extended view of hugetlbfs' magic.
-    (0x9584_58f6_u32 as i32 as i64, "hugetlbfs"),
+    (0x9584_58f6_u32.cast_signed() as i64, "hugetlbfs"),
 ];
 
 /// Known file systems that are refused (named in the error).

@@ -353,9 +353,7 @@ fn a_failed_arena_refuses_copies() {
     assert_eq!(unsafe { g.read(0, &mut buf) }, Err(CopyError::DeviceFailed));
     assert!(a.is_failed());
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { g.write(SLOT, &payload(1)) },
-        Err(CopyError::DeviceFailed)
-    );
+    let r = unsafe { g.write(SLOT, &payload(1)) };
+    assert_eq!(r, Err(CopyError::DeviceFailed));
     println!("{SURVIVED}");
 }
