@@ -337,7 +337,7 @@ const _: () = assert!(std::mem::size_of::<SlotMeta>() == 32);
 /// Status fields (docs/lmcache-dax-behavior.md §2.4 `report_status`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreStatus {
-    /// Not closing or closed.
+    /// Not closing or closed, and not failed by a fault (`crate::fault`).
     pub is_healthy: bool,
     /// The arena's description: its path, `"memfd"` or `"anonymous"`.
     pub device_path: String,
@@ -1435,7 +1435,7 @@ impl DaxCore {
             }
         }
         CoreStatus {
-            is_healthy: !closing,
+            is_healthy: !closing && !self.arena.is_failed(),
             device_path: self.describe().to_string(),
             max_dax_size_bytes: self.arena_bytes(),
             slot_bytes: self.slot_bytes,
