@@ -951,6 +951,11 @@ impl Arena {
         m.map = None;
         m.base = std::ptr::null_mut();
         m.len = 0;
+        // Unmapped: the SIGBUS registry's entry goes back now, not when
+        // the arena drops (a closed device's tombstone may live on).
+        if let Some(w) = &self.watch {
+            w.release();
+        }
         true
     }
 }
@@ -1357,6 +1362,23 @@ mod tests {
     fn r(g: &ArenaGuard<'_>, offset: usize, dst: &mut [u8]) -> Result<(), CopyError> {
         // SAFETY: as in `w`: no writer of the range meanwhile.
         unsafe { g.read(offset, dst) }
+    }
+
+    /// A closed arena gives its SIGBUS registry entry back at once:
+    /// more arenas than the registry holds can be opened and closed while
+    /// every closed one is still alive (a tombstone). Checked once with
+    /// the release in `close` removed: the 1025th open failed with
+    /// `OpenError::Watch`.
+    #[test]
+    fn a_closed_arena_frees_its_registry_entry() {
+        let mut closed = Vec::new();
+        for i in 0..fault::SLOTS_MAX + 64 {
+            let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 4096))
+                .unwrap_or_else(|e| panic!("open {i}: {e}"));
+            assert!(a.close(|| {}));
+            assert!(!a.is_failed());
+            closed.push(a);
+        }
     }
 
     #[test]

@@ -108,10 +108,14 @@ thread_local! {
 #[error("{SLOTS_MAX} device mappings are already watched for SIGBUS; close one first")]
 pub struct RegistryFull;
 
-/// An arena's entry in the registry; freed on drop.
+/// An arena's entry in the registry; freed by [`Registration::release`]
+/// (the arena's close, once it unmapped) or on drop.
 #[derive(Debug)]
 pub struct Registration {
     slot: usize,
+    /// The entry was given back; `failed_at_release` holds its last flag.
+    released: AtomicBool,
+    failed_at_release: AtomicBool,
 }
 
 impl Registration {
@@ -132,7 +136,11 @@ impl Registration {
                 .compare_exchange(FREE, TAKEN, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return Ok(Registration { slot: i });
+                return Ok(Registration {
+                    slot: i,
+                    released: AtomicBool::new(false),
+                    failed_at_release: AtomicBool::new(false),
+                });
             }
         }
         Err(RegistryFull)
@@ -165,10 +173,45 @@ impl Registration {
 
     /// Whether a fault in this device's mapping failed it.
     pub fn failed(&self) -> bool {
+        // ORDERING: Acquire — pairs with the Release swap in `release`, so
+        // the copied flag is seen once `released` is.
+        if self.released.load(Ordering::Acquire) {
+            // ORDERING: Relaxed — ordered by the Acquire load above.
+            return self.failed_at_release.load(Ordering::Relaxed);
+        }
         // ORDERING: Acquire — pairs with the handler's SeqCst store; the
         // caller also puts a compiler fence between its copy and this load
-        // (`in_copy`), so the check cannot move above the copy.
+        // (`in_copy`), so the check cannot move above the copy. (Racing a
+        // `release`, this may read the entry's next owner's flag: only the
+        // answer for an arena that is closing is affected, never a copy's,
+        // since no copy runs once the arena unmapped.)
         self.entry().failed.load(Ordering::Acquire)
+    }
+
+    /// Give the entry back now (the arena unmapped; no copy can run on it
+    /// again). Idempotent; `failed` keeps its last answer.
+    pub fn release(&self) {
+        let e = self.entry();
+        // ORDERING: Relaxed — published by the AcqRel swap below.
+        let failed = e.failed.load(Ordering::Relaxed);
+        // ORDERING: Relaxed — as above.
+        self.failed_at_release.store(failed, Ordering::Relaxed);
+        // ORDERING: AcqRel — publishes `failed_at_release` to `failed`'s
+        // Acquire load; only the first caller frees the entry (a second
+        // free could free another arena's claim).
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // ORDERING: Relaxed — published by the Release store of FREE below.
+        e.len.store(0, Ordering::Relaxed);
+        // ORDERING: Relaxed — as above.
+        e.base.store(0, Ordering::Relaxed);
+        // ORDERING: Relaxed — as above.
+        e.failed.store(false, Ordering::Relaxed);
+        // ORDERING: Release — the next claimer's Acquire CAS sees the entry
+        // cleared; pairs with `Registration::new`. Interleaving it
+        // prevents: a new arena inheriting this one's failed flag.
+        e.state.store(FREE, Ordering::Release);
     }
 
     /// Mark the device failed (a fault recovered elsewhere; tests).
@@ -204,17 +247,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let e = self.entry();
-        // ORDERING: Relaxed — published by the Release store of FREE below.
-        e.len.store(0, Ordering::Relaxed);
-        // ORDERING: Relaxed — as above.
-        e.base.store(0, Ordering::Relaxed);
-        // ORDERING: Relaxed — as above.
-        e.failed.store(false, Ordering::Relaxed);
-        // ORDERING: Release — the next claimer's Acquire CAS sees the entry
-        // cleared; pairs with `Registration::new`. Interleaving it
-        // prevents: a new arena inheriting this one's failed flag.
-        e.state.store(FREE, Ordering::Release);
+        self.release();
     }
 }
 
