@@ -17,8 +17,8 @@
 //! ## The registry
 //!
 //! [`SLOTS_MAX`] fixed entries in a static array, claimed with one CAS
-//! (`FREE → TAKEN`) by an arena at open ([`Registration::new`]) and freed
-//! when it drops. An entry holds the mapping's range (`base`, `len`) and
+//! (`FREE → TAKEN`) by an arena at open ([`Registration::new`]) and given
+//! back when its close unmaps or it drops ([`Registration::release`]). An entry holds the mapping's range (`base`, `len`) and
 //! the device's `failed` flag. The handler allocates nothing and takes no
 //! lock: it scans the array with atomic loads, reads one thread-local
 //! [`Cell`], calls `mmap`, and stores to atomics.
