@@ -799,6 +799,11 @@ pub fn preflight(cfg: &BenchConfig) -> Result<(), BenchError> {
                     p.display()
                 ))
             }
+            PathKind::File { .. } => {
+                // sysfs / procfs pseudo-files: refused before anything runs
+                // (the arena's open refuses them too).
+                crate::fstype::check_path(p).map_err(|e| BenchError::Check(e.to_string()))?;
+            }
             _ => {}
         }
         kinds.push(kind);

@@ -337,7 +337,7 @@ const _: () = assert!(std::mem::size_of::<SlotMeta>() == 32);
 /// Status fields (docs/lmcache-dax-behavior.md §2.4 `report_status`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreStatus {
-    /// Not closing or closed.
+    /// Not closing or closed, and not failed by a fault (`crate::fault`).
     pub is_healthy: bool,
     /// The arena's description: its path, `"memfd"` or `"anonymous"`.
     pub device_path: String,
@@ -535,6 +535,14 @@ impl DaxCore {
             && DeviceIdentity::of_path(path) == self.identity()
     }
 
+    /// True once a SIGBUS in a copy (the device file truncated under its
+    /// mapping, a poisoned memory line) failed the device (`crate::fault`):
+    /// its keys read as misses and puts fail with
+    /// [`PutError::DeviceFailed`], for good.
+    pub fn is_failed(&self) -> bool {
+        self.arena.is_failed()
+    }
+
     /// True once `close` has started; operations then refuse or miss.
     pub fn is_closing(&self) -> bool {
         self.arena.is_closed()
@@ -690,6 +698,10 @@ impl DaxCore {
     /// act" in the module doc.
     #[inline]
     fn pin_readable(&self, key: Key) -> Option<(SlotId, Generation)> {
+        if self.arena.is_failed() {
+            // A device that faulted serves nothing: its keys are misses.
+            return None;
+        }
         for _ in 0..RETRY_MAX {
             let e = self.index.find(key, self.is_key(key))?;
             self.stall_point(STALL_AFTER_FIND);
@@ -847,6 +859,9 @@ impl DaxCore {
         meta: u32,
         copy: impl FnOnce(&SlotWriter<'_>) -> bool,
     ) -> Result<PutOutcome, PutError> {
+        if self.arena.is_failed() {
+            return Err(PutError::DeviceFailed);
+        }
         // Cheap early exit for re-stores, the common case in LMCache.
         if self.index.contains_live(key, self.is_key(key)) {
             return Ok(PutOutcome::AlreadyPresent);
@@ -924,6 +939,8 @@ impl DaxCore {
         self.unlink_owned(s, gen, e, false);
         Err(if copied {
             PutError::Canceled
+        } else if self.arena.is_failed() {
+            PutError::DeviceFailed
         } else {
             PutError::CopyFailed
         })
@@ -1447,7 +1464,7 @@ impl DaxCore {
             }
         }
         CoreStatus {
-            is_healthy: !closing,
+            is_healthy: !closing && !self.arena.is_failed(),
             device_path: self.describe().to_string(),
             max_dax_size_bytes: self.arena_bytes(),
             slot_bytes: self.slot_bytes,

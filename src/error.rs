@@ -60,6 +60,16 @@ pub enum OpenError {
         /// What it is instead (e.g. "block device", "fifo").
         kind: &'static str,
     },
+    #[error("{path}: a file on {fs} is not memory; a device file must be on tmpfs, hugetlbfs or a disk file system (ext4, xfs, btrfs, …), or be a device-DAX node")]
+    /// A regular file on a file system that is not on the allow-list
+    /// ([`crate::fstype`]): sysfs, procfs, debugfs and other pseudo-files
+    /// are never mapped.
+    FileSystem {
+        /// The path given.
+        path: PathBuf,
+        /// The file system's name and `f_type` ([`crate::fstype::describe`]).
+        fs: String,
+    },
     #[error(
         "{path}: file is {file_bytes} bytes, smaller than the requested {requested_bytes} bytes"
     )]
@@ -182,6 +192,14 @@ pub enum OpenError {
         /// The file's length now, bytes.
         file_bytes: u64,
     },
+    #[error("{what}: cannot watch the mapping for SIGBUS: {max} mappings are already watched")]
+    /// The SIGBUS registry ([`crate::fault`]) has no free entry.
+    Watch {
+        /// The arena's description.
+        what: String,
+        /// Entries in the registry.
+        max: usize,
+    },
 }
 
 /// Why a single put was refused (hot path: `Copy`, no allocation).
@@ -212,6 +230,10 @@ pub enum PutError {
     /// injected fault); the slot was freed.
     #[error("the copy into the device failed")]
     CopyFailed,
+    /// The device faulted (SIGBUS: truncated under its mapping, or a
+    /// poisoned memory line) and is marked failed; it takes no new keys.
+    #[error("the device faulted (SIGBUS) and is marked failed")]
+    DeviceFailed,
     /// The core is closing or closed.
     #[error("the core is closing")]
     Closed,

@@ -9,6 +9,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`arena`] | one mapping, its size / alignment checks, the remap / close gate |
+//! | [`fault`] | the SIGBUS handler: a device that faults in a copy fails, the process lives on |
 //! | [`copy`] | non-temporal `to_dax` / `from_dax` with run-time CPU dispatch |
 //! | [`slot`] | the atomic free bitmap and the per-slot state word |
 //! | [`index`] | the lock-free key → slot index |
@@ -19,6 +20,7 @@
 //! | [`buf`] | caller buffers handed to the engine (owned, or raw with a lifetime rule) |
 //! | [`numa`] | device NUMA node, topology and nearest CPUs from sysfs |
 //! | [`memlimit`] | memory a memfd or slot table may take (MemAvailable, cgroup limits) |
+//! | [`fstype`] | the file systems a device file may live on (no sysfs / procfs pseudo-files) |
 //! | [`probe`] | what a device path is (devdax, kmem, unbound, file, …) from `stat` and sysfs, never opening it; the add / resize gates |
 //! | [`config`] | LMCache's `dax` adapter JSON, validated with errors that name the field |
 //! | [`engine`] | [`engine::Engine`]: worker pools, task table, device pool |
@@ -29,7 +31,7 @@
 //! | [`http`] | the HTTP control plane (reconfigure API, `/health`, `/metrics`) |
 //! | [`client`] | the control plane's bounded client (`daxkv status \| add \| remove \| resize`) |
 //!
-//! Unsafe code lives in `arena`, `copy`, `ring`, `cell`, `buf`, `notify` and
+//! Unsafe code lives in `arena`, `copy`, `fault`, `ring`, `cell`, `buf`, `notify` and
 //! `sys`; `core` and `bench` are `#![deny(unsafe_code)]` with single blocks
 //! allowed where they copy into or out of the mapping (the arena's copies
 //! are `unsafe fn`s whose contract, exclusive use of the range, only the
@@ -49,6 +51,8 @@ pub mod copy;
 pub mod core;
 pub mod engine;
 pub mod error;
+pub mod fault;
+pub mod fstype;
 pub mod http;
 pub mod index;
 pub mod key;

@@ -15,8 +15,8 @@
 //! | [`DeviceClass::Unbound`] | char device, subsystem `dax`, no driver |
 //! | [`DeviceClass::Unknown`] | subsystem `dax` with another driver, or a `stat` that failed other than "not found" |
 //! | [`DeviceClass::Tmpfs`] | regular file whose `statfs` type is `TMPFS_MAGIC` (`/dev/shm`) |
-//! | [`DeviceClass::RegularFile`] | any other regular file (fsdax, ext4, …) |
-//! | [`DeviceClass::NotADevice`] | another char device (`/dev/null`: subsystem `mem`), a char device with no sysfs entry, a block device, a directory, a fifo, a socket |
+//! | [`DeviceClass::RegularFile`] | a regular file on another allowed file system ([`crate::fstype`]: ext4, xfs, hugetlbfs, …) |
+//! | [`DeviceClass::NotADevice`] | another char device (`/dev/null`: subsystem `mem`), a char device with no sysfs entry, a block device, a directory, a fifo, a socket, a regular file on a file system off the allow-list (sysfs, procfs, debugfs pseudo-files) |
 //! | [`DeviceClass::Absent`] | nothing at the path (or a dangling symbolic link) |
 //!
 //! ## The sysfs layout read
@@ -212,13 +212,25 @@ pub fn probe(path: &Path, sysfs_root: &Path) -> Probe {
                 p.class = DeviceClass::Tmpfs;
                 "on tmpfs".to_string()
             }
-            Ok(m) => {
+            Ok(m) if crate::fstype::is_allowed(m) => {
                 p.class = DeviceClass::RegularFile;
-                format!("on a file system of type {m:#x}")
+                format!("on {}", crate::fstype::describe(m))
+            }
+            Ok(m) => {
+                // sysfs / procfs / debugfs pseudo-files are regular files
+                // too; mapping one shared writes into kernel state.
+                p.class = DeviceClass::NotADevice;
+                p.detail = format!(
+                    "a file on {}, not memory: only files on tmpfs, hugetlbfs or a disk \
+                     file system are mapped",
+                    crate::fstype::describe(m)
+                );
+                return p;
             }
             Err(e) => {
-                p.class = DeviceClass::RegularFile;
-                format!("on a file system statfs cannot name ({e})")
+                p.class = DeviceClass::Unknown;
+                p.detail = format!("regular file on a file system statfs cannot name ({e})");
+                return p;
             }
         };
         p.detail = format!(
@@ -452,7 +464,7 @@ pub fn check_add(probe: &Probe, requested_bytes: u64) -> Result<(), String> {
         }),
         DeviceClass::NotADevice => Err(
             "failed to identify DAX device: neither a DAX device nor a regular file \
-             (not_a_device)"
+             on tmpfs, hugetlbfs or a disk file system (not_a_device)"
                 .into(),
         ),
         DeviceClass::Absent => {

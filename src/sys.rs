@@ -80,6 +80,22 @@ pub(crate) fn fs_magic(path: &std::path::Path) -> io::Result<i64> {
     Ok(st.f_type as i64)
 }
 
+/// `fstatfs(fd).f_type`: [`fs_magic`] of an opened file (the check that
+/// cannot be raced by renaming the path between the check and the open).
+pub(crate) fn fs_magic_fd(file: &File) -> io::Result<i64> {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `file` owns an open fd for the duration of the call; `st` is
+    // writable memory of the right size, filled by the kernel on success.
+    let r = unsafe { libc::fstatfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatfs returned 0, so it initialized `st`.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // `__fsword_t` differs across targets
+    Ok(st.f_type as i64)
+}
+
 /// `libc::TMPFS_MAGIC` in [`fs_magic`]'s type.
 #[allow(clippy::unnecessary_cast)]
 pub(crate) const TMPFS_MAGIC: i64 = libc::TMPFS_MAGIC as i64;

@@ -886,3 +886,56 @@ fn traffic_survives_every_hotplug_operation() {
     assert_eq!(st["borrowed_slot_count"], 0);
     e.check_invariants().unwrap();
 }
+
+/// `add` of a sysfs or procfs pseudo-file over HTTP (issue 17 item 13):
+/// refused by the arena's open even with no probe gate in front (the
+/// probing gate refuses it too, as `not_a_device`), with nothing added;
+/// a tmpfs file is still added. Read-only files, so a regression cannot
+/// write into kernel state.
+#[test]
+fn add_of_a_pseudo_file_is_refused() {
+    let (e, r) = open(vec![memfd(16)]);
+    let mut tried = 0;
+    for path in [
+        "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size",
+        "/proc/self/status",
+    ] {
+        if !std::path::Path::new(path).is_file() {
+            continue;
+        }
+        tried += 1;
+        let err = r
+            .reconfigure(
+                "add",
+                &json!({"device_path": path, "size_bytes": 4096}),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(err.status, 400, "{:?}", err.body);
+        assert_eq!(e.devices().len(), 1, "nothing added");
+        let probing = DaxReconfigure::probing(e.clone(), "/sys".into());
+        let err = probing
+            .reconfigure(
+                "add",
+                &json!({"device_path": path, "size_bytes": 4096}),
+                None,
+            )
+            .unwrap_err();
+        assert!(
+            err.body.to_string().contains("not_a_device"),
+            "{:?}",
+            err.body
+        );
+        assert_eq!(e.devices().len(), 1, "nothing added");
+    }
+    assert!(tried > 0, "no pseudo-file to try on this machine");
+    let dir = tmpdir();
+    let (path, _) = file(dir.path(), "ok.img", 16);
+    r.reconfigure(
+        "add",
+        &json!({"device_path": path, "size_bytes": 16 * SLOT}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(e.devices().len(), 2);
+}

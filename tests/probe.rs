@@ -519,3 +519,85 @@ fn binary_usage_errors_exit_nonzero() {
     let o = daxkv(&["probe", "--bogus", "/dev/null"]);
     assert!(!o.status.success(), "unknown flag: {o:?}");
 }
+
+/// Pseudo-files (issue 17 item 13): regular files on sysfs and procfs are
+/// `not_a_device` to the probe and refused by the arena's open before
+/// anything is mapped (by `statfs` of the path, then `fstatfs` of the
+/// opened descriptor), with an error naming the path and the file system;
+/// the engine's open refuses them the same way. Read-only and harmless
+/// files are used, so a regression cannot write into kernel state. A tmpfs
+/// file is still accepted.
+///
+/// On the code before the allow-list: the probe called them
+/// `regular_file` (and `add` would open them read-write and map them
+/// shared); the arena failed later, with `EACCES` / a too-small file, not
+/// naming the file system.
+#[test]
+fn sysfs_and_procfs_pseudo_files_are_refused() {
+    use daxkv::engine::{DeviceSpec, Engine, EngineOptions};
+    use daxkv::CoreConfig;
+    let cases = [
+        (
+            "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size",
+            "sysfs",
+        ),
+        ("/sys/kernel/profiling", "sysfs"),
+        ("/proc/self/status", "procfs"),
+        ("/proc/self/comm", "procfs"),
+    ];
+    let mut tried = 0;
+    for (path, fs) in cases {
+        let p = Path::new(path);
+        if !p.is_file() {
+            eprintln!("skipping {path}: not on this machine");
+            continue;
+        }
+        tried += 1;
+        let pr = probe(p, Path::new("/sys"));
+        assert_eq!(pr.class, DeviceClass::NotADevice, "{path}: {pr:?}");
+        assert!(pr.detail.contains(fs), "{path}: {}", pr.detail);
+        let e = check_add(&pr, 4096).unwrap_err();
+        assert!(e.contains("not_a_device"), "{e}");
+        for source in [
+            ArenaSource::Path(p.into()),
+            ArenaSource::CreateFile(p.into()),
+        ] {
+            let r = Arena::open(&ArenaSpec::new(source.clone(), 4096));
+            let Err(OpenError::FileSystem {
+                path: got,
+                fs: name,
+            }) = &r
+            else {
+                panic!("{source:?}: {r:?}");
+            };
+            assert_eq!(got, p);
+            assert!(name.contains(fs), "{name}");
+            let msg = r.unwrap_err().to_string();
+            assert!(msg.contains(path) && msg.contains(fs), "{msg}");
+        }
+        let dev = DeviceSpec {
+            path: path.into(),
+            core: CoreConfig::new(ArenaSpec::new(ArenaSource::Path(p.into()), 4096), 4096),
+        };
+        let e = Engine::open(vec![dev.clone()], 4096, true, EngineOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(path) && e.contains(fs), "{e}");
+        let engine = Engine::open(vec![], 4096, true, EngineOptions::default()).unwrap();
+        let e = engine.add_device(&dev).unwrap_err().to_string();
+        assert!(e.contains(fs), "{e}");
+        assert!(engine.devices().is_empty());
+    }
+    assert!(tried > 0, "no sysfs / procfs file to try on this machine");
+
+    // A tmpfs file is still a device.
+    if Path::new("/dev/shm").is_dir() {
+        let t = tempfile::Builder::new()
+            .prefix("daxkv-probe")
+            .tempfile_in("/dev/shm")
+            .unwrap();
+        t.as_file().set_len(8192).unwrap();
+        assert_eq!(probe(t.path(), Path::new("/sys")).class, DeviceClass::Tmpfs);
+        Arena::open(&ArenaSpec::new(ArenaSource::Path(t.path().into()), 8192)).unwrap();
+    }
+}

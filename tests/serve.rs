@@ -391,3 +391,70 @@ fn serve_refuses_browser_requests_and_admits_allowed_hosts() {
     assert_eq!(st["adapters"][0]["status"]["num_devices"], 1, "{st}");
     s.stop_with(libc::SIGTERM);
 }
+
+/// A device file truncated under a running `daxkv serve --traffic` (issue
+/// 17 item 12): the server lives on, the device reads `failed` in the
+/// status, the workload goes on on the other device with no wrong bytes,
+/// and SIGINT still stops it with exit 0. On the code before
+/// `daxkv::fault` the server died of SIGBUS at the next copy into or out
+/// of the file.
+#[test]
+fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {
+    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
+    let dev = dir.path().join("dax.img");
+    std::fs::File::create(&dev)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let cfg = dir.path().join("serve.json");
+    std::fs::write(
+        &cfg,
+        json!({"type": "dax", "slot_bytes": 65536,
+               "devices": [{"device_path": dev.display().to_string(), "max_dax_size_gb": 0.03125},
+                           {"device_path": "memfd", "max_dax_size_gb": 0.03125}]})
+        .to_string(),
+    )
+    .unwrap();
+    let s = Serve::start(&["--config", cfg.to_str().unwrap(), "--traffic"]);
+    let rounds = |s: &Serve| metric(&s.get("/metrics").1, "daxkv_traffic_rounds_total");
+    let wait_rounds = |s: &Serve, n: u64| {
+        let t0 = Instant::now();
+        while rounds(s) < n {
+            assert!(t0.elapsed() < Duration::from_secs(30), "traffic stalled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_rounds(&s, 5);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&dev)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let r = rounds(&s);
+    wait_rounds(&s, r + 20);
+    let (code, body) = s.get("/reconfigure/dax/l2/status");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let states: Vec<String> = v["adapters"][0]["status"]["devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no devices in {body}"))
+        .iter()
+        .map(|d| d["state"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(states, ["failed", "active"], "{body}");
+    let st = &v["adapters"][0]["status"];
+    assert_eq!(st["devices"][0]["is_healthy"], false, "{body}");
+    assert_eq!(st["is_healthy"], false, "{body}");
+    let m = s.get("/metrics").1;
+    assert_eq!(metric(&m, "daxkv_traffic_wrong_bytes_total"), 0);
+    let before = metric(&m, "daxkv_traffic_verified_total");
+    let r = rounds(&s);
+    wait_rounds(&s, r + 5);
+    let after = metric(&s.get("/metrics").1, "daxkv_traffic_verified_total");
+    assert!(
+        after > before,
+        "the memfd device serves on ({before} -> {after})"
+    );
+    s.stop_with(libc::SIGINT);
+}

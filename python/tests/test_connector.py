@@ -322,3 +322,21 @@ def test_aliasing_buffers_are_refused_and_leave_nothing_held(make_connector):
     f = c.submit_batch_get(["s1"], [mv[0:1000]])
     assert drain_until(c, {f})[f][0] and bytes(big[:1000]) == src
     assert c.status()["locked_key_count"] == 0
+
+
+@pytest.mark.parametrize(
+    "path,fs",
+    [
+        ("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "sysfs"),
+        ("/proc/self/status", "procfs"),
+    ],
+)
+def test_a_pseudo_file_device_path_is_refused(path, fs):
+    # issue 17 item 13: a sysfs / procfs pseudo-file is never mapped; the
+    # error names the path and the file system (read-only files, so a
+    # regression cannot write into kernel state).
+    if not os.path.isfile(path):
+        pytest.skip(f"{path}: not on this machine")
+    with pytest.raises((ValueError, RuntimeError)) as e:
+        daxkv.DaxConnector(slot_bytes=4096, device_path=path, max_dax_size_gb=0.01)
+    assert path in str(e.value) and fs in str(e.value), str(e.value)

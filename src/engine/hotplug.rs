@@ -782,7 +782,12 @@ impl Engine {
                     lock_n(target, key, locks);
                     return Move::Moved(n);
                 }
-                Err(PutError::Full | PutError::IndexFull | PutError::Closed) => {}
+                Err(
+                    PutError::Full
+                    | PutError::IndexFull
+                    | PutError::Closed
+                    | PutError::DeviceFailed,
+                ) => {}
                 Err(e) => {
                     eprintln!("daxkv: migrating a key: {e}");
                     return Move::NoRoom;

@@ -136,10 +136,17 @@ impl Device {
         self.id.0 as usize
     }
 
-    /// Its state now.
+    /// Its state now: `Failed` once a SIGBUS in one of its copies failed
+    /// its mapping (`crate::fault`), whatever the control plane set, unless
+    /// it is a tombstone.
     pub fn state(&self) -> DeviceState {
         // ORDERING: Acquire — pairs with `set_state`.
-        DeviceState::from_u8(self.state.load(Ordering::Acquire))
+        let s = DeviceState::from_u8(self.state.load(Ordering::Acquire));
+        if !s.is_tombstone() && self.core.is_failed() {
+            DeviceState::Failed
+        } else {
+            s
+        }
     }
 
     /// Change its state (the pool's control plane only).
@@ -810,7 +817,15 @@ pub(super) fn store_one(
         }) {
             Ok(Some(Some(Ok(_)))) => return Stored::Yes,
             Ok(
-                Some(Some(Err(PutError::Full | PutError::IndexFull | PutError::Closed)) | None)
+                Some(
+                    Some(Err(
+                        PutError::Full
+                        | PutError::IndexFull
+                        | PutError::Closed
+                        | PutError::DeviceFailed,
+                    ))
+                    | None,
+                )
                 | None,
             ) => {}
             Ok(Some(Some(Err(_)))) => return Stored::No,
