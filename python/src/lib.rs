@@ -386,7 +386,8 @@ pub(crate) fn config_error(py: Python<'_>, msg: String) -> PyErr {
 }
 
 /// Whether an open error of a device is the caller's fault (a bad path,
-/// size or kind), not the system's (mmap, sysfs, permissions).
+/// size or kind, a file system that holds no memory, a size past the
+/// memory limit), not the system's (mmap, sysfs, permissions).
 pub(crate) fn device_is_callers_fault(e: &daxkv::OpenError) -> bool {
     use daxkv::OpenError as O;
     matches!(
@@ -401,6 +402,10 @@ pub(crate) fn device_is_callers_fault(e: &daxkv::OpenError) -> bool {
             | O::FileTooSmall { .. }
             | O::DeviceTooSmall { .. }
             | O::Misaligned { .. }
+            | O::FileSystem { .. }
+            | O::MemoryLimit { .. }
+            | O::TableAlloc { .. }
+            | O::FileShorterThanGrow { .. }
     )
 }
 
