@@ -16,7 +16,9 @@
 //! keys: `numa` (`"auto"`, `"off"` or a node number), `cpus` (a list),
 //! `spin_us`, `wait_spin_us`, `prefault`, `task_slots`, `task_keys`, `sysfs_root`, `signal` (`"always"`,
 //! the default, or `"when_waiting"`: see `engine::Signal`). A `device_path` of
-//! `"memfd"` maps an anonymous memfd (embedded use and tests).
+//! `"memfd"` maps an anonymous memfd (embedded use and tests); further
+//! anonymous devices are named `"memfd:NAME"` (NAME: 1–64 of `A-Z a-z 0-9
+//! . _ -`), each name once.
 //!
 //! Every invalid value is an error that names the field and the rule; an
 //! unknown key is an error too (a typo should not silently fall back to a
@@ -34,6 +36,13 @@ use crate::engine::{DeviceSpec, Engine, EngineError, EngineOptions};
 use crate::numa::Placement;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The largest device a config may name: 128 TiB, the x86-64 user address
+/// space with 4-level page tables (no single mapping can be larger).
+pub const MAX_DEVICE_BYTES: usize = 1 << 47;
+
+/// The keys of one `devices[i]` entry (LMCache's, docs/lmcache-dax-behavior.md §3.1).
+const DEVICE_KEYS: &[&str] = &["device_path", "max_dax_size_gb"];
 
 const LMCACHE_KEYS: &[&str] = &[
     "type",
@@ -86,7 +95,7 @@ fn err(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceConfig {
     /// A devdax node, an existing file (on tmpfs or fsdax, at least
-    /// `max_dax_size_bytes` long), or `"memfd"`.
+    /// `max_dax_size_bytes` long), `"memfd"` or `"memfd:NAME"`.
     pub device_path: String,
     /// Bytes to map (`max_dax_size_gb` × 2³⁰, whole slots).
     pub max_dax_size_bytes: usize,
@@ -152,6 +161,13 @@ fn device(
             format!("{prefix}.{name}")
         }
     };
+    // A typo inside an entry is an error, as at the top level (the legacy
+    // form's keys are checked there).
+    if !prefix.is_empty() {
+        if let Some(k) = obj.keys().find(|k| !DEVICE_KEYS.contains(&k.as_str())) {
+            return Err(err(f(k), "unknown key"));
+        }
+    }
     let path = match obj.get("device_path") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
         Some(_) => return Err(err(f("device_path"), "must be a non-empty string")),
@@ -168,6 +184,15 @@ fn device(
             format!("must be a number > 0 (got {})", obj["max_dax_size_gb"]),
         )
     })?;
+    if gb * GIB > MAX_DEVICE_BYTES as f64 {
+        return Err(err(
+            f("max_dax_size_gb"),
+            format!(
+                "{gb} GiB is beyond the largest device, {} GiB (128 TiB)",
+                MAX_DEVICE_BYTES >> 30
+            ),
+        ));
+    }
     let bytes = (gb * GIB) as usize;
     if bytes / slot_bytes == 0 {
         let who = if prefix.is_empty() {
@@ -176,6 +201,9 @@ fn device(
             prefix.to_string()
         };
         return Err(err(f("max_dax_size_gb"), format!("{who} configured DAX arena ({bytes} bytes) does not fit one slot of {slot_bytes} bytes")));
+    }
+    if crate::engine::is_memfd_name(&path) {
+        crate::engine::check_memfd_name(&path, false).map_err(|why| err(f("device_path"), why))?;
     }
     Ok(DeviceConfig {
         device_path: path,
@@ -254,6 +282,24 @@ impl EngineConfig {
             }
             None => Vec::new(),
         };
+        // An anonymous device is known by its name alone: two of one name
+        // could never be told apart (removed, drained or resized).
+        for (i, d) in devices.iter().enumerate() {
+            if crate::engine::is_memfd_name(&d.device_path) {
+                if let Some(j) = devices[..i]
+                    .iter()
+                    .position(|e| e.device_path == d.device_path)
+                {
+                    return Err(err(
+                        format!("devices[{i}].device_path"),
+                        format!(
+                            "{} is devices[{j}] already; name further anonymous devices memfd:NAME",
+                            d.device_path
+                        ),
+                    ));
+                }
+            }
+        }
         if devices.is_empty() && !hotplug_enabled {
             return Err(err(
                 "devices",
@@ -349,7 +395,7 @@ impl EngineConfig {
         self.devices
             .iter()
             .map(|d| {
-                let source = if d.device_path == "memfd" {
+                let source = if crate::engine::is_memfd_name(&d.device_path) {
                     ArenaSource::Memfd
                 } else {
                     ArenaSource::Path(PathBuf::from(&d.device_path))

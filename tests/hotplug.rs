@@ -541,9 +541,10 @@ fn a_migration_that_fills_its_destination_leaves_no_duplicates_and_retries() {
     assert_eq!(err.body["moved_keys"], 3);
     assert_eq!(states(&e), [DeviceState::Active, DeviceState::Active]);
     all_load(&e, &ids, 2000);
+    // A second anonymous device needs a name of its own.
     r.reconfigure(
         "add",
-        &json!({"device_path": "memfd", "size_bytes": 8 * SLOT}),
+        &json!({"device_path": "memfd:more", "size_bytes": 8 * SLOT}),
         None,
     )
     .unwrap();

@@ -149,7 +149,10 @@ mod submit;
 mod task;
 mod worker;
 
-pub use hotplug::{HotplugError, RemoveMode, RemoveReport, ResizeReport, ShrinkMode};
+pub use hotplug::{
+    check_memfd_name, is_memfd_name, HotplugError, RemoveMode, RemoveReport, ResizeReport,
+    ShrinkMode, MEMFD_NAME_MAX,
+};
 pub use metrics::{
     HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op, CALLER_SHARDS,
     DURATION_BUCKETS,

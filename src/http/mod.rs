@@ -49,7 +49,10 @@
 //! [`HttpConfig::body_limit`] bytes (413). The allow-list is checked before
 //! the backend opens the path: it keeps a mistaken or hostile controller
 //! off other devices, not a local user who can write inside the allowed
-//! directories.
+//! directories. Anonymous devices (`memfd`, `memfd:NAME`) are not paths:
+//! with an allow-list set they are refused (403) unless the list holds the
+//! entry `memfd`, since each one takes RAM (bounded by the engine's memory
+//! check, not by the allow-list).
 
 #![forbid(unsafe_code)]
 // `Err(Response)` is axum's early-return idiom; every such path is cold.
@@ -107,7 +110,9 @@ pub struct HttpConfig {
     /// (`Authorization: Bearer <token>`); `None` requires none.
     pub token: Option<String>,
     /// The device path prefixes a DAX `add` may name, compared component by
-    /// component on canonical paths; empty allows every path.
+    /// component on canonical paths; empty allows every path and anonymous
+    /// device. The entry `memfd` is not a path: it allows anonymous devices
+    /// (`memfd`, `memfd:NAME`), which a non-empty list otherwise refuses.
     pub allow_prefixes: Vec<PathBuf>,
     /// The largest request body, in bytes (413 beyond it).
     pub body_limit: usize,
@@ -227,13 +232,16 @@ impl Drop for HttpServer {
     }
 }
 
-/// Start the control plane for `registry` on its own thread; returns once
-/// it listens.
-pub fn serve(
-    cfg: HttpConfig,
-    registry: Registry,
-    hooks: HttpHooks,
-) -> Result<HttpServer, HttpError> {
+/// Check `cfg` without binding or starting anything: the address, the
+/// token, the limits and the allow-list (canonicalized). `daxkv serve`
+/// runs it before it maps a device, so a bad flag fails at once.
+pub fn check(cfg: &HttpConfig) -> Result<(), HttpError> {
+    validate(cfg).map(|_| ())
+}
+
+/// [`check`], returning the canonical allow-list and whether it holds
+/// `memfd`.
+fn validate(cfg: &HttpConfig) -> Result<(Vec<PathBuf>, bool), HttpError> {
     if !cfg.addr.ip().is_loopback() && !cfg.allow_non_loopback {
         return Err(HttpError::NonLoopback(cfg.addr));
     }
@@ -252,9 +260,13 @@ pub fn serve(
             "max_concurrent_mutations must be > 0".into(),
         ));
     }
+    // `memfd` in the list is not a path: it lets `add` make anonymous
+    // devices (`memfd`, `memfd:NAME`), which an allow-list otherwise refuses.
+    let allow_memfd = cfg.allow_prefixes.iter().any(|p| p.as_os_str() == "memfd");
     let allow = cfg
         .allow_prefixes
         .iter()
+        .filter(|p| p.as_os_str() != "memfd")
         .map(|p| {
             canonical(p).ok_or_else(|| {
                 HttpError::Config(format!(
@@ -264,6 +276,17 @@ pub fn serve(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    Ok((allow, allow_memfd))
+}
+
+/// Start the control plane for `registry` on its own thread; returns once
+/// it listens.
+pub fn serve(
+    cfg: HttpConfig,
+    registry: Registry,
+    hooks: HttpHooks,
+) -> Result<HttpServer, HttpError> {
+    let (allow, allow_memfd) = validate(&cfg)?;
 
     let listener = std::net::TcpListener::bind(cfg.addr).map_err(|source| HttpError::Bind {
         addr: cfg.addr,
@@ -287,7 +310,9 @@ pub fn serve(
     let app = Arc::new(App {
         registry,
         token: cfg.token.map(String::into_bytes),
+        allow_all: cfg.allow_prefixes.is_empty(),
         allow,
+        allow_memfd,
         body_limit: cfg.body_limit,
         hooks,
         mutations: Arc::new(Semaphore::new(cfg.max_concurrent_mutations)),
@@ -338,7 +363,12 @@ pub fn serve(
 struct App {
     registry: Registry,
     token: Option<Vec<u8>>,
+    /// No allow-list: every path and anonymous device may be added.
+    allow_all: bool,
+    /// Canonical path prefixes `add` may name.
     allow: Vec<PathBuf>,
+    /// `memfd` was on the allow-list: anonymous devices may be added.
+    allow_memfd: bool,
     body_limit: usize,
     hooks: HttpHooks,
     mutations: Arc<Semaphore>,
@@ -668,10 +698,20 @@ async fn post_op(
         }
     };
     if let Some(p) = add_path {
-        if !app.allow.is_empty() {
+        if crate::engine::is_memfd_name(p.trim()) {
+            // Not a path: allowed without an allow-list, or with `memfd` on it.
+            if !app.allow_all && !app.allow_memfd {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "anonymous devices not allowed (add memfd to the allow-list)",
+                );
+            }
+        } else if !app.allow_all {
             let app2 = Arc::clone(&app);
             // canonicalize touches the file system: off the event loop.
-            match blocking(move || path_allowed(&app2.allow, &p)).await {
+            // An allow-list of `memfd` alone allows no path.
+            let allowed = move || !app2.allow.is_empty() && path_allowed(&app2.allow, &p);
+            match blocking(allowed).await {
                 Ok(true) => {}
                 Ok(false) => return error(StatusCode::FORBIDDEN, "device path not allowed"),
                 Err(r) => return r,

@@ -118,8 +118,8 @@ pub(crate) fn generic(body: &Value) -> Result<Accepted, Refusal> {
 fn dax_fields(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
         "add" => &["device_path", "size"],
-        "remove" => &["device_path", "mode", "force"],
-        "resize" => &["device_path", "size", "mode", "force"],
+        "remove" => &["device_path", "device_index", "mode", "force"],
+        "resize" => &["device_path", "device_index", "size", "mode", "force"],
         _ => return None,
     })
 }
@@ -136,7 +136,26 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
     let local_index = adapter_index(o, &mut errs);
     let mut payload = Map::new();
 
+    // daxkv's `device_index: int | None` (remove, resize): the device at
+    // that position of the status list; `device_path` may then be left out.
+    let mut by_index = false;
+    if fields.contains(&"device_index") {
+        match o.get("device_index") {
+            None | Some(Value::Null) => {}
+            Some(v) if v.is_u64() => {
+                by_index = true;
+                payload.insert("device_index".into(), v.clone());
+            }
+            Some(v) => errs.push(item(
+                "int_type",
+                &["device_index"],
+                "Input should be a valid non-negative integer",
+                v,
+            )),
+        }
+    }
     match o.get("device_path") {
+        None if by_index => {}
         None => errs.push(item("missing", &["device_path"], "Field required", body)),
         Some(Value::String(p)) => {
             payload.insert("device_path".into(), Value::String(p.clone()));
@@ -211,7 +230,12 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
         payload.insert("size_bytes".into(), bytes.ok_or(Refusal::BadSize)?.into());
     }
     let add_path = (op == "add")
-        .then(|| payload["device_path"].as_str().map(str::to_owned))
+        .then(|| {
+            payload
+                .get("device_path")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
         .flatten();
     Ok(Accepted {
         local_index,
