@@ -531,6 +531,18 @@ mod tests {
     }
 
     #[test]
+    fn named_anonymous_devices_map_as_memfds() {
+        let c = parse(r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd","max_dax_size_gb":0.001},{"device_path":"memfd:b","max_dax_size_gb":0.001}]}"#).unwrap();
+        let specs = c.device_specs();
+        assert_eq!(specs[1].path, "memfd:b");
+        assert!(matches!(specs[1].core.arena.source, ArenaSource::Memfd));
+        let e = c.open().unwrap();
+        let paths: Vec<String> = e.devices().into_iter().map(|d| d.path).collect();
+        assert_eq!(paths, ["memfd", "memfd:b"]);
+        e.close();
+    }
+
+    #[test]
     fn every_bad_value_names_its_field() {
         let cases = [
             (r#"{"devices":[]}"#, "config: slot_bytes: is required"),
@@ -557,6 +569,17 @@ mod tests {
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"spin_us":-1}"#, "config: spin_us: must be a whole number of microseconds (got -1)"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"wait_spin_us":"2"}"#, "config: wait_spin_us: must be a whole number of microseconds (got \"2\")"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"task_keys":0}"#, "config: task_keys: must be a positive integer (got 0)"),
+            // A typo inside a device entry is an error too, naming its index.
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":1},{"device_path":"/e","max_dax_size_gbs":1}]}"#, "config: devices[1].max_dax_size_gbs: unknown key"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":1,"numa":0}]}"#, "config: devices[0].numa: unknown key"),
+            // A size no mapping can have.
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":1e12}]}"#, "config: devices[0].max_dax_size_gb: 1000000000000 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":131073}"#, "config: max_dax_size_gb: 131073 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            // Anonymous devices: one per name, names checked.
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd","max_dax_size_gb":1},{"device_path":"memfd","max_dax_size_gb":1}]}"#, "config: devices[1].device_path: memfd is devices[0] already; name further anonymous devices memfd:NAME"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd:a","max_dax_size_gb":1},{"device_path":"memfd:a","max_dax_size_gb":2}]}"#, "config: devices[1].device_path: memfd:a is devices[0] already; name further anonymous devices memfd:NAME"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd:","max_dax_size_gb":1}]}"#, "config: devices[0].device_path: memfd:NAME needs a NAME"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd:a/b","max_dax_size_gb":1}]}"#, "config: devices[0].device_path: memfd:NAME: NAME must be 1 to 64 of A-Z a-z 0-9 . _ -"),
         ];
         for (json, want) in cases {
             assert_eq!(parse(json).unwrap_err().to_string(), want, "{json}");

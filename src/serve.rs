@@ -660,6 +660,63 @@ mod tests {
         assert!(e.contains("slot_bytes"), "{e}");
     }
 
+    /// What an editor or a typo puts in a config file gets a message that
+    /// names it: a UTF-8 BOM is skipped, a UTF-16 file is named as such, a
+    /// `.TOML` file is TOML, a TOML `nan` / `inf` names its key (it would
+    /// reach the config as `null`), a 1e12 GiB device names the limit.
+    #[test]
+    fn config_files_from_editors_and_typos() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = r#"{"type":"dax","slot_bytes":4096,"hotplug_enabled":true,"devices":[]}"#;
+        let p = dir.path().join("bom.json");
+        std::fs::write(&p, [&b"\xEF\xBB\xBF"[..], json.as_bytes()].concat()).unwrap();
+        assert_eq!(load_config(Some(&p)).unwrap().slot_bytes, 4096);
+        let p = dir.path().join("utf16.json");
+        let wide: Vec<u8> = [0xFF, 0xFE]
+            .into_iter()
+            .chain(json.bytes().flat_map(|b| [b, 0]))
+            .collect();
+        std::fs::write(&p, wide).unwrap();
+        let e = load_config(Some(&p)).unwrap_err().to_string();
+        assert!(
+            e.ends_with(
+                "not UTF-8: the file starts with a UTF-16 byte-order mark (save it as UTF-8)"
+            ),
+            "{e}"
+        );
+        let p = dir.path().join("latin1.json");
+        std::fs::write(&p, b"{\"type\":\"d\xE4x\"}").unwrap();
+        let e = load_config(Some(&p)).unwrap_err().to_string();
+        assert!(e.ends_with("not UTF-8: invalid byte at offset 10"), "{e}");
+        let toml =
+            "slot_bytes = 4096\nhotplug_enabled = true\n[[devices]]\ndevice_path = \"memfd\"\n";
+        let p = dir.path().join("UPPER.TOML");
+        std::fs::write(&p, format!("{toml}max_dax_size_gb = 0.001\n")).unwrap();
+        assert_eq!(load_config(Some(&p)).unwrap().devices.len(), 1);
+        let p = dir.path().join("bom.toml");
+        std::fs::write(&p, format!("\u{feff}{toml}max_dax_size_gb = 0.001\n")).unwrap();
+        assert_eq!(load_config(Some(&p)).unwrap().devices.len(), 1);
+        for (v, shown) in [("nan", "NaN"), ("inf", "inf"), ("-inf", "-inf")] {
+            let p = dir.path().join("nan.toml");
+            std::fs::write(&p, format!("{toml}max_dax_size_gb = {v}\n")).unwrap();
+            let e = load_config(Some(&p)).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "--config {}: config: devices[0].max_dax_size_gb: must be a finite number (got {shown})",
+                    p.display()
+                )
+            );
+        }
+        let p = dir.path().join("huge.toml");
+        std::fs::write(&p, format!("{toml}max_dax_size_gb = 1e12\n")).unwrap();
+        let e = load_config(Some(&p)).unwrap_err().to_string();
+        assert!(
+            e.ends_with("devices[0].max_dax_size_gb: 1000000000000 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn chunked_bodies_decode() {
         assert_eq!(unchunk("4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n"), "Wikipedia");
