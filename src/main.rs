@@ -376,9 +376,10 @@ fn main() -> std::process::ExitCode {
             mode,
             force,
             server,
-        } => match (args.len(), index) {
-            (1, None) => Err(anyhow::anyhow!("resize: give PATH SIZE, or --index N SIZE")),
-            _ => {
+        } => {
+            if args.len() == 1 && index.is_none() {
+                Err(anyhow::anyhow!("resize: give PATH SIZE, or --index N SIZE"))
+            } else {
                 let size = args.pop().unwrap_or_default();
                 client(
                     &server,
@@ -391,7 +392,7 @@ fn main() -> std::process::ExitCode {
                     )),
                 )
             }
-        },
+        }
         cmd @ Cmd::Bench { .. } => run(cmd),
     };
     match result {

@@ -118,6 +118,7 @@ fn config_text(bytes: &[u8]) -> Result<&str, String> {
 /// Refuse a TOML float that is not finite (`nan`, `inf`: JSON has no such
 /// number, so it would reach the config as `null`), naming its key.
 fn finite_toml(v: &toml::Value, at: &mut String) -> Result<(), String> {
+    use std::fmt::Write as _;
     match v {
         toml::Value::Float(f) if !f.is_finite() => Err(format!(
             "config: {}: must be a finite number (got {f})",
@@ -139,7 +140,7 @@ fn finite_toml(v: &toml::Value, at: &mut String) -> Result<(), String> {
         }),
         toml::Value::Array(a) => a.iter().enumerate().try_for_each(|(i, v)| {
             let len = at.len();
-            at.push_str(&format!("[{i}]"));
+            let _ = write!(at, "[{i}]");
             let r = finite_toml(v, at);
             at.truncate(len);
             r

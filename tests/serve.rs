@@ -343,7 +343,7 @@ fn bad_http_flags_fail_before_devices_are_mapped() {
     let cfg = dir.path().join("serve.json");
     std::fs::write(
         &cfg,
-        json!({"type": "dax", "slot_bytes": 2097152, "prefault": true,
+        json!({"type": "dax", "slot_bytes": 2_097_152, "prefault": true,
                "devices": [{"device_path": dev, "max_dax_size_gb": 0.25}]})
         .to_string(),
     )
@@ -404,7 +404,7 @@ fn start_up_errors_are_printed_once() {
         let cfg = dir.path().join("serve.json");
         std::fs::write(
             &cfg,
-            json!({"type": "dax", "slot_bytes": 1048576,
+            json!({"type": "dax", "slot_bytes": 1_048_576,
                    "devices": [{"device_path": dev, "max_dax_size_gb": 2.0 / 1024.0}]})
             .to_string(),
         )

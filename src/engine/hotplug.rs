@@ -489,9 +489,12 @@ impl Engine {
             if path == "memfd:" {
                 // Named by daxkv: `memfd:N`, N from the list's length (the
                 // id it is about to get) up to the first name no device,
-                // tombstones included, has had.
+                // tombstones included, has had: of these len + 1
+                // candidates at most len are taken.
                 let taken = |n: usize| devs.iter().any(|d| d.path() == format!("memfd:{n}"));
-                let n = (devs.len()..).find(|&n| !taken(n)).unwrap_or(devs.len());
+                let n = (devs.len()..=2 * devs.len())
+                    .find(|&n| !taken(n))
+                    .unwrap_or(devs.len());
                 name = format!("memfd:{n}");
             } else if let Some((i, d)) = devs
                 .iter()

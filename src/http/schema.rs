@@ -136,24 +136,7 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
     let local_index = adapter_index(o, &mut errs);
     let mut payload = Map::new();
 
-    // daxkv's `device_index: int | None` (remove, resize): the device at
-    // that position of the status list; `device_path` may then be left out.
-    let mut by_index = false;
-    if fields.contains(&"device_index") {
-        match o.get("device_index") {
-            None | Some(Value::Null) => {}
-            Some(v) if v.is_u64() => {
-                by_index = true;
-                payload.insert("device_index".into(), v.clone());
-            }
-            Some(v) => errs.push(item(
-                "int_type",
-                &["device_index"],
-                "Input should be a valid non-negative integer",
-                v,
-            )),
-        }
-    }
+    let by_index = fields.contains(&"device_index") && device_index(o, &mut payload, &mut errs);
     match o.get("device_path") {
         None if by_index => {}
         None => errs.push(item("missing", &["device_path"], "Field required", body)),
@@ -242,6 +225,32 @@ pub(crate) fn dax(op: &str, body: &Value) -> Result<Accepted, Refusal> {
         payload: Value::Object(payload),
         add_path,
     })
+}
+
+/// daxkv's `device_index: int | None` (remove, resize): the device at that
+/// position of the status list; `device_path` may then be left out.
+/// Whether one was given.
+fn device_index(
+    o: &Map<String, Value>,
+    payload: &mut Map<String, Value>,
+    errs: &mut Vec<Value>,
+) -> bool {
+    match o.get("device_index") {
+        None | Some(Value::Null) => false,
+        Some(v) if v.is_u64() => {
+            payload.insert("device_index".into(), v.clone());
+            true
+        }
+        Some(v) => {
+            errs.push(item(
+                "int_type",
+                &["device_index"],
+                "Input should be a valid non-negative integer",
+                v,
+            ));
+            false
+        }
+    }
 }
 
 /// `mode: Literal[...] = "migrate"` (`drain` for `remove` only).
