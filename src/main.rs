@@ -496,6 +496,13 @@ fn client(
                 println!("{k:>20}: {val}");
             }
         }
+        // An add's device: where it is and what it is called (a `memfd:`
+        // add is named by the server).
+        for k in ["index", "device_path"] {
+            if let Some(val) = v.get("device").and_then(|d| d.get(k)) {
+                println!("{k:>20}: {val}");
+            }
+        }
     }
     Ok(())
 }
