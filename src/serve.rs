@@ -207,7 +207,7 @@ impl Server {
     /// settings (token, address, allow-list), the config file, then the
     /// devices (mapped and pre-faulted: the slow part).
     pub fn prepare(cfg: &ServeConfig) -> Result<Prepared, ServeError> {
-        crate::http::check(&cfg.http)?;
+        cfg.http.validate()?;
         let ecfg = load_config(cfg.config.as_deref())?;
         let engine = Arc::new(ecfg.open()?);
         log_engine(&engine);

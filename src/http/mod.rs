@@ -232,51 +232,52 @@ impl Drop for HttpServer {
     }
 }
 
-/// Check `cfg` without binding or starting anything: the address, the
-/// token, the limits and the allow-list (canonicalized). `daxkv serve`
-/// runs it before it maps a device, so a bad flag fails at once.
-pub fn check(cfg: &HttpConfig) -> Result<(), HttpError> {
-    validate(cfg).map(|_| ())
-}
-
-/// [`check`], returning the canonical allow-list and whether it holds
-/// `memfd`.
-fn validate(cfg: &HttpConfig) -> Result<(Vec<PathBuf>, bool), HttpError> {
-    if !cfg.addr.ip().is_loopback() && !cfg.allow_non_loopback {
-        return Err(HttpError::NonLoopback(cfg.addr));
+impl HttpConfig {
+    /// Check it without binding or starting anything: the address, the
+    /// token, the limits and the allow-list (canonicalized). `daxkv serve`
+    /// runs it before it maps a device, so a bad flag fails at once.
+    pub fn validate(&self) -> Result<(), HttpError> {
+        self.checked().map(drop)
     }
-    if let Some(t) = &cfg.token {
-        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+
+    /// The checks; the canonical allow-list and whether it holds `memfd`.
+    fn checked(&self) -> Result<(Vec<PathBuf>, bool), HttpError> {
+        if !self.addr.ip().is_loopback() && !self.allow_non_loopback {
+            return Err(HttpError::NonLoopback(self.addr));
+        }
+        if let Some(t) = &self.token {
+            if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(HttpError::Config(
+                    "token must be non-empty printable ASCII without spaces".into(),
+                ));
+            }
+        }
+        if self.body_limit == 0 {
+            return Err(HttpError::Config("body_limit must be > 0".into()));
+        }
+        if self.max_concurrent_mutations == 0 {
             return Err(HttpError::Config(
-                "token must be non-empty printable ASCII without spaces".into(),
+                "max_concurrent_mutations must be > 0".into(),
             ));
         }
-    }
-    if cfg.body_limit == 0 {
-        return Err(HttpError::Config("body_limit must be > 0".into()));
-    }
-    if cfg.max_concurrent_mutations == 0 {
-        return Err(HttpError::Config(
-            "max_concurrent_mutations must be > 0".into(),
-        ));
-    }
-    // `memfd` in the list is not a path: it lets `add` make anonymous
-    // devices (`memfd`, `memfd:NAME`), which an allow-list otherwise refuses.
-    let allow_memfd = cfg.allow_prefixes.iter().any(|p| p.as_os_str() == "memfd");
-    let allow = cfg
-        .allow_prefixes
-        .iter()
-        .filter(|p| p.as_os_str() != "memfd")
-        .map(|p| {
-            canonical(p).ok_or_else(|| {
-                HttpError::Config(format!(
-                    "allow_prefixes: {} is neither absolute nor under an existing directory",
-                    p.display()
-                ))
+        // `memfd` in the list is not a path: it lets `add` make anonymous
+        // devices (`memfd`, `memfd:NAME`), which an allow-list otherwise refuses.
+        let allow_memfd = self.allow_prefixes.iter().any(|p| p.as_os_str() == "memfd");
+        let allow = self
+            .allow_prefixes
+            .iter()
+            .filter(|p| p.as_os_str() != "memfd")
+            .map(|p| {
+                canonical(p).ok_or_else(|| {
+                    HttpError::Config(format!(
+                        "allow_prefixes: {} is neither absolute nor under an existing directory",
+                        p.display()
+                    ))
+                })
             })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((allow, allow_memfd))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((allow, allow_memfd))
+    }
 }
 
 /// Start the control plane for `registry` on its own thread; returns once
@@ -286,7 +287,7 @@ pub fn serve(
     registry: Registry,
     hooks: HttpHooks,
 ) -> Result<HttpServer, HttpError> {
-    let (allow, allow_memfd) = validate(&cfg)?;
+    let (allow, allow_memfd) = cfg.checked()?;
 
     let listener = std::net::TcpListener::bind(cfg.addr).map_err(|source| HttpError::Bind {
         addr: cfg.addr,
