@@ -1010,3 +1010,39 @@ fn anonymous_devices_are_named_and_adding_one_twice_is_idempotent() {
     assert_eq!(add("memfd", 2).unwrap()["device"]["index"], 4);
     e.close();
 }
+
+/// Racing adds of one anonymous name map one device: the name's check and
+/// the append are one step under the pool's admin mutex. Each of 4 threads
+/// adds `memfd:x` 25 times; every answer is the same device, and the pool
+/// holds it once.
+#[test]
+fn racing_adds_of_one_anonymous_name_map_one_device() {
+    let e = Arc::new(Engine::open(vec![memfd(4)], SLOT, true, EngineOptions::default()).unwrap());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                (0..25)
+                    .map(|_| {
+                        e.hotplug_add("memfd:x", 4 * SLOT, |_, _| Ok(()))
+                            .unwrap()
+                            .1
+                            .id
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let ids: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
+    let named: Vec<_> = e
+        .devices()
+        .into_iter()
+        .filter(|d| d.path == "memfd:x")
+        .collect();
+    assert_eq!(named.len(), 1);
+    e.close();
+}

@@ -483,6 +483,8 @@ impl Engine {
             return Err(HotplugError::Invalid("size_bytes does not fit one slot"));
         }
         let mut name = path.to_string();
+        // Under `admin` from the name's check to the append: two adds of
+        // one name map one device.
         let source = if is_memfd_name(path) {
             check_memfd_name(path, true).map_err(HotplugError::Invalid)?;
             let devs = self.inner.pool.list();
