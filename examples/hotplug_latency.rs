@@ -158,7 +158,7 @@ fn main() {
         e.set_device_state(DeviceId(0), DeviceState::Active)
             .unwrap();
         assert_eq!(r.moved_keys, n as usize);
-        e.hotplug_add("memfd", n as usize * 2 * SLOT, |_, _| Ok(()))
+        e.hotplug_add("memfd:", n as usize * 2 * SLOT, |_, _| Ok(()))
             .unwrap();
     }
     let (qp50, qp99, qmax) = (

@@ -16,10 +16,12 @@
 //! keys: `numa` (`"auto"`, `"off"` or a node number), `cpus` (a list),
 //! `spin_us`, `wait_spin_us`, `prefault`, `task_slots`, `task_keys`, `sysfs_root`, `signal` (`"always"`,
 //! the default, or `"when_waiting"`: see `engine::Signal`). A `device_path` of
-//! `"memfd"` maps an anonymous memfd (embedded use and tests). A device's
-//! `max_size_gb` (≥ `max_dax_size_gb`) is the largest a resize may grow it
-//! to (default: 4 × the size for `memfd`, the file's or device's length
-//! for a path); its slot tables are sized for it.
+//! `"memfd"` maps an anonymous memfd (embedded use and tests); further
+//! anonymous devices are named `"memfd:NAME"` (NAME: 1–64 of `A-Z a-z 0-9
+//! . _ -`), each name once. A device's `max_size_gb` (≥ `max_dax_size_gb`)
+//! is the largest a resize may grow it to (default: 4 × the size for an
+//! anonymous device, the file's or device's length for a path); its slot
+//! tables are sized for it.
 //!
 //! Every invalid value is an error that names the field and the rule; an
 //! unknown key is an error too (a typo should not silently fall back to a
@@ -37,6 +39,13 @@ use crate::engine::{DeviceSpec, Engine, EngineError, EngineOptions};
 use crate::numa::Placement;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The largest device a config may name: 128 TiB, the x86-64 user address
+/// space with 4-level page tables (no single mapping can be larger).
+pub const MAX_DEVICE_BYTES: usize = 1 << 47;
+
+/// The keys of one `devices[i]` entry: LMCache's (docs/lmcache-dax-behavior.md §3.1) and daxkv's `max_size_gb`.
+const DEVICE_KEYS: &[&str] = &["device_path", "max_dax_size_gb", "max_size_gb"];
 
 const LMCACHE_KEYS: &[&str] = &[
     "type",
@@ -90,7 +99,7 @@ fn err(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceConfig {
     /// A devdax node, an existing file (on tmpfs or fsdax, at least
-    /// `max_dax_size_bytes` long), or `"memfd"`.
+    /// `max_dax_size_bytes` long), `"memfd"` or `"memfd:NAME"`.
     pub device_path: String,
     /// Bytes to map (`max_dax_size_gb` × 2³⁰, whole slots).
     pub max_dax_size_bytes: usize,
@@ -183,6 +192,13 @@ fn device(
             format!("{prefix}.{name}")
         }
     };
+    // A typo inside an entry is an error, as at the top level (the legacy
+    // form's keys are checked there).
+    if !prefix.is_empty() {
+        if let Some(k) = obj.keys().find(|k| !DEVICE_KEYS.contains(&k.as_str())) {
+            return Err(err(f(k), "unknown key"));
+        }
+    }
     let path = match obj.get("device_path") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
         Some(_) => return Err(err(f("device_path"), "must be a non-empty string")),
@@ -199,6 +215,15 @@ fn device(
             format!("must be a number > 0 (got {})", obj["max_dax_size_gb"]),
         )
     })?;
+    if gb * GIB > MAX_DEVICE_BYTES as f64 {
+        return Err(err(
+            f("max_dax_size_gb"),
+            format!(
+                "{gb} GiB is beyond the largest device, {} GiB (128 TiB)",
+                MAX_DEVICE_BYTES >> 30
+            ),
+        ));
+    }
     let bytes = (gb * GIB) as usize;
     if bytes / slot_bytes == 0 {
         let who = if prefix.is_empty() {
@@ -220,6 +245,9 @@ fn device(
             }
         },
     };
+    if crate::engine::is_memfd_name(&path) {
+        crate::engine::check_memfd_name(&path, false).map_err(|why| err(f("device_path"), why))?;
+    }
     Ok(DeviceConfig {
         device_path: path,
         max_dax_size_bytes: bytes,
@@ -298,6 +326,24 @@ impl EngineConfig {
             }
             None => Vec::new(),
         };
+        // An anonymous device is known by its name alone: two of one name
+        // could never be told apart (removed, drained or resized).
+        for (i, d) in devices.iter().enumerate() {
+            if crate::engine::is_memfd_name(&d.device_path) {
+                if let Some(j) = devices[..i]
+                    .iter()
+                    .position(|e| e.device_path == d.device_path)
+                {
+                    return Err(err(
+                        format!("devices[{i}].device_path"),
+                        format!(
+                            "{} is devices[{j}] already; name further anonymous devices memfd:NAME",
+                            d.device_path
+                        ),
+                    ));
+                }
+            }
+        }
         if devices.is_empty() && !hotplug_enabled {
             return Err(err(
                 "devices",
@@ -398,7 +444,7 @@ impl EngineConfig {
         self.devices
             .iter()
             .map(|d| {
-                let source = if d.device_path == "memfd" {
+                let source = if crate::engine::is_memfd_name(&d.device_path) {
                     ArenaSource::Memfd
                 } else {
                     ArenaSource::Path(PathBuf::from(&d.device_path))
@@ -409,7 +455,7 @@ impl EngineConfig {
                 // Room to grow, as for a hotplugged device (the tables are
                 // sized for it; a memfd's memory comes with a grow, checked
                 // then).
-                let default_max = (d.device_path == "memfd").then(|| {
+                let default_max = crate::engine::is_memfd_name(&d.device_path).then(|| {
                     d.max_dax_size_bytes
                         .saturating_mul(crate::engine::MEMFD_GROW_FACTOR)
                 });
@@ -550,6 +596,18 @@ mod tests {
     }
 
     #[test]
+    fn named_anonymous_devices_map_as_memfds() {
+        let c = parse(r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd","max_dax_size_gb":0.001},{"device_path":"memfd:b","max_dax_size_gb":0.001}]}"#).unwrap();
+        let specs = c.device_specs();
+        assert_eq!(specs[1].path, "memfd:b");
+        assert!(matches!(specs[1].core.arena.source, ArenaSource::Memfd));
+        let e = c.open().unwrap();
+        let paths: Vec<String> = e.devices().into_iter().map(|d| d.path).collect();
+        assert_eq!(paths, ["memfd", "memfd:b"]);
+        e.close();
+    }
+
+    #[test]
     fn every_bad_value_names_its_field() {
         let cases = [
             (r#"{"devices":[]}"#, "config: slot_bytes: is required"),
@@ -579,6 +637,17 @@ mod tests {
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"spin_us":-1}"#, "config: spin_us: must be a whole number of microseconds (got -1)"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"wait_spin_us":"2"}"#, "config: wait_spin_us: must be a whole number of microseconds (got \"2\")"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"task_keys":0}"#, "config: task_keys: must be a positive integer (got 0)"),
+            // A typo inside a device entry is an error too, naming its index.
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":1},{"device_path":"/e","max_dax_size_gbs":1}]}"#, "config: devices[1].max_dax_size_gbs: unknown key"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":1,"numa":0}]}"#, "config: devices[0].numa: unknown key"),
+            // A size no mapping can have.
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":1e12}]}"#, "config: devices[0].max_dax_size_gb: 1000000000000 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":131073}"#, "config: max_dax_size_gb: 131073 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            // Anonymous devices: one per name, names checked.
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd","max_dax_size_gb":1},{"device_path":"memfd","max_dax_size_gb":1}]}"#, "config: devices[1].device_path: memfd is devices[0] already; name further anonymous devices memfd:NAME"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd:a","max_dax_size_gb":1},{"device_path":"memfd:a","max_dax_size_gb":2}]}"#, "config: devices[1].device_path: memfd:a is devices[0] already; name further anonymous devices memfd:NAME"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd:","max_dax_size_gb":1}]}"#, "config: devices[0].device_path: memfd:NAME needs a NAME"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd:a/b","max_dax_size_gb":1}]}"#, "config: devices[0].device_path: memfd:NAME: NAME must be 1 to 64 of A-Z a-z 0-9 . _ -"),
         ];
         for (json, want) in cases {
             assert_eq!(parse(json).unwrap_err().to_string(), want, "{json}");

@@ -156,9 +156,12 @@ enum Cmd {
         #[command(flatten)]
         server: ServerArgs,
     },
-    /// Add a device to a running server (`memfd` for an anonymous one).
+    /// Add a device to a running server: a path, or an anonymous one
+    /// (`memfd` for the first; `memfd:NAME` for more, or `memfd:` to let
+    /// the server name it). Adding a live device at its size again answers
+    /// with it.
     Add {
-        /// Device path.
+        /// Device path, `memfd`, `memfd:NAME` or `memfd:`.
         path: String,
         /// Size: bytes, or a string like 64GiB.
         size: String,
@@ -172,8 +175,12 @@ enum Cmd {
     },
     /// Remove (or drain) a device of a running server.
     Remove {
-        /// Device path.
-        path: String,
+        /// Device path, `memfd` or `memfd:NAME` (or give --index).
+        #[arg(required_unless_present = "index")]
+        path: Option<String>,
+        /// The device's index, as `daxkv status` lists it.
+        #[arg(long)]
+        index: Option<u64>,
         /// migrate (default), evict or drain.
         #[arg(long, default_value = "migrate")]
         mode: String,
@@ -185,10 +192,14 @@ enum Cmd {
     },
     /// Resize a device of a running server.
     Resize {
-        /// Device path.
-        path: String,
-        /// New size: bytes, or a string like 64GiB.
-        size: String,
+        /// [PATH] SIZE: the device path, `memfd` or `memfd:NAME` (left
+        /// out with --index), and the new size: bytes, or a string like
+        /// 64GiB.
+        #[arg(num_args = 1..=2, required = true, value_names = ["PATH", "SIZE"])]
+        args: Vec<String>,
+        /// The device's index, as `daxkv status` lists it.
+        #[arg(long)]
+        index: Option<u64>,
         /// What a shrink does with keys past the new end: migrate
         /// (default) or evict (with --force).
         #[arg(long, default_value = "migrate")]
@@ -382,6 +393,7 @@ fn main() -> std::process::ExitCode {
         }
         Cmd::Remove {
             path,
+            index,
             mode,
             force,
             server,
@@ -389,53 +401,101 @@ fn main() -> std::process::ExitCode {
             &server,
             "POST",
             "/reconfigure/dax/l2/remove",
-            Some(&serde_json::json!({"device_path": path, "mode": mode, "force": force})),
+            Some(&with_device(
+                serde_json::json!({"mode": mode, "force": force}),
+                path,
+                index,
+            )),
             Expect::Operation(&["remove", "drain"]),
         ),
         Cmd::Resize {
-            path,
-            size,
+            mut args,
+            index,
             mode,
             force,
             server,
-        } => client(
-            &server,
-            "POST",
-            "/reconfigure/dax/l2/resize",
-            Some(
-                &serde_json::json!({"device_path": path, "size": size_arg(&size), "mode": mode, "force": force}),
-            ),
-            Expect::Operation(&["resize"]),
-        ),
+        } => {
+            if args.len() == 1 && index.is_none() {
+                Err(anyhow::anyhow!("resize: give PATH SIZE, or --index N SIZE"))
+            } else {
+                let size = args.pop().unwrap_or_default();
+                client(
+                    &server,
+                    "POST",
+                    "/reconfigure/dax/l2/resize",
+                    Some(&with_device(
+                        serde_json::json!({"size": size_arg(&size), "mode": mode, "force": force}),
+                        args.pop(),
+                        index,
+                    )),
+                    Expect::Operation(&["resize"]),
+                )
+            }
+        }
         cmd @ Cmd::Bench { .. } => run(cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("daxkv: {e:#}");
+            eprintln!("daxkv: {}", one_line(&e));
             std::process::ExitCode::FAILURE
         }
     }
 }
 
-/// `daxkv serve`: start, say where, wait for SIGINT / SIGTERM, stop.
+/// `e` and its causes on one line, each said once: many errors print
+/// their cause in their own message and also return it as `source()`, so
+/// `{:#}` would repeat it (`engine: device 0: X: X`). A cause already
+/// contained in what is printed is left out.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !c.is_empty() && !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
+}
+
+/// `daxkv serve`: start, say where, wait for SIGINT / SIGTERM, stop. A
+/// signal during start-up ends the process before the port opens
+/// ([`daxkv::serve::ShutdownSignals`]).
 fn serve(cfg: &daxkv::serve::ServeConfig) -> anyhow::Result<()> {
     // Before any thread starts: every thread inherits the blocked mask, so
-    // the signal reaches `sigwait` here and nothing dies of it.
-    daxkv::serve::block_shutdown_signals().context("blocking SIGINT / SIGTERM")?;
+    // the signal reaches the signal thread and nothing dies of it.
+    let signals = daxkv::serve::ShutdownSignals::start().context("taking SIGINT / SIGTERM")?;
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
-    let server = daxkv::serve::Server::start(cfg)?;
+    let prepared = daxkv::serve::Server::prepare(cfg)?;
+    let server = signals.serving(|| prepared.listen())?;
     if let Some(addr) = server.addr() {
         println!("daxkv: serving on http://{addr}");
     }
     std::io::Write::flush(&mut std::io::stdout())?;
-    let sig = daxkv::serve::wait_for_shutdown_signal().context("waiting for a signal")?;
+    let sig = signals.wait();
     tracing::info!(signal = sig, "shutting down");
     server.stop();
     Ok(())
+}
+
+/// `body` with the device it names: `device_path`, `device_index`, or both
+/// (the server checks that they agree).
+fn with_device(
+    mut body: serde_json::Value,
+    path: Option<String>,
+    index: Option<u64>,
+) -> serde_json::Value {
+    if let Some(p) = path {
+        body["device_path"] = p.into();
+    }
+    if let Some(i) = index {
+        body["device_index"] = i.into();
+    }
+    body
 }
 
 /// A size argument: a plain integer is sent as a JSON integer, anything
@@ -497,6 +557,13 @@ fn client(
     } else {
         for (k, val) in v.as_object().into_iter().flatten() {
             if k != "device" {
+                println!("{k:>20}: {val}");
+            }
+        }
+        // An add's device: where it is and what it is called (a `memfd:`
+        // add is named by the server).
+        for k in ["index", "device_path"] {
+            if let Some(val) = v.get("device").and_then(|d| d.get(k)) {
                 println!("{k:>20}: {val}");
             }
         }

@@ -266,6 +266,57 @@ fn path_of(payload: &Value) -> Result<String, ReconfigureError> {
     }
 }
 
+/// Which device a remove or resize names: `device_path` (a path, `memfd`
+/// or `memfd:NAME`), or `device_index` (its position in the status list),
+/// or both (they must agree).
+struct Target {
+    path: Option<String>,
+    index: Option<usize>,
+}
+
+fn target_of(payload: &Value) -> Result<Target, ReconfigureError> {
+    let index = match payload.get("device_index") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) if n.as_u64().is_some() => {
+            Some(usize::try_from(n.as_u64().unwrap_or(0)).unwrap_or(usize::MAX))
+        }
+        Some(_) => {
+            return Err(ReconfigureError::msg(
+                400,
+                "device_index must be a non-negative integer",
+            ))
+        }
+    };
+    let path = match (payload.get("device_path"), index) {
+        (None | Some(Value::Null), Some(_)) => None,
+        _ => Some(path_of(payload)?),
+    };
+    Ok(Target { path, index })
+}
+
+impl Target {
+    fn resolve(
+        &self,
+        e: &crate::engine::Engine,
+    ) -> Result<crate::engine::DeviceId, ReconfigureError> {
+        let Some(index) = self.index else {
+            let path = self.path.as_deref().unwrap_or_default();
+            return e.find_device(path).map_err(|err| hotplug_err(&err));
+        };
+        let id = e.find_device_at(index).map_err(|err| hotplug_err(&err))?;
+        if let Some(path) = &self.path {
+            let at = e.device_index(id).map(|(_, info)| info.path);
+            if at.as_deref() != Some(path.as_str()) {
+                return Err(ReconfigureError::msg(
+                    409,
+                    format!("device_index {index} is not device_path {path}"),
+                ));
+            }
+        }
+        Ok(id)
+    }
+}
+
 fn size_of(payload: &Value) -> Result<usize, ReconfigureError> {
     match payload.get("size_bytes") {
         Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v > 0) => {
@@ -367,7 +418,7 @@ impl Reconfigurable for DaxReconfigure {
             }
             "remove" => {
                 const BAD_MODE: &str = "mode must be migrate, evict, or drain";
-                let path = path_of(payload)?;
+                let target = target_of(payload)?;
                 // Upstream's order: the payload's types (400), hotplug off
                 // (403), the mode's value (400), the path (404 / 409).
                 let mode = match payload.get("mode") {
@@ -383,7 +434,7 @@ impl Reconfigurable for DaxReconfigure {
                     "drain" => RemoveMode::Drain,
                     _ => return Err(ReconfigureError::msg(400, BAD_MODE)),
                 };
-                let id = e.find_device(&path).map_err(|err| hotplug_err(&err))?;
+                let id = target.resolve(e)?;
                 let r = e
                     .remove_device(id, mode, force)
                     .map_err(|err| hotplug_err(&err))?;
@@ -412,7 +463,7 @@ impl Reconfigurable for DaxReconfigure {
             }
             "resize" => {
                 const BAD_MODE: &str = "mode must be migrate or evict";
-                let path = path_of(payload)?;
+                let target = target_of(payload)?;
                 let size = size_of(payload)?;
                 let mode = match payload.get("mode") {
                     None | Some(Value::Null) => "migrate",
@@ -426,7 +477,7 @@ impl Reconfigurable for DaxReconfigure {
                     "evict" => ShrinkMode::Evict,
                     _ => return Err(ReconfigureError::msg(400, BAD_MODE)),
                 };
-                let id = e.find_device(&path).map_err(|err| hotplug_err(&err))?;
+                let id = target.resolve(e)?;
                 let r = e
                     .resize_device_to(id, size, mode, force, |p, n| (self.gate)(p, n, true))
                     .map_err(|err| hotplug_err(&err))?;

@@ -70,8 +70,11 @@ pub enum ServeError {
     Http(#[from] crate::http::HttpError),
 }
 
-/// Read an engine config: `path` (TOML by extension, else JSON), or the
-/// embedded default.
+/// Read an engine config: `path` (TOML when its extension is `toml` in
+/// any case, else JSON), or the embedded default. A UTF-8 byte-order mark
+/// is skipped (editors on Windows write one; RFC 8259 lets a parser ignore
+/// it); a UTF-16 file, other bytes that are not UTF-8, and a TOML `nan` or
+/// `inf` are refused with a message that says so.
 pub fn load_config(path: Option<&Path>) -> Result<EngineConfig, ServeError> {
     let Some(path) = path else {
         return EngineConfig::from_json(DEFAULT_CONFIG).map_err(|e| ServeError::Config {
@@ -83,15 +86,66 @@ pub fn load_config(path: Option<&Path>) -> Result<EngineConfig, ServeError> {
         path: path.display().to_string(),
         why,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let value: Value = if path.extension().is_some_and(|x| x == "toml") {
+    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    let text = config_text(&bytes).map_err(err)?;
+    let toml = path
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("toml"));
+    let value: Value = if toml {
         let t: toml::Value =
-            toml::from_str(&text).map_err(|e| err(format!("not valid TOML: {e}")))?;
+            toml::from_str(text).map_err(|e| err(format!("not valid TOML: {e}")))?;
+        finite_toml(&t, &mut String::new()).map_err(err)?;
         serde_json::to_value(t).map_err(|e| err(e.to_string()))?
     } else {
-        serde_json::from_str(&text).map_err(|e| err(format!("not valid JSON: {e}")))?
+        serde_json::from_str(text).map_err(|e| err(format!("not valid JSON: {e}")))?
     };
     EngineConfig::from_value(&value).map_err(|e| err(e.to_string()))
+}
+
+/// A config file's text: UTF-8, without a leading byte-order mark.
+fn config_text(bytes: &[u8]) -> Result<&str, String> {
+    if bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(&[0xFE, 0xFF]) {
+        return Err(
+            "not UTF-8: the file starts with a UTF-16 byte-order mark (save it as UTF-8)".into(),
+        );
+    }
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    std::str::from_utf8(bytes)
+        .map_err(|e| format!("not UTF-8: invalid byte at offset {}", e.valid_up_to()))
+}
+
+/// Refuse a TOML float that is not finite (`nan`, `inf`: JSON has no such
+/// number, so it would reach the config as `null`), naming its key.
+fn finite_toml(v: &toml::Value, at: &mut String) -> Result<(), String> {
+    use std::fmt::Write as _;
+    match v {
+        toml::Value::Float(f) if !f.is_finite() => Err(format!(
+            "config: {}: must be a finite number (got {f})",
+            if at.is_empty() {
+                "(document)"
+            } else {
+                at.as_str()
+            }
+        )),
+        toml::Value::Table(t) => t.iter().try_for_each(|(k, v)| {
+            let len = at.len();
+            if !at.is_empty() {
+                at.push('.');
+            }
+            at.push_str(k);
+            let r = finite_toml(v, at);
+            at.truncate(len);
+            r
+        }),
+        toml::Value::Array(a) => a.iter().enumerate().try_for_each(|(i, v)| {
+            let len = at.len();
+            let _ = write!(at, "[{i}]");
+            let r = finite_toml(v, at);
+            at.truncate(len);
+            r
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A running server.
@@ -126,17 +180,57 @@ struct Traffic {
     thread: JoinHandle<()>,
 }
 
+/// A server whose engine is open and whose control plane does not listen
+/// yet ([`Server::prepare`]); [`Prepared::listen`] opens the port.
+/// Dropping it closes the engine.
+pub struct Prepared {
+    engine: Arc<Engine>,
+    sysfs_root: PathBuf,
+    cfg: ServeConfig,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").finish_non_exhaustive()
+    }
+}
+
 impl Server {
-    /// Open the engine, start the control plane (and the traffic).
+    /// Open the engine, start the control plane (and the traffic):
+    /// [`Server::prepare`], then [`Prepared::listen`].
     pub fn start(cfg: &ServeConfig) -> Result<Server, ServeError> {
+        Server::prepare(cfg)?.listen()
+    }
+
+    /// Everything before the port opens, cheapest check first: the HTTP
+    /// settings (token, address, allow-list), the config file, then the
+    /// devices (mapped and pre-faulted: the slow part).
+    pub fn prepare(cfg: &ServeConfig) -> Result<Prepared, ServeError> {
+        cfg.http.validate()?;
         let ecfg = load_config(cfg.config.as_deref())?;
         let engine = Arc::new(ecfg.open()?);
         log_engine(&engine);
+        Ok(Prepared {
+            engine,
+            sysfs_root: ecfg.sysfs_root,
+            cfg: cfg.clone(),
+        })
+    }
+}
+
+impl Prepared {
+    /// Open the port and start the traffic.
+    pub fn listen(self) -> Result<Server, ServeError> {
+        let Prepared {
+            engine,
+            sysfs_root,
+            cfg,
+        } = self;
         let stats = Arc::new(TrafficStats::default());
         let mut registry = Registry::new();
         registry.register(Arc::new(DaxReconfigure::probing(
             engine.clone(),
-            ecfg.sysfs_root.clone(),
+            sysfs_root,
         )));
         let metrics = {
             let (engine, stats) = (engine.clone(), stats.clone());
@@ -167,7 +261,9 @@ impl Server {
             traffic,
         })
     }
+}
 
+impl Server {
     /// The control plane's address.
     pub fn addr(&self) -> Option<SocketAddr> {
         self.http.as_ref().map(HttpServer::local_addr)
@@ -398,11 +494,90 @@ pub fn block_shutdown_signals() -> std::io::Result<()> {
 /// returns its name.
 pub fn wait_for_shutdown_signal() -> std::io::Result<&'static str> {
     let s = crate::sys::wait_signal(&[libc::SIGINT, libc::SIGTERM])?;
-    Ok(if s == libc::SIGINT {
+    Ok(signal_name(s))
+}
+
+fn signal_name(s: libc::c_int) -> &'static str {
+    if s == libc::SIGINT {
         "SIGINT"
     } else {
         "SIGTERM"
-    })
+    }
+}
+
+/// Where `daxkv serve` is, for its signal thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Reading the config, mapping and pre-faulting devices: a signal ends
+    /// the process at once.
+    Starting,
+    /// The port is open: a signal is handed to [`ShutdownSignals::wait`].
+    Serving,
+}
+
+/// SIGINT / SIGTERM for `daxkv serve`, taken by a thread of their own from
+/// before start-up, so that start-up never runs deaf: a config read hung
+/// on a FIFO, or the pre-fault of a large device, cannot be interrupted
+/// in place, so a signal during start-up prints one line and ends the
+/// process (exit status 128 + the signal's number, as a shell reports a
+/// process killed by it). The port is opened under the same lock
+/// ([`ShutdownSignals::serving`]), so a start-up interrupted by a signal
+/// never opens it. Once serving, a signal is handed to
+/// [`ShutdownSignals::wait`] for an orderly stop.
+#[derive(Debug)]
+pub struct ShutdownSignals {
+    phase: Arc<std::sync::Mutex<Phase>>,
+    rx: std::sync::mpsc::Receiver<&'static str>,
+}
+
+impl ShutdownSignals {
+    /// Block SIGINT and SIGTERM ([`block_shutdown_signals`]: call it before
+    /// any other thread starts) and start the thread that takes them.
+    pub fn start() -> std::io::Result<ShutdownSignals> {
+        block_shutdown_signals()?;
+        let phase = Arc::new(std::sync::Mutex::new(Phase::Starting));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = phase.clone();
+        std::thread::Builder::new()
+            .name("daxkv-signals".into())
+            .spawn(move || loop {
+                let Ok(sig) = crate::sys::wait_signal(&[libc::SIGINT, libc::SIGTERM]) else {
+                    continue;
+                };
+                let phase = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if *phase == Phase::Starting {
+                    // Held to the end: `serving` cannot open the port now.
+                    eprintln!(
+                        "daxkv: {} during start-up: stopped before serving",
+                        signal_name(sig)
+                    );
+                    std::process::exit(128 + sig);
+                }
+                if tx.send(signal_name(sig)).is_err() {
+                    return;
+                }
+            })?;
+        Ok(ShutdownSignals { phase, rx })
+    }
+
+    /// Run `open` (the step that opens the port) unless a signal came
+    /// during start-up, and count as serving from then on.
+    pub fn serving<T>(&self, open: impl FnOnce() -> T) -> T {
+        let mut phase = self
+            .phase
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let out = open();
+        *phase = Phase::Serving;
+        out
+    }
+
+    /// Wait for SIGINT or SIGTERM once serving; returns its name.
+    pub fn wait(&self) -> &'static str {
+        // The sender lives as long as the signal thread, which never ends
+        // while serving.
+        self.rx.recv().unwrap_or("SIGTERM")
+    }
 }
 
 #[cfg(test)]
@@ -449,5 +624,62 @@ mod tests {
         std::fs::write(&j, r#"{"type":"dax","slot_bytes":0}"#).unwrap();
         let e = load_config(Some(&j)).unwrap_err().to_string();
         assert!(e.contains("slot_bytes"), "{e}");
+    }
+
+    /// What an editor or a typo puts in a config file gets a message that
+    /// names it: a UTF-8 BOM is skipped, a UTF-16 file is named as such, a
+    /// `.TOML` file is TOML, a TOML `nan` / `inf` names its key (it would
+    /// reach the config as `null`), a 1e12 GiB device names the limit.
+    #[test]
+    fn config_files_from_editors_and_typos() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = r#"{"type":"dax","slot_bytes":4096,"hotplug_enabled":true,"devices":[]}"#;
+        let p = dir.path().join("bom.json");
+        std::fs::write(&p, [&b"\xEF\xBB\xBF"[..], json.as_bytes()].concat()).unwrap();
+        assert_eq!(load_config(Some(&p)).unwrap().slot_bytes, 4096);
+        let p = dir.path().join("utf16.json");
+        let wide: Vec<u8> = [0xFF, 0xFE]
+            .into_iter()
+            .chain(json.bytes().flat_map(|b| [b, 0]))
+            .collect();
+        std::fs::write(&p, wide).unwrap();
+        let e = load_config(Some(&p)).unwrap_err().to_string();
+        assert!(
+            e.ends_with(
+                "not UTF-8: the file starts with a UTF-16 byte-order mark (save it as UTF-8)"
+            ),
+            "{e}"
+        );
+        let p = dir.path().join("latin1.json");
+        std::fs::write(&p, b"{\"type\":\"d\xE4x\"}").unwrap();
+        let e = load_config(Some(&p)).unwrap_err().to_string();
+        assert!(e.ends_with("not UTF-8: invalid byte at offset 10"), "{e}");
+        let toml =
+            "slot_bytes = 4096\nhotplug_enabled = true\n[[devices]]\ndevice_path = \"memfd\"\n";
+        let p = dir.path().join("UPPER.TOML");
+        std::fs::write(&p, format!("{toml}max_dax_size_gb = 0.001\n")).unwrap();
+        assert_eq!(load_config(Some(&p)).unwrap().devices.len(), 1);
+        let p = dir.path().join("bom.toml");
+        std::fs::write(&p, format!("\u{feff}{toml}max_dax_size_gb = 0.001\n")).unwrap();
+        assert_eq!(load_config(Some(&p)).unwrap().devices.len(), 1);
+        for (v, shown) in [("nan", "NaN"), ("inf", "inf"), ("-inf", "-inf")] {
+            let p = dir.path().join("nan.toml");
+            std::fs::write(&p, format!("{toml}max_dax_size_gb = {v}\n")).unwrap();
+            let e = load_config(Some(&p)).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "--config {}: config: devices[0].max_dax_size_gb: must be a finite number (got {shown})",
+                    p.display()
+                )
+            );
+        }
+        let p = dir.path().join("huge.toml");
+        std::fs::write(&p, format!("{toml}max_dax_size_gb = 1e12\n")).unwrap();
+        let e = load_config(Some(&p)).unwrap_err().to_string();
+        assert!(
+            e.ends_with("devices[0].max_dax_size_gb: 1000000000000 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            "{e}"
+        );
     }
 }

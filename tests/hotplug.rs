@@ -541,9 +541,10 @@ fn a_migration_that_fills_its_destination_leaves_no_duplicates_and_retries() {
     assert_eq!(err.body["moved_keys"], 3);
     assert_eq!(states(&e), [DeviceState::Active, DeviceState::Active]);
     all_load(&e, &ids, 2000);
+    // A second anonymous device needs a name of its own.
     r.reconfigure(
         "add",
-        &json!({"device_path": "memfd", "size_bytes": 8 * SLOT}),
+        &json!({"device_path": "memfd:more", "size_bytes": 8 * SLOT}),
         None,
     )
     .unwrap();
@@ -938,4 +939,167 @@ fn add_of_a_pseudo_file_is_refused() {
     )
     .unwrap();
     assert_eq!(e.devices().len(), 2);
+}
+
+/// `memfd` names the first anonymous device: adding it again at its size
+/// answers with it (idempotent, as a path), at another size 409 with the
+/// sizes and the way out; further anonymous devices are `memfd:NAME`,
+/// named by the caller or (`memfd:`) by daxkv in the answer; remove,
+/// drain and resize reach each by that name or by its index, and the
+/// configured `memfd` stays reachable throughout. Before the fix each
+/// `add memfd` made another device named `memfd`, after which remove of
+/// `memfd` was 409 (ambiguous) for ever.
+#[test]
+fn anonymous_devices_are_named_and_adding_one_twice_is_idempotent() {
+    let (e, r) = open(vec![memfd(8)]);
+    assert!(store(&e, &[1, 2], 300));
+    let add = |p: &str, slots: usize| {
+        r.reconfigure(
+            "add",
+            &json!({"device_path": p, "size_bytes": slots * SLOT}),
+            None,
+        )
+    };
+    // The configured one, at its size: answered with it, untouched.
+    let out = add("memfd", 8).unwrap();
+    assert_eq!(
+        (
+            out["device"]["index"].clone(),
+            out["device"]["device_path"].clone()
+        ),
+        (json!(0), json!("memfd"))
+    );
+    assert_eq!(e.devices().len(), 1, "no second device named memfd");
+    let err = add("memfd", 4).unwrap_err();
+    assert_eq!(err.status, 409);
+    assert_eq!(
+        err.body["error"],
+        format!(
+            "device_path already active with a different size: memfd has {} bytes, not {}; \
+             add another anonymous device as memfd:NAME",
+            8 * SLOT,
+            4 * SLOT
+        )
+    );
+    // Named by the caller; again at its size is the same device.
+    let b = add("memfd:b", 4).unwrap();
+    assert_eq!(b["device"]["index"], 1);
+    assert_eq!(b["device"]["device_path"], "memfd:b");
+    assert_eq!(add("memfd:b", 4).unwrap()["device"]["index"], 1);
+    assert_eq!(add("memfd:b", 8).unwrap_err().status, 409);
+    // Named by daxkv, in the answer; each `memfd:` is a new device.
+    let c = add("memfd:", 4).unwrap();
+    assert_eq!(c["device"]["device_path"], "memfd:2");
+    let d = add("memfd:", 4).unwrap();
+    assert_eq!(d["device"]["device_path"], "memfd:3");
+    assert_eq!(e.devices().len(), 4);
+    for bad in [
+        "memfd:a/b",
+        "memfd:..x y",
+        &format!("memfd:{}", "n".repeat(65)),
+    ] {
+        let err = add(bad, 4).unwrap_err();
+        assert_eq!(err.status, 400, "{bad}");
+        assert_eq!(
+            err.body["error"],
+            "memfd:NAME: NAME must be 1 to 64 of A-Z a-z 0-9 . _ -"
+        );
+    }
+    // Remove, drain and resize by name and by index.
+    let out = r
+        .reconfigure(
+            "remove",
+            &json!({"device_path": "memfd:b", "mode": "drain"}),
+            None,
+        )
+        .unwrap();
+    assert_eq!(
+        (out["index"].clone(), out["state"].clone()),
+        (json!(1), json!("draining"))
+    );
+    let out = r
+        .reconfigure(
+            "resize",
+            &json!({"device_index": 2, "size_bytes": 8 * SLOT}),
+            None,
+        )
+        .unwrap();
+    assert_eq!(
+        (out["device_path"].clone(), out["new_size_bytes"].clone()),
+        (json!("memfd:2"), json!(8 * SLOT))
+    );
+    let out = r
+        .reconfigure(
+            "remove",
+            &json!({"device_index": 3, "device_path": "memfd:3", "mode": "evict"}),
+            None,
+        )
+        .unwrap();
+    assert_eq!(out["state"], "removed");
+    let err = r
+        .reconfigure(
+            "remove",
+            &json!({"device_index": 2, "device_path": "memfd:b"}),
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(
+        (err.status, err.body["error"].clone()),
+        (409, json!("device_index 2 is not device_path memfd:b"))
+    );
+    for gone in [3, 9] {
+        let err = r
+            .reconfigure("remove", &json!({"device_index": gone}), None)
+            .unwrap_err();
+        assert_eq!(err.status, 404, "index {gone}");
+    }
+    // The configured `memfd` is still one device, reachable by its name:
+    // its keys migrate away and it is removed.
+    let out = r
+        .reconfigure("remove", &json!({"device_path": "memfd"}), None)
+        .unwrap();
+    assert_eq!(
+        (out["index"].clone(), out["moved_keys"].clone()),
+        (json!(0), json!(2))
+    );
+    all_load(&e, &[1, 2], 300);
+    // With it removed, `memfd` names a new first anonymous device.
+    assert_eq!(add("memfd", 2).unwrap()["device"]["index"], 4);
+    e.close();
+}
+
+/// Racing adds of one anonymous name map one device: the name's check and
+/// the append are one step under the pool's admin mutex. Each of 4 threads
+/// adds `memfd:x` 25 times; every answer is the same device, and the pool
+/// holds it once.
+#[test]
+fn racing_adds_of_one_anonymous_name_map_one_device() {
+    let e = Arc::new(Engine::open(vec![memfd(4)], SLOT, true, EngineOptions::default()).unwrap());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                (0..25)
+                    .map(|_| {
+                        e.hotplug_add("memfd:x", 4 * SLOT, |_, _| Ok(()))
+                            .unwrap()
+                            .1
+                            .id
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let ids: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
+    let named: Vec<_> = e
+        .devices()
+        .into_iter()
+        .filter(|d| d.path == "memfd:x")
+        .collect();
+    assert_eq!(named.len(), 1);
+    e.close();
 }

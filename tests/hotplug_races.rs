@@ -85,7 +85,7 @@ fn remove_migrate_loses_keys_whose_store_was_in_flight() {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline && removes < 120 && lost.is_empty() {
         // A fresh target, then migrate everything off the old one.
-        let (_, info) = e.hotplug_add("memfd", 512 * SLOT, |_, _| Ok(())).unwrap();
+        let (_, info) = e.hotplug_add("memfd:", 512 * SLOT, |_, _| Ok(())).unwrap();
         std::thread::sleep(Duration::from_millis(3));
         if let Err(err) = e.remove_device(cur, RemoveMode::Migrate, true) {
             panic!("remove {removes}: {err:?}; devices {:?}", e.devices());
@@ -270,7 +270,7 @@ fn a_hotplugged_memfd_costs_dram_in_proportion_to_its_size() {
     const SLOT: usize = 4096;
     let e = Engine::open(vec![memfd(16, SLOT)], SLOT, true, EngineOptions::default()).unwrap();
     let before = rss_mb();
-    e.hotplug_add("memfd", 16 * SLOT, |_, _| Ok(())).unwrap();
+    e.hotplug_add("memfd:", 16 * SLOT, |_, _| Ok(())).unwrap();
     let after = rss_mb();
     // A flat 64 GiB of headroom took 800 MiB of slot tables here.
     assert!(after < before + 64, "RSS {before} MiB -> {after} MiB");
@@ -287,7 +287,7 @@ fn placement_reaches_devices_past_the_64th_entry() {
     let e = Engine::open(vec![memfd(128, SLOT)], SLOT, true, EngineOptions::default()).unwrap();
     let mut cur = DeviceId(0);
     for round in 0..70u64 {
-        let (_, info) = e.hotplug_add("memfd", 128 * SLOT, |_, _| Ok(())).unwrap();
+        let (_, info) = e.hotplug_add("memfd:", 128 * SLOT, |_, _| Ok(())).unwrap();
         assert!(
             store(&e, vec![key("tomb", round)], vec![pat(round, 100)]),
             "round {round}"

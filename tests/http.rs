@@ -1535,3 +1535,100 @@ fn integers_beyond_u64_answer_as_upstream() {
     assert!(dax.calls().is_empty());
     assert!(fake.calls().is_empty());
 }
+
+/// Anonymous devices (`memfd`, `memfd:NAME`) are not paths: with no
+/// allow-list they pass; with one they are refused (they take RAM) unless
+/// the list holds `memfd`; a list of `memfd` alone allows no path.
+#[test]
+fn allow_list_and_anonymous_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = dir.path().join("devs");
+    std::fs::create_dir(&devs).unwrap();
+    let inside = devs.join("dax0").display().to_string();
+    let add = |a: SocketAddr, p: &str| {
+        post(
+            a,
+            "/reconfigure/dax/l2/add",
+            &json!({"device_path": p, "size": "2MiB"}),
+        )
+    };
+    let cases: [(Vec<std::path::PathBuf>, [u16; 4]); 4] = [
+        // [memfd, memfd:b, memfd:, a path inside devs]
+        (vec![], [200, 200, 200, 200]),
+        (vec![devs.clone()], [403, 403, 403, 200]),
+        (vec![devs.clone(), "memfd".into()], [200, 200, 200, 200]),
+        (vec!["memfd".into()], [200, 200, 200, 403]),
+    ];
+    for (allow, want) in cases {
+        let dax = Recording::new("dax", "a");
+        let cfg = HttpConfig {
+            allow_prefixes: allow.clone(),
+            ..HttpConfig::default()
+        };
+        let srv = start_with(cfg, &[Arc::clone(&dax)], HttpHooks::default());
+        let a = srv.local_addr();
+        for (p, want) in ["memfd", "memfd:b", "memfd:", inside.as_str()]
+            .into_iter()
+            .zip(want)
+        {
+            let r = add(a, p);
+            assert_eq!(r.status, want, "{allow:?} {p}: {}", r.text());
+            if want == 403 && p.starts_with("memfd") {
+                assert_eq!(
+                    r.json(),
+                    json!({"error": "anonymous devices not allowed (add memfd to the allow-list)"})
+                );
+            }
+        }
+    }
+}
+
+/// remove and resize name a device by `device_path`, by `device_index`
+/// (its position in the status list), or by both; the index is a
+/// non-negative integer (422 otherwise) and reaches the backend as given.
+#[test]
+fn remove_and_resize_take_a_device_index() {
+    let dax = Recording::new("dax", "a");
+    let srv = start(&[Arc::clone(&dax)]);
+    let a = srv.local_addr();
+    let r = post(a, "/reconfigure/dax/l2/remove", &json!({"device_index": 2}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        dax.last(),
+        (
+            "remove".into(),
+            json!({"device_index": 2, "mode": "migrate", "force": false})
+        )
+    );
+    let r = post(
+        a,
+        "/reconfigure/dax/l2/resize",
+        &json!({"device_index": 1, "device_path": "memfd:b", "size": "4MiB"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(dax.last().1["device_index"], 1);
+    assert_eq!(dax.last().1["device_path"], "memfd:b");
+    for bad in [json!(-1), json!("1"), json!(1.5), json!(true)] {
+        let r = post(
+            a,
+            "/reconfigure/dax/l2/remove",
+            &json!({"device_index": bad}),
+        );
+        assert_eq!(r.status, 422, "{bad}");
+        assert_eq!(
+            r.json()["detail"][0]["loc"],
+            json!(["body", "device_index"])
+        );
+    }
+    // Neither: device_path is missing, as before.
+    let r = post(a, "/reconfigure/dax/l2/remove", &json!({"mode": "drain"}));
+    assert_eq!(r.status, 422);
+    assert_eq!(r.json()["detail"][0]["loc"], json!(["body", "device_path"]));
+    // add names a device by path only.
+    let r = post(
+        a,
+        "/reconfigure/dax/l2/add",
+        &json!({"device_index": 0, "size": 4096}),
+    );
+    assert_eq!(r.status, 422);
+}

@@ -111,7 +111,7 @@ fn serve_starts_on_the_default_answers_and_stops_on_sigterm() {
         assert_eq!(st["adapters"][0]["status"]["enabled"], true);
     }
     // The CLI: add a device, see it in the table, then JSON.
-    let out = s.cli(&["add", "memfd", "64MiB"]);
+    let out = s.cli(&["add", "memfd:b", "64MiB"]);
     assert!(
         out.status.success(),
         "{}",
@@ -122,6 +122,7 @@ fn serve_starts_on_the_default_answers_and_stops_on_sigterm() {
     let table = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(table.contains("2 devices"), "{table}");
     assert_eq!(table.matches("memfd").count(), 2, "{table}");
+    assert!(table.contains("memfd:b"), "{table}");
     let out = s.cli(&["status", "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["adapters"][0]["status"]["devices"][1]["max_slots"], 32);
@@ -457,4 +458,258 @@ fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {
         "the memfd device serves on ({before} -> {after})"
     );
     s.stop_with(libc::SIGINT);
+}
+
+/// A port no one listens on now (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Wait (bounded) for `child` to exit; kill it and panic if it does not.
+fn exit_of(child: &mut Child, what: &str) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGTERM while start-up is stuck (the config is a FIFO no one writes:
+/// the read never ends) stops the process with one clear line, and the
+/// port never opens. Before the fix the signal waited, blocked, until
+/// start-up finished: the process hung for ever (only SIGKILL ended it),
+/// and an interrupted start still opened the port.
+#[test]
+fn sigterm_during_a_hung_start_up_exits_and_never_listens() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("config.json");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--http", &format!("127.0.0.1:{port}"), "--config"])
+        .arg(&fifo)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Open the write end once serve has the read end open (ENXIO until
+    // then); serve then waits in read() for bytes that never come.
+    let t0 = Instant::now();
+    let _writer = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+        {
+            Ok(w) => break w,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "serve never opened its config"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id().cast_signed(), libc::SIGTERM) };
+    let status = exit_of(&mut child, "serve ignored SIGTERM during start-up");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert_eq!(
+        err.trim(),
+        "daxkv: SIGTERM during start-up: stopped before serving"
+    );
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the port was opened"
+    );
+}
+
+/// A bad HTTP flag (token, address, allow-list) fails before any device
+/// is mapped: the config's 256 MiB tmpfs device is never pre-faulted (no
+/// block of it is allocated). Before the fix the flags were checked after
+/// the devices were mapped and pre-faulted.
+#[test]
+fn bad_http_flags_fail_before_devices_are_mapped() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
+    let dev = dir.path().join("dax.img");
+    std::fs::File::create(&dev)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let cfg = dir.path().join("serve.json");
+    std::fs::write(
+        &cfg,
+        json!({"type": "dax", "slot_bytes": 2_097_152, "prefault": true,
+               "devices": [{"device_path": dev, "max_dax_size_gb": 0.25}]})
+        .to_string(),
+    )
+    .unwrap();
+    let port = format!("127.0.0.1:{}", free_port());
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--http", &port, "--token", "two words"],
+            "daxkv: http: invalid HTTP config: token must be non-empty printable ASCII without spaces",
+        ),
+        (
+            &["--http", "0.0.0.0:0"],
+            "daxkv: http: refusing to listen on non-loopback address 0.0.0.0:0 (allow_non_loopback is off)",
+        ),
+        (
+            &["--http", &port, "--allow-prefix", "no/such/dir"],
+            "daxkv: http: invalid HTTP config: allow_prefixes: no/such/dir is neither absolute nor under an existing directory",
+        ),
+    ];
+    for (flags, want) in cases {
+        let out = Command::new(BIN)
+            .arg("serve")
+            .args(flags)
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let blocks = std::fs::metadata(&dev).unwrap().blocks();
+        assert_eq!(
+            blocks, 0,
+            "{flags:?}: the device was mapped and pre-faulted"
+        );
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {err}");
+        assert_eq!(err.trim(), want, "{flags:?}");
+    }
+}
+
+/// Each start-up error is printed once: a missing device, a device file
+/// too small. Before the fix the cause was repeated two or three times on
+/// the line ("engine: device 0: X: device 0: X: X").
+#[test]
+fn start_up_errors_are_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small.img");
+    std::fs::File::create(&small)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let missing = dir.path().join("missing");
+    for (dev, cause) in [
+        (&missing, "no such file or device".to_string()),
+        (
+            &small,
+            "file is 4096 bytes, smaller than the requested 2097152 bytes".to_string(),
+        ),
+    ] {
+        let cfg = dir.path().join("serve.json");
+        std::fs::write(
+            &cfg,
+            json!({"type": "dax", "slot_bytes": 1_048_576,
+                   "devices": [{"device_path": dev, "max_dax_size_gb": 2.0 / 1024.0}]})
+            .to_string(),
+        )
+        .unwrap();
+        let out = Command::new(BIN)
+            .args(["serve", "--http", "127.0.0.1:0", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(
+            err.trim(),
+            format!("daxkv: engine: device 0: {}: {cause}", dev.display())
+        );
+    }
+}
+
+/// The CLI names anonymous devices: `add memfd` at its size is the
+/// configured device (no second one), at another size a 409 that says
+/// what to do; `memfd:NAME` adds more; `memfd:` lets the server name it;
+/// remove and resize take the name or `--index`. Before the fix `add
+/// memfd` made a second `memfd`, and `remove memfd` was 409 for ever.
+#[test]
+fn the_cli_names_anonymous_devices() {
+    let s = Serve::start(&[]);
+    let ok = |args: &[&str]| {
+        let out = s.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let devices = || -> Vec<(String, String)> {
+        let v: Value = serde_json::from_str(&ok(&["status", "--json"])).unwrap();
+        v["adapters"][0]["status"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["device_path"].as_str().unwrap().to_string(),
+                    d["state"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    ok(&["add", "memfd", "1GiB"]);
+    assert_eq!(devices(), [("memfd".into(), "active".into())]);
+    let out = s.cli(&["add", "memfd", "64MiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(": 409: "), "{err}");
+    assert!(err.contains("memfd:NAME"), "{err}");
+    ok(&["add", "memfd:b", "64MiB"]);
+    ok(&["add", "memfd:b", "64MiB"]);
+    let out = ok(&["add", "memfd:", "64MiB"]);
+    assert!(out.contains("device_path: \"memfd:2\""), "{out}");
+    assert!(out.contains("index: 2"), "{out}");
+    assert_eq!(
+        devices(),
+        [
+            ("memfd".into(), "active".into()),
+            ("memfd:b".into(), "active".into()),
+            ("memfd:2".into(), "active".into()),
+        ]
+    );
+    ok(&["remove", "memfd:b", "--mode", "drain"]);
+    ok(&["resize", "--index", "2", "128MiB"]);
+    ok(&["remove", "--index", "2", "--mode", "evict"]);
+    ok(&["remove", "memfd"]);
+    assert_eq!(
+        devices(),
+        [
+            ("memfd".into(), "removed".into()),
+            ("memfd:b".into(), "draining".into()),
+            ("memfd:2".into(), "removed".into()),
+        ]
+    );
+    let out = s.cli(&["resize", "128MiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--index N SIZE"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.stop_with(libc::SIGTERM);
 }

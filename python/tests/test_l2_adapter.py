@@ -975,18 +975,23 @@ def test_memfd_devices_and_reconfigure(plugin):
     """Add, drain, remove and resize anonymous memfd devices (the plugin
     only: the built-in maps files)."""
     a = plugin(hotplug_enabled=True)
-    r = a.hotplug_add_device("memfd", 4 * SLOT)
+    # "memfd" names the configured device: at another size, 409 with the
+    # way out; further anonymous devices are "memfd:NAME".
+    with pytest.raises(L2ReconfigureError) as e:
+        a.hotplug_add_device("memfd", 4 * SLOT)
+    assert e.value.status_code == 409 and "memfd:NAME" in e.value.payload["error"]
+    r = a.hotplug_add_device("memfd:b", 4 * SLOT)
     assert r["device"]["state"] == "active"
+    assert r["device"]["device_path"] == "memfd:b"
     idx = r["device"]["index"]
+    assert a.hotplug_add_device("memfd:b", 4 * SLOT)["device"]["index"] == idx
     assert a.get_usage().total_capacity_bytes == (SLOTS + 4) * SLOT
     ks = [key(i) for i in range(SLOTS + 2)]
     assert store(a, ks, [obj(8) for _ in ks]).is_successful()
-    # Two devices named "memfd": removing by that path is ambiguous.
-    with pytest.raises(L2ReconfigureError) as e:
-        a.hotplug_remove_device("memfd", "evict")
-    assert e.value.status_code == 409 and len(e.value.payload["matches"]) == 2
     assert a.get_usage().total_bytes_used == (SLOTS + 2) * SLOT
     assert idx == 1
+    r = a.hotplug_remove_device("memfd:b", "evict", force=True)
+    assert r["state"] == "removed"
 
 
 # -- LMCache's wrappers: fault_inject (and the storage manager's unwrap) -------

@@ -43,6 +43,44 @@ use crate::key::Key;
 /// (review finding: a flat 64 GiB took 800 MiB of tables at 4 KiB slots).
 pub const MEMFD_GROW_FACTOR: usize = 4;
 
+/// The longest NAME of a `memfd:NAME` device.
+pub const MEMFD_NAME_MAX: usize = 64;
+
+/// Whether `path` names an anonymous (memfd) device rather than a file:
+/// `memfd` (the first anonymous device) or `memfd:NAME` (further ones).
+/// Such a name is compared as a string, never opened.
+pub fn is_memfd_name(path: &str) -> bool {
+    path == "memfd" || path.starts_with("memfd:")
+}
+
+/// Check an anonymous device name: `memfd`, or `memfd:NAME` with NAME of
+/// 1 to [`MEMFD_NAME_MAX`] characters of `A-Z a-z 0-9 . _ -`. With
+/// `allow_unnamed`, `memfd:` (NAME left to daxkv: an add) passes too.
+pub fn check_memfd_name(path: &str, allow_unnamed: bool) -> Result<(), &'static str> {
+    let Some(name) = path.strip_prefix("memfd:") else {
+        return if path == "memfd" {
+            Ok(())
+        } else {
+            Err("not an anonymous device name (memfd or memfd:NAME)")
+        };
+    };
+    if name.is_empty() {
+        return if allow_unnamed {
+            Ok(())
+        } else {
+            Err("memfd:NAME needs a NAME")
+        };
+    }
+    if name.len() > MEMFD_NAME_MAX
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err("memfd:NAME: NAME must be 1 to 64 of A-Z a-z 0-9 . _ -");
+    }
+    Ok(())
+}
+
 /// How `remove_device` empties a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RemoveMode {
@@ -111,6 +149,16 @@ pub enum HotplugError {
     /// The device is mapped already, at another size.
     #[error("device_path already active with a different size")]
     SizeConflict,
+    /// An anonymous device of this name is live at another size.
+    #[error("device_path already active with a different size: {name} has {existing_bytes} bytes, not {requested_bytes}; add another anonymous device as memfd:NAME")]
+    AnonymousSizeConflict {
+        /// `memfd` or `memfd:NAME`.
+        name: String,
+        /// Its mapped size.
+        existing_bytes: usize,
+        /// The size asked for.
+        requested_bytes: usize,
+    },
     /// Locked or borrowed slots block it (pass `force`).
     #[error("device has externally locked or borrowed slots")]
     Blocked {
@@ -161,6 +209,7 @@ impl HotplugError {
             HotplugError::NotFound => 404,
             HotplugError::Ambiguous { .. }
             | HotplugError::SizeConflict
+            | HotplugError::AnonymousSizeConflict { .. }
             | HotplugError::Blocked { .. }
             | HotplugError::SourceLocked { .. }
             | HotplugError::ShrinkWouldDrop
@@ -340,6 +389,16 @@ impl Engine {
         }
     }
 
+    /// The live (not closed, removed or failed) device at list position
+    /// `index` (as `status()` numbers them; tombstones keep theirs).
+    pub fn find_device_at(&self, index: usize) -> Result<DeviceId, HotplugError> {
+        let devs = self.inner.pool.list();
+        match devs.get(index) {
+            Some(d) if !d.state().is_tombstone() && d.state() != DeviceState::Failed => Ok(d.id()),
+            _ => Err(HotplugError::NotFound),
+        }
+    }
+
     /// The device's list position and info.
     pub fn device_index(&self, id: DeviceId) -> Option<(usize, DeviceInfo)> {
         self.inner
@@ -392,11 +451,16 @@ impl Engine {
     }
 
     /// Add the device at `path` with `size_bytes` mapped (the control
-    /// plane's add, docs/lmcache-dax-behavior.md §4.3): `"memfd"` maps a
-    /// new anonymous memfd; any other path must exist. The same physical
-    /// device (by identity, whatever the path) or the same path string at
-    /// the same size is answered with the existing device, untouched
-    /// (idempotent); at another size, [`HotplugError::SizeConflict`].
+    /// plane's add, docs/lmcache-dax-behavior.md §4.3). Anonymous devices
+    /// are known by name ([`is_memfd_name`]): `"memfd"` names the first,
+    /// `"memfd:NAME"` further ones, and `"memfd:"` asks daxkv to name it
+    /// (`memfd:N`, in the answer's `device_path`); a live device of that
+    /// name at the same size is the answer, at another size
+    /// [`HotplugError::AnonymousSizeConflict`]. Any other path must exist.
+    /// The same physical device (by identity, whatever the path) or the
+    /// same path string at the same size is answered with the existing
+    /// device, untouched (idempotent); at another size,
+    /// [`HotplugError::SizeConflict`].
     /// `gate` runs before anything is mapped (the device probe) and may
     /// refuse with a reason.
     pub fn hotplug_add(
@@ -450,7 +514,41 @@ impl Engine {
                 "max_size_bytes must be at least size_bytes",
             ));
         }
-        let source = if path == "memfd" {
+        let mut name = path.to_string();
+        // Under `admin` from the name's check to the append: two adds of
+        // one name map one device.
+        let source = if is_memfd_name(path) {
+            check_memfd_name(path, true).map_err(HotplugError::Invalid)?;
+            if path == "memfd:" {
+                // Named by daxkv: `memfd:N`, N from the number of devices
+                // ever added (the id it is about to get) up to the first
+                // name no device, tombstones included, has had: of these
+                // len + 1 candidates at most len are taken.
+                let all = self.inner.pool.entries();
+                let taken = |n: usize| all.iter().any(|e| e.info().path == format!("memfd:{n}"));
+                let len = all.len();
+                let n = (len..=2 * len).find(|&n| !taken(n)).unwrap_or(len);
+                name = format!("memfd:{n}");
+            } else if let Some(d) = self
+                .inner
+                .pool
+                .list()
+                .iter()
+                .find(|d| !d.state().is_tombstone() && d.path() == path)
+            {
+                // One live device per name, as for a path: the same size
+                // is answered with it, another is a conflict.
+                let existing_bytes = d.core().arena_bytes();
+                return if existing_bytes == size_bytes {
+                    Ok((d.index(), d.info()))
+                } else {
+                    Err(HotplugError::AnonymousSizeConflict {
+                        name: path.to_string(),
+                        existing_bytes,
+                        requested_bytes: size_bytes,
+                    })
+                };
+            }
             ArenaSource::Memfd
         } else {
             let p = std::path::Path::new(path);
@@ -473,15 +571,16 @@ impl Engine {
             }
             ArenaSource::Path(p.to_path_buf())
         };
+        let anonymous = matches!(source, ArenaSource::Memfd);
         let mut arena = ArenaSpec::new(source, size_bytes);
         // Room to grow: the tables are sized for it (a file or device
         // defaults to its own length, which the arena reads at open).
-        let default_max = (path == "memfd").then(|| size_bytes.saturating_mul(MEMFD_GROW_FACTOR));
+        let default_max = anonymous.then(|| size_bytes.saturating_mul(MEMFD_GROW_FACTOR));
         if let Some(max) = max_size_bytes.or(default_max) {
             arena = arena.max_size_bytes(max);
         }
         let spec = DeviceSpec {
-            path: path.to_string(),
+            path: name,
             core: CoreConfig::new(arena, self.inner.slot_bytes),
         };
         let id = match self
@@ -639,7 +738,7 @@ impl Engine {
         if size_bytes == old_size {
             return Ok(report(0, 0, &dev));
         }
-        if size_bytes > old_size && dev.path() != "memfd" {
+        if size_bytes > old_size && !is_memfd_name(dev.path()) {
             gate(std::path::Path::new(dev.path()), size_bytes).map_err(HotplugError::Probe)?;
         }
         dev.set_state(DeviceState::Resizing);
@@ -681,7 +780,7 @@ impl Engine {
             // has it whole).
             eprintln!("daxkv: resize: {e}");
             let why = e.to_string();
-            HotplugError::Remap(if dev.path() == "memfd" {
+            HotplugError::Remap(if is_memfd_name(dev.path()) {
                 why
             } else {
                 why.replace(dev.path(), "the device")

@@ -150,7 +150,8 @@ mod task;
 mod worker;
 
 pub use hotplug::{
-    HotplugError, RemoveMode, RemoveReport, ResizeReport, ShrinkMode, MEMFD_GROW_FACTOR,
+    check_memfd_name, is_memfd_name, HotplugError, RemoveMode, RemoveReport, ResizeReport,
+    ShrinkMode, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
 };
 pub use metrics::{
     HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op, CALLER_SHARDS,

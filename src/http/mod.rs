@@ -55,6 +55,10 @@
 //! `Origin` and `Content-Type` rules of `guard.rs`; connections are capped,
 //! idle and slow ones timed out, and an accept error (`EMFILE`) retried
 //! after a back-off (`conn.rs`).
+//! Anonymous devices (`memfd`, `memfd:NAME`) are not paths:
+//! with an allow-list set they are refused (403) unless the list holds the
+//! entry `memfd`, since each one takes RAM (bounded by the engine's memory
+//! check, not by the allow-list).
 
 #![forbid(unsafe_code)]
 // `Err(Response)` is axum's early-return idiom; every such path is cold.
@@ -114,7 +118,9 @@ pub struct HttpConfig {
     /// (`Authorization: Bearer <token>`); `None` requires none.
     pub token: Option<String>,
     /// The device path prefixes a DAX `add` may name, compared component by
-    /// component on canonical paths; empty allows every path.
+    /// component on canonical paths; empty allows every path and anonymous
+    /// device. The entry `memfd` is not a path: it allows anonymous devices
+    /// (`memfd`, `memfd:NAME`), which a non-empty list otherwise refuses.
     pub allow_prefixes: Vec<PathBuf>,
     /// The largest request body, in bytes (413 beyond it).
     pub body_limit: usize,
@@ -159,14 +165,15 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
-    /// Check every field (what [`serve`] refuses, but binding): call it
-    /// before slow start-up work to fail early with the same error.
+    /// Check every field without binding or starting anything (what
+    /// [`serve`] refuses, but binding): `daxkv serve` runs it before it maps
+    /// a device, so a bad flag fails at once.
     pub fn validate(&self) -> Result<(), HttpError> {
         self.checked().map(drop)
     }
 
-    /// The checks; the canonical allow-list on success.
-    fn checked(&self) -> Result<Vec<PathBuf>, HttpError> {
+    /// The checks; the canonical allow-list and whether it holds `memfd`.
+    fn checked(&self) -> Result<(Vec<PathBuf>, bool), HttpError> {
         if !self.addr.ip().is_loopback() && !self.allow_non_loopback {
             return Err(HttpError::NonLoopback(self.addr));
         }
@@ -198,8 +205,13 @@ impl HttpConfig {
         }
         // The names are checked before binding; the port is known after.
         guard::Hosts::new(self.addr, &self.allow_hosts).map_err(HttpError::Config)?;
-        self.allow_prefixes
+        // `memfd` in the list is not a path: it lets `add` make anonymous
+        // devices (`memfd`, `memfd:NAME`), which an allow-list otherwise refuses.
+        let allow_memfd = self.allow_prefixes.iter().any(|p| p.as_os_str() == "memfd");
+        let allow = self
+            .allow_prefixes
             .iter()
+            .filter(|p| p.as_os_str() != "memfd")
             .map(|p| {
                 canonical(p).ok_or_else(|| {
                     HttpError::Config(format!(
@@ -208,7 +220,8 @@ impl HttpConfig {
                     ))
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((allow, allow_memfd))
     }
 }
 
@@ -313,7 +326,7 @@ pub fn serve(
     registry: Registry,
     hooks: HttpHooks,
 ) -> Result<HttpServer, HttpError> {
-    let allow = cfg.checked()?;
+    let (allow, allow_memfd) = cfg.checked()?;
 
     let listener = std::net::TcpListener::bind(cfg.addr).map_err(|source| HttpError::Bind {
         addr: cfg.addr,
@@ -339,7 +352,9 @@ pub fn serve(
     let app = Arc::new(App {
         registry,
         token: cfg.token.map(String::into_bytes),
+        allow_all: cfg.allow_prefixes.is_empty(),
         allow,
+        allow_memfd,
         body_limit: cfg.body_limit,
         body_read_timeout: cfg.body_read_timeout,
         hosts,
@@ -394,7 +409,12 @@ pub fn serve(
 struct App {
     registry: Registry,
     token: Option<Vec<u8>>,
+    /// No allow-list: every path and anonymous device may be added.
+    allow_all: bool,
+    /// Canonical path prefixes `add` may name.
     allow: Vec<PathBuf>,
+    /// `memfd` was on the allow-list: anonymous devices may be added.
+    allow_memfd: bool,
     body_limit: usize,
     body_read_timeout: Duration,
     hosts: guard::Hosts,
@@ -752,10 +772,20 @@ async fn post_op(
         }
     };
     if let Some(p) = add_path {
-        if !app.allow.is_empty() {
+        if crate::engine::is_memfd_name(p.trim()) {
+            // Not a path: allowed without an allow-list, or with `memfd` on it.
+            if !app.allow_all && !app.allow_memfd {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "anonymous devices not allowed (add memfd to the allow-list)",
+                );
+            }
+        } else if !app.allow_all {
             let app2 = Arc::clone(&app);
             // canonicalize touches the file system: off the event loop.
-            match blocking(move || path_allowed(&app2.allow, &p)).await {
+            // An allow-list of `memfd` alone allows no path.
+            let allowed = move || !app2.allow.is_empty() && path_allowed(&app2.allow, &p);
+            match blocking(allowed).await {
                 Ok(true) => {}
                 Ok(false) => return error(StatusCode::FORBIDDEN, "device path not allowed"),
                 Err(r) => return r,

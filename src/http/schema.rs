@@ -226,8 +226,8 @@ pub(crate) fn generic(body: &Value, big: &BigInts) -> Result<Accepted, Refusal> 
 fn dax_fields(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
         "add" => &["device_path", "size", "max_size"],
-        "remove" => &["device_path", "mode", "force"],
-        "resize" => &["device_path", "size", "mode", "force"],
+        "remove" => &["device_path", "device_index", "mode", "force"],
+        "resize" => &["device_path", "device_index", "size", "mode", "force"],
         _ => return None,
     })
 }
@@ -244,7 +244,9 @@ pub(crate) fn dax(op: &str, body: &Value, big: &BigInts) -> Result<Accepted, Ref
     let local_index = adapter_index(o, big, &mut errs);
     let mut payload = Map::new();
 
+    let by_index = fields.contains(&"device_index") && device_index(o, &mut payload, &mut errs);
     match o.get("device_path") {
+        None if by_index => {}
         None => errs.push(item("missing", &["device_path"], "Field required", body)),
         Some(Value::String(p)) => {
             payload.insert("device_path".into(), Value::String(p.clone()));
@@ -334,7 +336,12 @@ pub(crate) fn dax(op: &str, body: &Value, big: &BigInts) -> Result<Accepted, Ref
         payload.insert("max_size_bytes".into(), max_size_bytes(v));
     }
     let add_path = (op == "add")
-        .then(|| payload["device_path"].as_str().map(str::to_owned))
+        .then(|| {
+            payload
+                .get("device_path")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
         .flatten();
     Ok(Accepted {
         local_index,
@@ -358,6 +365,32 @@ fn max_size_field<'a>(o: &'a Map<String, Value>, errs: &mut Vec<Value>) -> Optio
                 v,
             ));
             None
+        }
+    }
+}
+
+/// daxkv's `device_index: int | None` (remove, resize): the device at that
+/// position of the status list; `device_path` may then be left out.
+/// Whether one was given.
+fn device_index(
+    o: &Map<String, Value>,
+    payload: &mut Map<String, Value>,
+    errs: &mut Vec<Value>,
+) -> bool {
+    match o.get("device_index") {
+        None | Some(Value::Null) => false,
+        Some(v) if v.is_u64() => {
+            payload.insert("device_index".into(), v.clone());
+            true
+        }
+        Some(v) => {
+            errs.push(item(
+                "int_type",
+                &["device_index"],
+                "Input should be a valid non-negative integer",
+                v,
+            ));
+            false
         }
     }
 }
