@@ -9,7 +9,7 @@
 //! | check | where | refused with |
 //! |---|---|---|
 //! | two `Host` headers | every route but `/health` | 400 |
-//! | no `Host` on HTTP/1.1 (RFC 9112 §3.2) | every route but `/health` | 400 |
+//! | no `Host` on HTTP/1.1 (RFC 9112, section 3.2) | every route but `/health` | 400 |
 //! | no `Host` on HTTP/1.0 | — | allowed: every browser sends `Host`, so a request without one is not a browser's, and a client that is not a browser can send any `Host` anyway |
 //! | `Host` (and an absolute-form target's authority) not an allowed authority | every route but `/health` | 403 |
 //! | `Origin` present and not `http://` + an allowed authority (`null` included) | every route but `/health` | 403 |
