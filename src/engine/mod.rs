@@ -512,15 +512,66 @@ impl Engine {
         self.event_fd(TaskKind::Load)
     }
 
-    /// Release one lookup lock per key on every device (a key may have moved
-    /// between lookup and unlock). Never fails.
+    /// Release one lookup lock per key, on whichever device holds the key
+    /// now (it may have moved between lookup and unlock). Never fails.
+    ///
+    /// Each key under its claim, so an unlock never lands inside a move:
+    /// a migration holds the claim from the copy on the target until the
+    /// source's locks are handed over (`hotplug.rs`, `move_key`), and
+    /// outside a claim the key has one copy, which holds every lock.
+    /// Without the claim this breaks (docs/key-ownership.md, "Unlock"):
+    ///
+    /// ```text
+    /// reader:    lock K on S ............ unlock: S (gone), T (0 locks): no-op
+    /// migration:  put K on T; S: delete, taking 1 lock | ....... T: take 1 lock
+    /// → K locked for ever (a later non-forced remove is 409).
+    /// reader A:  lock K on S ............. unlock: S 1→0, T 1→0 (B's lock)
+    /// reader B:             lock K on T (the new copy)
+    /// migration:  put K on T ..................................... S: delete, 0 locks
+    /// → B's lock gone; a plain delete removes the key B holds.
+    /// ```
+    ///
+    /// `tests/hotplug_races.rs::unlock_racing_forced_migrations_*` hunts
+    /// both, `hotplug_races::an_unlock_never_lands_inside_a_move` pins the
+    /// first, `tests/loom_claims.rs` models the hand-over.
     pub fn submit_unlock(&self, keys: &[Key]) {
-        for d in self.inner.pool.list().iter() {
-            d.core().unlock_many(keys);
+        for &k in keys {
+            self.unlock_one(k);
         }
         self.inner
             .metrics
             .record_call(Op::Unlock, keys.len(), keys.len());
+    }
+
+    /// Release one lock on `k` under its claim (see `submit_unlock`). A
+    /// claim holder never waits on an arena: on a pending remap it lets go
+    /// of the claim, waits for the remap, and does the key again (nothing
+    /// was released yet: the first device that releases a lock ends it).
+    fn unlock_one(&self, k: Key) {
+        loop {
+            let claim = self.inner.pool.claims.claim(k);
+            let devs = self.inner.pool.list();
+            let mut busy = None;
+            for d in devs.iter() {
+                match d.core().try_session() {
+                    Ok(s) => {
+                        if s.unlock(k) {
+                            return;
+                        }
+                    }
+                    Err(crate::arena::TryEnterError::Closed) => {}
+                    Err(crate::arena::TryEnterError::Busy) => {
+                        busy = Some(d.clone());
+                        break;
+                    }
+                }
+            }
+            drop(claim);
+            match busy {
+                Some(d) => drop(d.core().session()),
+                None => return,
+            }
+        }
     }
 
     /// Look up `keys` without locking them, on the calling thread: key `i`
@@ -589,7 +640,14 @@ impl Engine {
             // delete finds the one copy and cannot be undone by the move.
             // The device list is read under the claim (a key moved to a
             // device added meanwhile is found there; review finding).
-            let claim = self.inner.pool.claims.claim(k);
+            // A key whose store is in flight is skipped, like a locked
+            // one (docs/key-ownership.md, "Delete": LMCache's eviction
+            // retries it next cycle); any other holder (a move, an unlock)
+            // is waited for.
+            let Some(claim) = self.inner.pool.claims.claim_unless_storing(k) else {
+                i += 1;
+                continue;
+            };
             let devs = self.inner.pool.list();
             let mut hit = false;
             let mut busy = None;
