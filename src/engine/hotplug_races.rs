@@ -291,3 +291,62 @@ fn an_unlock_never_lands_inside_a_move() {
     assert!(remove.is_ok(), "remove after the unlock: {remove:?}");
     assert_eq!(e.delete(&[k]), [k], "unlocked: a plain delete removes it");
 }
+
+/// Issue 17, item 15k: what `Engine::delete` does with a key another
+/// party holds the claim of (docs/key-ownership.md, "Delete"): a store of
+/// the key placing a new copy (the storing mark) makes the delete skip it,
+/// like a locked key (LMCache's eviction retries next cycle); a move of
+/// the key (a claim without the mark), or a store of another key on the
+/// same stripe, is waited for, and the key is then deleted.
+#[test]
+fn delete_skips_a_key_being_stored_and_waits_for_a_move() {
+    let e =
+        Arc::new(Engine::open(vec![dev(16, 16)], SLOT, true, EngineOptions::default()).unwrap());
+    let k = Key::from_parts(0x1111, 5);
+    let mate = Key::from_parts(0x2222, 5 + claims::STRIPES as u64);
+    store(&e, k);
+    let claims = &e.inner.pool.claims;
+
+    // K's store in flight: skipped, K stays. (Checked once with the
+    // delete of before, which waited for the claim: "the delete waited for
+    // the store", then deleted K.)
+    let c = claims.claim(k);
+    c.mark_storing();
+    let (tx, rx) = mpsc::channel();
+    let deleter = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(e.delete(&[k]));
+        })
+    };
+    let skipped = rx.recv_timeout(Duration::from_secs(10));
+    drop(c);
+    deleter.join().unwrap();
+    assert_eq!(
+        skipped.expect("the delete waited for the store"),
+        [],
+        "a key being stored is skipped"
+    );
+    assert_eq!(e.devices_holding(k), [DeviceId(0)], "K stays");
+
+    // A move of K, then a stripe mate's store: waited for, then deleted.
+    for (holder, storing) in [(k, false), (mate, true)] {
+        let c = claims.claim(holder);
+        if storing {
+            c.mark_storing();
+        }
+        let deleter = {
+            let e = e.clone();
+            std::thread::spawn(move || e.delete(&[k]))
+        };
+        // A schedule aid, not an assertion: let the delete reach the claim.
+        std::thread::sleep(Duration::from_millis(50));
+        let waited = !deleter.is_finished();
+        drop(c);
+        let deleted = deleter.join().unwrap();
+        assert!(waited, "holder {holder:?}: the delete did not wait");
+        assert_eq!(deleted, [k], "holder {holder:?}: deleted once free");
+        store(&e, k);
+    }
+    assert_eq!(claims.held(), 0);
+}
