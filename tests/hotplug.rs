@@ -990,8 +990,15 @@ fn a_listener_may_close_the_engine_from_an_evicting_shrink() {
         )
     });
     eprintln!("shrink: {r:?}");
-    assert!(l.told.load(Ordering::SeqCst) >= 4, "the evicted keys were told");
-    assert_eq!(e.status()["closing"], true, "the listener closed the engine");
+    assert!(
+        l.told.load(Ordering::SeqCst) >= 4,
+        "the evicted keys were told"
+    );
+    assert_eq!(
+        e.status()["closing"],
+        true,
+        "the listener closed the engine"
+    );
     let e2 = e.clone();
     let add = returns("an add after the close", move || {
         e2.hotplug_add("memfd", 4 * SLOT, |_, _| Ok(()))

@@ -914,7 +914,11 @@ fn close_from_on_complete_runs_the_puts_queued_behind_it() {
     assert!(
         results.iter().all(Result::is_ok),
         "queued puts failed: {:?}",
-        results.iter().filter(|r| r.is_err()).take(3).collect::<Vec<_>>()
+        results
+            .iter()
+            .filter(|r| r.is_err())
+            .take(3)
+            .collect::<Vec<_>>()
     );
     assert!(s.core().is_closing());
 }
