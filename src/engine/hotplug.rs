@@ -26,7 +26,9 @@
 //! Under the key's claim (parent module doc, "Key ownership"): read the
 //! payload from the source, put it on the least-used writable device (the
 //! next one if full), then delete it from the source. A store of the key
-//! waits on the claim, so no third copy appears; a lookup or load may miss
+//! waits on the claim, so no third copy appears; an unlock of it waits too,
+//! so it never lands while a forced move hands the source copy's locks to
+//! the new copy (it would release none, or two); a lookup or load may miss
 //! the key while it moves (a transient miss, never wrong bytes). If the
 //! source delete fails (a
 //! lookup locked the key meanwhile and `force` is off) the copy on the
@@ -295,7 +297,9 @@ fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
 }
 
 /// Take `n` lookup locks on `key` on `dev` (locks handed over from a
-/// moved copy).
+/// moved copy). Called under the key's claim, which every unlock takes
+/// too (`Engine::submit_unlock`): no unlock sees the locks in transit,
+/// off the source copy and not yet on this one.
 fn lock_n(dev: &Device, key: Key, n: u32) {
     for _ in 0..n {
         dev.core().exists(key, true);
@@ -794,8 +798,9 @@ impl Engine {
     /// Tell the listeners about keys a remove or shrink deleted. Called
     /// with no engine lock held (never under the admin mutex): a listener
     /// may call `close`, `set_device_state` or another hotplug operation.
-    /// Later than the deletes, never earlier, so a key's "deleted" still
-    /// comes after the "stored" of the copy it removed.
+    /// Told later than the deletes happened, never earlier, so every order
+    /// a listener could rely on before (a key's "stored" before its
+    /// "deleted") still holds.
     fn tell_deleted(&self, keys: &[Key]) {
         if !keys.is_empty() {
             self.inner

@@ -17,8 +17,8 @@
 //! (docs/lmcache-dax-behavior.md §1): task ids are one counter shared by
 //! all kinds; store results are drained with `pop_completed_stores` (each
 //! id exactly once) or taken per task (`wait_store`); lookup and load
-//! results are one-shot per id; `submit_unlock` never fails and is applied
-//! to every device; three distinct non-blocking close-on-exec eventfds
+//! results are one-shot per id; `submit_unlock` never fails and releases
+//! the lock wherever the key is now; three distinct non-blocking close-on-exec eventfds
 //! signal completions.
 //!
 //! ## Where things are
@@ -105,13 +105,17 @@
 //!   sees the first's insert, so step 3 finds it.
 //! - **Lookup / load.** No claim: they look on every readable device and
 //!   stop at the first hit. With one copy there is one hit.
-//! - **Unlock.** Applied on every device (a lock lives where the key was
-//!   found; unlocking a device without it does nothing).
+//! - **Unlock.** Under the key's claim: one lock, on the first device that
+//!   holds the key locked (a lock lives where the key was found; the key
+//!   may have moved since). The claim keeps it out of a move's lock
+//!   hand-over, where it released no lock or two ([`Engine::submit_unlock`]).
 //! - **Delete.** On every device, under the key's claim (the device list
 //!   read under it), so a migration moving the key finishes first and the
-//!   delete finds its one copy. A claim holder never waits on an arena: a
-//!   device with a remap pending makes the delete let go of the claim,
-//!   wait, and do the key again.
+//!   delete finds its one copy. A key whose store is in flight (its claim
+//!   carries the storing mark) is skipped like a locked key, not waited
+//!   for (`docs/key-ownership.md`, "Delete", says why). A claim holder
+//!   never waits on an arena: a device with a remap pending makes the
+//!   delete let go of the claim, wait, and do the key again.
 //! - **Migration** (`hotplug.rs`). Under the key's claim: copy to the
 //!   target and commit there (two copies now, both the same bytes), delete
 //!   the source copy (the last step; a forced move hands its lock count to
@@ -171,8 +175,10 @@ use crate::ring::{Consumer, Cqe};
 
 /// Callbacks for keys stored, accessed and deleted
 /// (docs/lmcache-dax-behavior.md §1.1). Called on worker threads (or the
-/// deleting thread), outside any engine state; a panic is caught, logged
-/// and counted (`status().listener_panics`).
+/// deleting thread, or the thread of an evicting remove or shrink once it
+/// has let go of the pool's admin mutex), outside any engine state: a
+/// listener may call back into the engine, control plane included; a
+/// panic is caught, logged and counted (`status().listener_panics`).
 pub trait Listener: Send + Sync {
     /// Keys a store task put in the pool, with their sizes (slot bytes).
     fn on_keys_stored(&self, _keys: &[Key], _sizes: &[usize]) {}
@@ -614,7 +620,11 @@ impl Engine {
     }
 
     /// Delete unlocked, committed keys from every device; returns the keys
-    /// deleted (each once) and tells the listeners.
+    /// deleted (each once) and tells the listeners. Locked keys and keys
+    /// whose store is in flight are skipped (not deleted, not returned: a
+    /// caller such as LMCache's eviction tries them again later); a key
+    /// being moved by a migration is waited for and deleted where it went
+    /// (`docs/key-ownership.md`, "Delete").
     pub fn delete(&self, keys: &[Key]) -> Vec<Key> {
         let mut out = Vec::new();
         self.delete_into(keys, &mut out);
