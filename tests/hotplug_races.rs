@@ -300,6 +300,52 @@ fn placement_reaches_devices_past_the_64th_entry() {
     assert_eq!(e.devices_holding(key("tomb", 0)), [cur]);
 }
 
+/// A file of `bytes` under `dir` (a device for `hotplug_add`).
+fn sized_file(dir: &std::path::Path, name: &str, bytes: usize) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(bytes as u64)
+        .unwrap();
+    path
+}
+
+/// A reader of the unlock hunt: lock a key (lookup), check that a plain
+/// delete leaves it (this reader holds a lock), unlock; until `stop`.
+/// Counts in `stolen` the times the delete removed it. Returns its rounds.
+fn lock_check_unlock(
+    e: &Engine,
+    keys: &[Key],
+    reader: u64,
+    stop: &AtomicBool,
+    stolen: &std::sync::atomic::AtomicUsize,
+) -> u64 {
+    let count = keys.len() as u64;
+    let mut rounds = 0u64;
+    let mut i = reader;
+    while !stop.load(Ordering::Relaxed) && rounds < 5_000_000 {
+        rounds += 1;
+        i = i.wrapping_add(1);
+        let k = keys[(i % count) as usize];
+        let id = e.submit_lookup_and_lock(vec![k]).unwrap();
+        let Answer::Ready(hit) = e.wait_lookup(id, W) else {
+            panic!("lookup timed out")
+        };
+        if !hit.test(0) {
+            continue; // a transient miss while it moves
+        }
+        if !e.delete(&[k]).is_empty() {
+            // Our lock was released by another reader's unlock. Put the
+            // key back to go on hunting.
+            stolen.fetch_add(1, Ordering::Relaxed);
+            store(e, vec![k], vec![pat(i % count, 256)]);
+            continue;
+        }
+        e.submit_unlock(&[k]);
+    }
+    rounds
+}
+
 /// Issue 17, item 16: a forced migration hands a moved key's lookup locks
 /// over from the source copy to the target copy (the source delete takes
 /// them, then they are taken again on the target, one by one).
@@ -348,32 +394,7 @@ fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
     let readers: Vec<_> = (0..3u64)
         .map(|r| {
             let (e, stop, stolen, keys) = (e.clone(), stop.clone(), stolen.clone(), keys.clone());
-            std::thread::spawn(move || {
-                let mut rounds = 0u64;
-                let mut i = r;
-                while !stop.load(Ordering::Relaxed) && rounds < 5_000_000 {
-                    rounds += 1;
-                    i = i.wrapping_add(1);
-                    let k = keys[(i % KEYS) as usize];
-                    let id = e.submit_lookup_and_lock(vec![k]).unwrap();
-                    let Answer::Ready(hit) = e.wait_lookup(id, W) else {
-                        panic!("lookup timed out")
-                    };
-                    if !hit.test(0) {
-                        continue; // a transient miss while it moves
-                    }
-                    if !e.delete(&[k]).is_empty() {
-                        // Our lock was released by another reader's
-                        // unlock. Put the key back to go on hunting.
-                        stolen.fetch_add(1, Ordering::Relaxed);
-                        let n = (i % KEYS) as usize;
-                        store(&e, vec![k], vec![pat(n as u64, 256)]);
-                        continue;
-                    }
-                    e.submit_unlock(&[k]);
-                }
-                rounds
-            })
+            std::thread::spawn(move || lock_check_unlock(&e, &keys, r, &stop, &stolen))
         })
         .collect();
     let dir = tempfile::tempdir().unwrap();
@@ -384,11 +405,7 @@ fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
     while Instant::now() < deadline && moves < 100_000 && stolen.load(Ordering::Relaxed) == 0 {
         // A fresh target (a file: each has its own path), then move every
         // key off the current device onto it.
-        let path = dir.path().join(format!("dev{moves}"));
-        std::fs::File::create(&path)
-            .unwrap()
-            .set_len((DEV_SLOTS * SLOT) as u64)
-            .unwrap();
+        let path = sized_file(dir.path(), &format!("dev{moves}"), DEV_SLOTS * SLOT);
         let (_, info) = e
             .hotplug_add(path.to_str().unwrap(), DEV_SLOTS * SLOT, |_, _| Ok(()))
             .unwrap();
@@ -413,11 +430,7 @@ fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
     let rounds: u64 = readers.into_iter().map(|h| h.join().unwrap()).sum();
     let locked = e.status()["locked_key_count"].as_u64().unwrap();
     // Every reader has unlocked: a non-forced remove must not be blocked.
-    let path = dir.path().join("last");
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len((DEV_SLOTS * SLOT) as u64)
-        .unwrap();
+    let path = sized_file(dir.path(), "last", DEV_SLOTS * SLOT);
     e.hotplug_add(path.to_str().unwrap(), DEV_SLOTS * SLOT, |_, _| Ok(()))
         .unwrap();
     let last = e.remove_device(cur, RemoveMode::Migrate, false);

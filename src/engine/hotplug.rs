@@ -551,7 +551,7 @@ impl Engine {
                 bytes = b;
             }
             RemoveMode::Evict => {
-                deleted = self.evict_keys(&dev, &keys, force, told)?;
+                deleted = Self::evict_keys(&dev, &keys, force, told)?;
             }
             RemoveMode::Drain => unreachable!(),
         }
@@ -638,7 +638,7 @@ impl Engine {
                 match mode {
                     ShrinkMode::Migrate => moved += self.move_keys(&dev, &high, force)?.0,
                     ShrinkMode::Evict if force => {
-                        deleted += self.evict_keys(&dev, &high, true, told)?;
+                        deleted += Self::evict_keys(&dev, &high, true, told)?;
                     }
                     ShrinkMode::Evict => {
                         if !high.is_empty() {
@@ -769,7 +769,6 @@ impl Engine {
     /// when some were blocked (better than upstream,
     /// docs/lmcache-dax-behavior.md §9.4 item 4).
     fn evict_keys(
-        &self,
         dev: &Device,
         keys: &[Key],
         force: bool,
