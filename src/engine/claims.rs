@@ -39,7 +39,10 @@
 //! like a locked key, and never misses a committed key that is being moved
 //! (`docs/key-ownership.md`, "Delete"). The mark is only a hint for that
 //! choice: a stripe mate with an equal tag (2^-63) can only make a delete
-//! skip, never make two holders.
+//! skip, never make two holders. Without the mark a delete waits for the
+//! store and removes the key the moment it commits, before its store task
+//! reports it (`engine::hotplug_races::
+//! delete_skips_a_key_being_stored_and_waits_for_a_move` fails so).
 //!
 //! ## Waiting
 //!
