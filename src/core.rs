@@ -1595,6 +1595,12 @@ impl Session<'_> {
     pub fn contains_live(&self, key: Key) -> bool {
         self.core.index.contains_live(key, self.core.is_key(key))
     }
+
+    /// Release one lookup lock on `key` under this session's guard; false
+    /// if the key is absent or unlocked here.
+    pub fn unlock(&self, key: Key) -> bool {
+        self.core.unlock_in(key)
+    }
 }
 
 impl Drop for Session<'_> {

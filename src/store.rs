@@ -13,9 +13,9 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::thread::{JoinHandle, ThreadId};
 
 use crate::core::{CoreConfig, DaxCore, PutOutcome, Reservation, SlotWriter};
 use crate::error::{OpenError, PutError};
@@ -137,6 +137,20 @@ impl From<PutError> for StoreError {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Run one `put_async` job on the calling thread. A panicking
+/// `on_complete` (or put) is logged and the caller keeps serving (issue 8,
+/// defect 5).
+fn run_job(job: Job) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("daxkv: a put_async job panicked: {msg}; the put worker keeps serving");
+    }
+}
+
 /// The synchronous store. `Send + Sync`; share it with an `Arc`.
 pub struct DaxStore {
     core: Arc<DaxCore>,
@@ -146,8 +160,17 @@ pub struct DaxStore {
     staging_slab_bytes: usize,
     put_workers: usize,
     closing: AtomicBool,
+    /// Held by `close` from start to end (a second closer waits for the
+    /// first); true once a close finished.
+    close_lock: Mutex<bool>,
     jobs: Mutex<Option<Sender<Job>>>,
+    /// The queue's consumer end, shared by the put workers (and drained by
+    /// a worker that closes the store, `close`).
+    queue: Arc<Mutex<Receiver<Job>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// The put workers' thread ids (fixed at open): `close` on one of them
+    /// must neither join nor wait for itself.
+    worker_ids: Vec<ThreadId>,
     /// The staging slab; restores serialize on it (upstream serializes them
     /// on one dispatch thread).
     slab: Mutex<Vec<u8>>,
@@ -199,24 +222,7 @@ impl DaxStore {
                     .spawn(move || loop {
                         let job = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
                         match job {
-                            // A panicking `on_complete` (or put) is logged
-                            // and this worker keeps serving (issue 8,
-                            // defect 5).
-                            Ok(job) => {
-                                if let Err(p) =
-                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
-                                {
-                                    let msg = p
-                                        .downcast_ref::<&str>()
-                                        .map(|s| (*s).to_string())
-                                        .or_else(|| p.downcast_ref::<String>().cloned())
-                                        .unwrap_or_default();
-                                    eprintln!(
-                                        "daxkv: a put_async job panicked: {msg}; the put \
-                                         worker keeps serving"
-                                    );
-                                }
-                            }
+                            Ok(job) => run_job(job),
                             Err(_) => return,
                         }
                     })
@@ -226,6 +232,7 @@ impl DaxStore {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let worker_ids = workers.iter().map(|w| w.thread().id()).collect();
         Ok(DaxStore {
             core,
             auto_evict: cfg.auto_evict,
@@ -234,8 +241,11 @@ impl DaxStore {
             staging_slab_bytes: cfg.staging_slab_bytes,
             put_workers: cfg.put_workers,
             closing: AtomicBool::new(false),
+            close_lock: Mutex::new(false),
             jobs: Mutex::new((cfg.async_put_workers > 0).then_some(tx)),
+            queue: rx,
             workers: Mutex::new(workers),
+            worker_ids,
             slab: Mutex::new(Vec::new()),
         })
     }
@@ -744,34 +754,84 @@ impl DaxStore {
         }
     }
 
-    /// Stop: refuse new work, wait for queued async puts, then close the
-    /// core (which waits for in-flight reads and writes). Idempotent.
+    /// Stop: refuse new work, run every `put_async` job already accepted
+    /// (each completes as it would have), then close the core (which waits
+    /// for in-flight reads and writes). Idempotent, and closers are
+    /// serialized: a second `close` returns once the first has finished,
+    /// not before (a caller may free what the store wrote for it once close
+    /// returns).
     ///
     /// Called on a put worker (from an `on_complete` callback, or by its
     /// dropping the last `Arc<DaxStore>`), that worker is not joined — a
-    /// thread cannot wait for itself: it finishes the callback it is in and
-    /// exits, since the job queue is closed. The other workers are joined.
+    /// thread cannot wait for itself: it runs the jobs still queued itself,
+    /// closes the core, and exits after the callback it is in. If another
+    /// thread is closing already (and joining this worker), the worker's
+    /// `close` returns at once; that closer finishes the close after this
+    /// worker's jobs.
     pub fn close(&self) {
         // ORDERING: Release — later calls see closing (pairs with `is_closing`).
         self.closing.store(true, Ordering::Release);
-        drop(
-            self.jobs
+        let me = std::thread::current().id();
+        let on_worker = self.worker_ids.contains(&me);
+        let mut done = if on_worker {
+            match self.close_lock.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                // A closer holds it and joins this worker: waiting here
+                // would wait for ourselves. Stop new jobs; the closer
+                // finishes after this callback.
+                Err(TryLockError::WouldBlock) => {
+                    drop(self.take_jobs());
+                    return;
+                }
+            }
+        } else {
+            self.close_lock
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
+        };
+        if *done {
+            return;
+        }
+        // No job is accepted from here on; the queued ones stay queued.
+        drop(self.take_jobs());
         let workers =
             std::mem::take(&mut *self.workers.lock().unwrap_or_else(PoisonError::into_inner));
-        let me = std::thread::current().id();
         for w in workers {
             if w.thread().id() == me {
                 // Detached: it exits after this callback (queue closed).
                 continue;
             }
+            // A worker exits once the queue is closed and empty: joining
+            // it waits for the jobs it took.
             let _ = w.join();
+        }
+        if on_worker {
+            // The other workers have exited; jobs still queued would run
+            // on this worker only after the callback it is in, after the
+            // core closes: run them now.
+            loop {
+                let job = self
+                    .queue
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .try_recv();
+                match job {
+                    Ok(job) => run_job(job),
+                    Err(_) => break,
+                }
+            }
         }
         *self.slab.lock().unwrap_or_else(PoisonError::into_inner) = Vec::new();
         self.core.close();
+        *done = true;
+    }
+
+    fn take_jobs(&self) -> Option<Sender<Job>> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 }
 

@@ -1103,3 +1103,128 @@ fn racing_adds_of_one_anonymous_name_map_one_device() {
     assert_eq!(named.len(), 1);
     e.close();
 }
+
+// ----- listeners run outside the admin mutex -----
+
+/// A listener that calls back into the engine from `on_keys_deleted`.
+struct CallsBack {
+    engine: std::sync::OnceLock<std::sync::Weak<Engine>>,
+    call: fn(&Engine),
+    told: AtomicUsize,
+}
+
+impl Listener for CallsBack {
+    fn on_keys_deleted(&self, keys: &[Key]) {
+        self.told.fetch_add(keys.len(), Ordering::SeqCst);
+        if let Some(e) = self.engine.get().and_then(std::sync::Weak::upgrade) {
+            (self.call)(&e);
+        }
+    }
+}
+
+fn calling_back(e: &Arc<Engine>, call: fn(&Engine)) -> Arc<CallsBack> {
+    let l = Arc::new(CallsBack {
+        engine: std::sync::OnceLock::new(),
+        call,
+        told: AtomicUsize::new(0),
+    });
+    l.engine.set(Arc::downgrade(e)).unwrap();
+    e.register_listener(&(l.clone() as Arc<dyn Listener>));
+    l
+}
+
+/// Run `f` on its own thread; fail, instead of hanging, when it has not
+/// returned within 30 s (a deadlock guard, not a timing assertion).
+fn returns<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{what} did not return (deadlock?): {e}"))
+}
+
+/// An evicting remove tells the listeners; one that changes another
+/// device's state from `on_keys_deleted` (the `Listener` doc promises
+/// calls outside any engine state) must not wait for the remove's own
+/// admin mutex. Before the fix the listener ran under it: the remove
+/// never returned, and every later control-plane call hung behind it
+/// (checked once: "remove did not return (deadlock?)").
+#[test]
+fn a_listener_may_change_device_state_from_an_evicting_remove() {
+    let (e, _r) = open(vec![memfd(8), memfd(8)]);
+    e.set_device_state(daxkv::engine::DeviceId(1), DeviceState::Draining)
+        .unwrap();
+    assert!(store(&e, &[1, 2], 100)); // on device 0
+    e.set_device_state(daxkv::engine::DeviceId(1), DeviceState::Active)
+        .unwrap();
+    let l = calling_back(&e, |e| {
+        e.set_device_state(daxkv::engine::DeviceId(1), DeviceState::Draining)
+            .unwrap();
+    });
+    let e2 = e.clone();
+    let r = returns("remove", move || {
+        e2.remove_device(
+            daxkv::engine::DeviceId(0),
+            daxkv::engine::RemoveMode::Evict,
+            false,
+        )
+    });
+    assert_eq!(r.unwrap().deleted_keys, 2);
+    assert_eq!(l.told.load(Ordering::SeqCst), 2, "both keys told deleted");
+    assert_eq!(
+        states(&e),
+        [DeviceState::Removed, DeviceState::Draining],
+        "the listener's state change happened"
+    );
+    // Later control-plane calls go through.
+    let e2 = e.clone();
+    returns("a later state change", move || {
+        e2.set_device_state(daxkv::engine::DeviceId(1), DeviceState::Active)
+    })
+    .unwrap();
+    assert!(store(&e, &[3], 100));
+    all_load(&e, &[3], 100);
+}
+
+/// A listener that closes the engine from `on_keys_deleted` during a
+/// forced evicting shrink: the shrink returns, the close finishes (it
+/// takes the admin mutex to close the devices), and later control-plane
+/// calls answer (refused: the engine is closed) instead of hanging.
+/// Before the fix: "shrink did not return (deadlock?)".
+#[test]
+fn a_listener_may_close_the_engine_from_an_evicting_shrink() {
+    let (e, _r) = open(vec![DeviceSpec {
+        path: "memfd".into(),
+        core: CoreConfig::new(ArenaSpec::memfd(8 * SLOT), SLOT),
+    }]);
+    assert!(store(&e, &[1, 2, 3, 4, 5, 6], 100));
+    let l = calling_back(&e, Engine::close);
+    let e2 = e.clone();
+    let r = returns("shrink", move || {
+        e2.resize_device_to(
+            daxkv::engine::DeviceId(0),
+            2 * SLOT,
+            daxkv::engine::ShrinkMode::Evict,
+            true,
+            |_, _| Ok(()),
+        )
+    });
+    eprintln!("shrink: {r:?}");
+    assert!(
+        l.told.load(Ordering::SeqCst) >= 4,
+        "the evicted keys were told"
+    );
+    assert_eq!(
+        e.status()["closing"],
+        true,
+        "the listener closed the engine"
+    );
+    let e2 = e.clone();
+    let add = returns("an add after the close", move || {
+        e2.hotplug_add("memfd", 4 * SLOT, |_, _| Ok(()))
+    });
+    assert_eq!(add.unwrap_err().status(), 503, "refused: closing");
+    let e2 = e.clone();
+    returns("a close after the close", move || e2.close());
+}

@@ -299,3 +299,161 @@ fn placement_reaches_devices_past_the_64th_entry() {
     assert_eq!(e.devices().len(), 71);
     assert_eq!(e.devices_holding(key("tomb", 0)), [cur]);
 }
+
+/// A file of `bytes` under `dir` (a device for `hotplug_add`).
+fn sized_file(dir: &std::path::Path, name: &str, bytes: usize) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(bytes as u64)
+        .unwrap();
+    path
+}
+
+/// A reader of the unlock hunt: lock a key (lookup), check that a plain
+/// delete leaves it (this reader holds a lock), unlock; until `stop`.
+/// Counts in `stolen` the times the delete removed it. Returns its rounds.
+fn lock_check_unlock(
+    e: &Engine,
+    keys: &[Key],
+    reader: u64,
+    stop: &AtomicBool,
+    stolen: &std::sync::atomic::AtomicUsize,
+) -> u64 {
+    let count = keys.len() as u64;
+    let mut rounds = 0u64;
+    let mut i = reader;
+    while !stop.load(Ordering::Relaxed) && rounds < 5_000_000 {
+        rounds += 1;
+        i = i.wrapping_add(1);
+        let k = keys[(i % count) as usize];
+        let id = e.submit_lookup_and_lock(vec![k]).unwrap();
+        let Answer::Ready(hit) = e.wait_lookup(id, W) else {
+            panic!("lookup timed out")
+        };
+        if !hit.test(0) {
+            continue; // a transient miss while it moves
+        }
+        if !e.delete(&[k]).is_empty() {
+            // Our lock was released by another reader's unlock. Put the
+            // key back to go on hunting.
+            stolen.fetch_add(1, Ordering::Relaxed);
+            store(e, vec![k], vec![pat(i % count, 256)]);
+            continue;
+        }
+        e.submit_unlock(&[k]);
+    }
+    rounds
+}
+
+/// Issue 17, item 16: a forced migration hands a moved key's lookup locks
+/// over from the source copy to the target copy (the source delete takes
+/// them, then they are taken again on the target, one by one).
+/// `submit_unlock` took no claim and released one lock on every device in
+/// turn, so it could land between the two halves: it found the source
+/// copy gone and the target copy not yet locked, released nothing, and the
+/// lock then taken on the target stayed for ever (status counts it, and
+/// every later non-forced remove or shrink of that device is 409); or it
+/// released one lock on each copy, two in all, taking another reader's.
+///
+/// Hunt: a few keys, readers that lock a key (lookup), check that a plain
+/// delete leaves it (they hold a lock), and unlock, against a migrator
+/// that moves every key to a fresh device, over and over (forced, and
+/// sometimes not). At the end every lock was released: none may be left,
+/// and a non-forced remove must go through. Before the fix (unlock under
+/// no claim) this failed within seconds under load (checked once:
+/// "locks left after every reader unlocked: 1 ... remove: Blocked"); with
+/// it, unlock waits for the move's claim. `DAXKV_HUNT_SECS` runs it longer.
+#[test]
+fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
+    const SLOT: usize = 4096;
+    const KEYS: u64 = 4;
+    const DEV_SLOTS: usize = 64;
+    let secs: u64 = std::env::var("DAXKV_HUNT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let e = Arc::new(
+        Engine::open(
+            vec![memfd(DEV_SLOTS, SLOT)],
+            SLOT,
+            true,
+            EngineOptions::default(),
+        )
+        .unwrap(),
+    );
+    let keys: Vec<Key> = (0..KEYS).map(|i| key("unlock-move", i)).collect();
+    assert!(store(
+        &e,
+        keys.clone(),
+        (0..KEYS).map(|i| pat(i, 256)).collect()
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    // A reader held a lock on the key and a plain delete removed it.
+    let stolen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let readers: Vec<_> = (0..3u64)
+        .map(|r| {
+            let (e, stop, stolen, keys) = (e.clone(), stop.clone(), stolen.clone(), keys.clone());
+            std::thread::spawn(move || lock_check_unlock(&e, &keys, r, &stop, &stolen))
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cur = DeviceId(0);
+    let mut cur_path: Option<std::path::PathBuf> = None;
+    let (mut moves, mut refused) = (0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline && moves < 100_000 && stolen.load(Ordering::Relaxed) == 0 {
+        // A fresh target (a file: each has its own path), then move every
+        // key off the current device onto it.
+        let path = sized_file(dir.path(), &format!("dev{moves}"), DEV_SLOTS * SLOT);
+        let (_, info) = e
+            .hotplug_add(path.to_str().unwrap(), DEV_SLOTS * SLOT, |_, _| Ok(()))
+            .unwrap();
+        let force = moves % 4 != 3;
+        match e.remove_device(cur, RemoveMode::Migrate, force) {
+            Ok(_) => {}
+            // Not forced, a locked key blocks (or stays): try again forced.
+            Err(err) if !force && err.status() == 409 => {
+                refused += 1;
+                e.remove_device(cur, RemoveMode::Migrate, true)
+                    .unwrap_or_else(|err| panic!("forced remove {moves}: {err:?}"));
+            }
+            Err(err) => panic!("remove {moves} (force {force}): {err:?}"),
+        }
+        if let Some(p) = cur_path.replace(path) {
+            let _ = std::fs::remove_file(p);
+        }
+        cur = info.id;
+        moves += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds: u64 = readers.into_iter().map(|h| h.join().unwrap()).sum();
+    let locked = e.status()["locked_key_count"].as_u64().unwrap();
+    // Every reader has unlocked: a non-forced remove must not be blocked.
+    let path = sized_file(dir.path(), "last", DEV_SLOTS * SLOT);
+    e.hotplug_add(path.to_str().unwrap(), DEV_SLOTS * SLOT, |_, _| Ok(()))
+        .unwrap();
+    let last = e.remove_device(cur, RemoveMode::Migrate, false);
+    eprintln!(
+        "moves {moves} (non-forced refused {refused}), reader rounds {rounds}, \
+         keys deleted under a reader's lock {}, locks left after every reader unlocked: \
+         {locked}, non-forced remove: {:?}",
+        stolen.load(Ordering::Relaxed),
+        last.as_ref().map(|r| r.moved_keys)
+    );
+    assert!(moves >= 10 && rounds > 0, "the hunt did not run");
+    assert_eq!(
+        stolen.load(Ordering::Relaxed),
+        0,
+        "a plain delete removed a key a reader held locked"
+    );
+    assert_eq!(locked, 0, "locks left after every reader unlocked");
+    assert!(last.is_ok(), "remove after every unlock: {last:?}");
+    for (i, &k) in keys.iter().enumerate() {
+        let id = e.submit_load(vec![k], vec![vec![0u8; SLOT]]).unwrap();
+        let Answer::Ready(r) = e.wait_load(id, W) else {
+            panic!("load timed out")
+        };
+        assert_eq!(r.payload(0), Some(pat(i as u64, 256).as_slice()), "key {i}");
+    }
+}

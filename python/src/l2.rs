@@ -10,7 +10,7 @@
 //! | three event fds | [`DaxL2Core::event_fds`] | the engine's own three eventfds |
 //! | `submit_store_task` / `pop_completed_store_tasks` | `submit_store` / `pop_completed_stores` | `submit_store` (raw sources) / `pop_completed_stores` |
 //! | `submit_lookup_and_lock_task` / `query_lookup_and_lock_result` | `submit_lookup` / `query_lookup` | `submit_lookup_and_lock` / `query_lookup` (locks held in the engine) |
-//! | `submit_unlock` | `submit_unlock` | `submit_unlock` (every device) |
+//! | `submit_unlock` | `submit_unlock` | `submit_unlock` (one lock, wherever the key is, under its claim) |
 //! | `submit_load_task` / `query_load_result` | `submit_load` / `query_load` | `submit_load_raw` / `query_load` |
 //! | `delete`, `get_usage`, `report_status` | `delete`, `usage`, `status` | the same |
 //! | `reconfigure_status` / `reconfigure` | the same | [`DaxReconfigure`] (upstream's envelope and codes) |

@@ -23,6 +23,27 @@
 //! check. `tests/loom_claims.rs` checks it with two store workers and two
 //! devices.
 //!
+//! ## Storing mark (what a delete skips)
+//!
+//! ```text
+//! tag (held) ──mark_storing: store tag|1 (Relaxed)──► tag|1 (held, placing a new copy)
+//! ```
+//!
+//! The holder's own tag has its low bit clear. A store that found the key
+//! on no device and is about to place it sets the low bit
+//! ([`Claim::mark_storing`]) for the rest of its hold: the key's store is
+//! in flight. [`ClaimTable::claim_unless_storing`] (used by
+//! `Engine::delete`) gives up on a stripe that shows this key's storing tag
+//! and waits for any other holder (a move, an unlock, a delete of the key,
+//! or a stripe mate), so a delete skips a key whose store is in flight,
+//! like a locked key, and never misses a committed key that is being moved
+//! (`docs/key-ownership.md`, "Delete"). The mark is only a hint for that
+//! choice: a stripe mate with an equal tag (2^-63) can only make a delete
+//! skip, never make two holders. Without the mark a delete waits for the
+//! store and removes the key the moment it commits, before its store task
+//! reports it (`engine::hotplug_races::
+//! delete_skips_a_key_being_stored_and_waits_for_a_move` fails so).
+//!
 //! ## Waiting
 //!
 //! A held stripe is waited for: [`SPIN_MAX`] spins with a CPU hint, then a
@@ -71,10 +92,27 @@ impl Default for ClaimTable {
     }
 }
 
+/// The storing mark: the low bit of a held stripe's word (module doc).
+const STORING: u64 = 1;
+
 /// A held stripe; released (Release store of 0) when dropped.
 #[must_use = "the claim is released when dropped"]
 pub struct Claim<'a> {
     word: &'a AtomicU64,
+}
+
+impl Claim<'_> {
+    /// Mark the claim as placing a new copy of its key (module doc,
+    /// "Storing mark"), until it is dropped.
+    pub fn mark_storing(&self) {
+        // ORDERING: Relaxed — only the holder writes a held word, and the
+        // mark publishes nothing: a deleter reads it as a hint to skip
+        // (`claim_unless_storing`); the claim's own ordering stays the
+        // Release in `drop` / Acquire CAS in `try_claim`.
+        let t = self.word.load(Ordering::Relaxed);
+        // ORDERING: Relaxed — as above.
+        self.word.store(t | STORING, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Claim<'_> {
@@ -103,9 +141,10 @@ impl ClaimTable {
         &self.stripes[(key.lo() as usize) & (self.stripes.len() - 1)]
     }
 
+    /// The holder's tag: nonzero, low bit clear (the storing mark's bit).
     fn tag(key: Key) -> u64 {
-        match key.hi() ^ key.lo().rotate_left(32) {
-            0 => 1,
+        match (key.hi() ^ key.lo().rotate_left(32)) & !STORING {
+            0 => 2,
             t => t,
         }
     }
@@ -128,6 +167,32 @@ impl ClaimTable {
         loop {
             if let Some(c) = self.try_claim(key) {
                 return c;
+            }
+            spins = spins.saturating_add(1);
+            if cfg!(daxkv_loom) || spins > SPIN_MAX {
+                crate::sync::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Claim `key`'s stripe as [`ClaimTable::claim`] does, except that
+    /// while the stripe shows a store of `key` placing a new copy (the
+    /// storing mark) it gives up: `None`, the key's store is in flight.
+    /// Any other holder is waited for.
+    pub fn claim_unless_storing(&self, key: Key) -> Option<Claim<'_>> {
+        let storing = Self::tag(key) | STORING;
+        let word = self.stripe(key);
+        let mut spins = 0u32;
+        loop {
+            if let Some(c) = self.try_claim(key) {
+                return Some(c);
+            }
+            // ORDERING: Relaxed — a hint (module doc, "Storing mark"); the
+            // claim itself is taken by `try_claim`'s Acquire CAS.
+            if word.load(Ordering::Relaxed) == storing {
+                return None;
             }
             spins = spins.saturating_add(1);
             if cfg!(daxkv_loom) || spins > SPIN_MAX {
@@ -167,6 +232,35 @@ mod tests {
         drop(o);
         assert_eq!(t.held(), 0);
         drop(t.claim(same_stripe));
+    }
+
+    #[test]
+    fn a_storing_mark_makes_only_its_key_skip() {
+        let t = ClaimTable::new(4);
+        let k = Key::from_u128(1);
+        let mate = Key::from_u128(5);
+        let c = t.try_claim(k).unwrap();
+        // Held, not storing: a deleter of k would wait (checked with a
+        // thread below); mark it storing: k's deleter skips.
+        c.mark_storing();
+        assert!(t.claim_unless_storing(k).is_none(), "k's store in flight");
+        std::thread::scope(|s| {
+            let h = s.spawn(|| t.claim_unless_storing(mate).is_some());
+            std::thread::yield_now();
+            drop(c);
+            assert!(h.join().unwrap(), "a stripe mate waits, then claims");
+        });
+        let plain = t.try_claim(k).unwrap();
+        std::thread::scope(|s| {
+            let h = s.spawn(|| t.claim_unless_storing(k).is_some());
+            std::thread::yield_now();
+            drop(plain);
+            assert!(
+                h.join().unwrap(),
+                "a holder that is not storing is waited for"
+            );
+        });
+        assert_eq!(t.held(), 0);
     }
 
     #[test]

@@ -10,12 +10,25 @@
 //! device list is read lock-free, and status answers at once, showing a
 //! device as `migrating` / `removing` / `resizing` while it is.
 //!
+//! ## Listeners
+//!
+//! An evicting remove or shrink tells the listeners (`on_keys_deleted`)
+//! after it has let go of the admin mutex, on the calling thread, with no
+//! engine state held, as [`crate::engine::Listener`] promises: a listener
+//! may call `Engine::close`, `set_device_state` or another hotplug
+//! operation (each takes the admin mutex; under it they would wait for
+//! themselves for ever, and every later control-plane call behind them).
+//! The keys are collected while the operation runs and told once it ends,
+//! whether it succeeded or stopped (the keys deleted before it stopped).
+//!
 //! ## Moving a key (migration, shrink)
 //!
 //! Under the key's claim (parent module doc, "Key ownership"): read the
 //! payload from the source, put it on the least-used writable device (the
 //! next one if full), then delete it from the source. A store of the key
-//! waits on the claim, so no third copy appears; a lookup or load may miss
+//! waits on the claim, so no third copy appears; an unlock of it waits too,
+//! so it never lands while a forced move hands the source copy's locks to
+//! the new copy (it would release none, or two); a lookup or load may miss
 //! the key while it moves (a transient miss, never wrong bytes). If the
 //! source delete fails (a
 //! lookup locked the key meanwhile and `force` is off) the copy on the
@@ -342,7 +355,9 @@ fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
 }
 
 /// Take `n` lookup locks on `key` on `dev` (locks handed over from a
-/// moved copy).
+/// moved copy). Called under the key's claim, which every unlock takes
+/// too (`Engine::submit_unlock`): no unlock sees the locks in transit,
+/// off the source copy and not yet on this one.
 fn lock_n(dev: &Device, key: Key, n: u32) {
     for _ in 0..n {
         dev.core().exists(key, true);
@@ -623,7 +638,12 @@ impl Engine {
         } else {
             HotplugOp::Remove
         };
-        counted(self, op, self.remove_inner(id, mode, force))
+        let mut deleted = Vec::new();
+        let r = self.remove_inner(id, mode, force, &mut deleted);
+        // The admin mutex is released: a listener may call back into the
+        // control plane (module doc, "Listeners").
+        self.tell_deleted(&deleted);
+        counted(self, op, r)
     }
 
     fn remove_inner(
@@ -631,6 +651,7 @@ impl Engine {
         id: DeviceId,
         mode: RemoveMode,
         force: bool,
+        told: &mut Vec<Key>,
     ) -> Result<RemoveReport, HotplugError> {
         let admin = self.hotplug_admin()?;
         let (index, dev) = self.device(id)?;
@@ -669,7 +690,7 @@ impl Engine {
                 bytes = b;
             }
             RemoveMode::Evict => {
-                deleted = self.evict_keys(&dev, &keys, force)?;
+                deleted = Self::evict_keys(&dev, &keys, force, told)?;
             }
             RemoveMode::Drain => unreachable!(),
         }
@@ -698,11 +719,11 @@ impl Engine {
         force: bool,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
     ) -> Result<ResizeReport, HotplugError> {
-        counted(
-            self,
-            HotplugOp::Resize,
-            self.resize_inner(id, size_bytes, mode, force, gate),
-        )
+        let mut deleted = Vec::new();
+        let r = self.resize_inner(id, size_bytes, mode, force, gate, &mut deleted);
+        // The admin mutex is released (as in `remove_device`).
+        self.tell_deleted(&deleted);
+        counted(self, HotplugOp::Resize, r)
     }
 
     fn resize_inner(
@@ -712,6 +733,7 @@ impl Engine {
         mode: ShrinkMode,
         force: bool,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
+        told: &mut Vec<Key>,
     ) -> Result<ResizeReport, HotplugError> {
         let _admin = self.hotplug_admin()?;
         let slot = self.inner.slot_bytes;
@@ -758,7 +780,9 @@ impl Engine {
                 let high = dev.core().snapshot_keys_from(new_slots);
                 match mode {
                     ShrinkMode::Migrate => moved += self.move_keys(&dev, &high, force)?.0,
-                    ShrinkMode::Evict if force => deleted += self.evict_keys(&dev, &high, true)?,
+                    ShrinkMode::Evict if force => {
+                        deleted += Self::evict_keys(&dev, &high, true, told)?;
+                    }
                     ShrinkMode::Evict => {
                         if !high.is_empty() {
                             return Err(HotplugError::ShrinkWouldDrop);
@@ -896,21 +920,20 @@ impl Engine {
         Move::NoRoom
     }
 
-    /// Delete `keys` from `dev` (forced or not) and tell the listeners
-    /// about the ones deleted, even when some were blocked (better than
-    /// upstream, docs/lmcache-dax-behavior.md §9.4 item 4).
-    fn evict_keys(&self, dev: &Device, keys: &[Key], force: bool) -> Result<usize, HotplugError> {
+    /// Delete `keys` from `dev` (forced or not) and add the ones deleted
+    /// to `told`, for the listeners once the admin mutex is released, even
+    /// when some were blocked (better than upstream,
+    /// docs/lmcache-dax-behavior.md §9.4 item 4).
+    fn evict_keys(
+        dev: &Device,
+        keys: &[Key],
+        force: bool,
+        told: &mut Vec<Key>,
+    ) -> Result<usize, HotplugError> {
         let ok = dev.core().delete_many(keys, force);
-        let deleted: Vec<Key> = keys
-            .iter()
-            .zip(&ok)
-            .filter(|(_, &d)| d)
-            .map(|(k, _)| *k)
-            .collect();
-        if !deleted.is_empty() {
-            self.inner
-                .tell_listeners("on_keys_deleted", |l| l.on_keys_deleted(&deleted));
-        }
+        let before = told.len();
+        told.extend(keys.iter().zip(&ok).filter(|(_, &d)| d).map(|(k, _)| *k));
+        let n = told.len() - before;
         // A key another thread deleted meanwhile is gone, not blocked
         // (review finding: a forced evict was refused for it).
         let blocked = keys
@@ -924,6 +947,19 @@ impl Engine {
                 borrowed: 0,
             });
         }
-        Ok(deleted.len())
+        Ok(n)
+    }
+
+    /// Tell the listeners about keys a remove or shrink deleted. Called
+    /// with no engine lock held (never under the admin mutex): a listener
+    /// may call `close`, `set_device_state` or another hotplug operation.
+    /// Told later than the deletes happened, never earlier, so every order
+    /// a listener could rely on before (a key's "stored" before its
+    /// "deleted") still holds.
+    fn tell_deleted(&self, keys: &[Key]) {
+        if !keys.is_empty() {
+            self.inner
+                .tell_listeners("on_keys_deleted", |l| l.on_keys_deleted(keys));
+        }
     }
 }

@@ -215,3 +215,138 @@ fn a_forced_migration_drops_lookup_locks() {
     );
     assert_eq!(n, 1, "the reader's lock was not handed over");
 }
+
+/// Arm a stall on `t` that fires at the first find on it once `s` no
+/// longer holds `k` (a forced move has detached the source copy, taking
+/// its locks, and not yet taken them on the target): there it runs
+/// `submit_unlock(k)` on another thread and waits for it, up to 500 ms.
+fn unlock_in_the_hand_over(
+    t: &crate::core::DaxCore,
+    s: Arc<pool::Device>,
+    e: Arc<Engine>,
+    k: Key,
+    done: mpsc::Sender<()>,
+) {
+    t.inject_stall(StallPoint::AfterFind, move |t| {
+        if s.core().contains_live(k) {
+            // Not in the window yet (the put on T): the next find.
+            unlock_in_the_hand_over(t, s, e, k, done);
+            return;
+        }
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            e.submit_unlock(&[k]);
+            let _ = tx.send(());
+            let _ = done.send(());
+        });
+        // Fixed: the unlock waits for this move's claim (the wait times
+        // out and the move goes on). Before: it ran here, in the window.
+        let _ = rx.recv_timeout(Duration::from_millis(500));
+    });
+}
+
+/// Issue 17, item 16 (the interleaving of `Engine::submit_unlock`'s doc):
+/// a reader's unlock that lands between a forced move's source delete
+/// (which takes the copy's lock) and the lock taken again on the target
+/// found no lock anywhere and released nothing; the target copy then
+/// stayed locked for ever: a plain delete skipped it, status counted the
+/// lock, and a later non-forced remove was 409. Checked once with the
+/// unlock of before (no claim, `unlock_many` on every device): "locks
+/// left 1", remove `Blocked { locked: 1 }`.
+#[test]
+fn an_unlock_never_lands_inside_a_move() {
+    let e = Arc::new(
+        Engine::open(
+            vec![dev(16, 16), dev(16, 16), dev(16, 16)],
+            SLOT,
+            true,
+            EngineOptions::default(),
+        )
+        .unwrap(),
+    );
+    let k = Key::digest(b"hand-over");
+    e.set_device_state(DeviceId(0), DeviceState::Draining)
+        .unwrap();
+    store(&e, k); // on device 1 (the source S); device 0 (target T) is first
+    e.set_device_state(DeviceId(0), DeviceState::Active)
+        .unwrap();
+    e.set_device_state(DeviceId(2), DeviceState::Draining)
+        .unwrap();
+    let devs = e.inner.pool.snapshot();
+    let (s, t) = (devs[1].clone(), devs[0].clone());
+    assert!(lookup_lock(&e, k), "the reader locks K on S");
+    let (done_tx, done_rx) = mpsc::channel();
+    unlock_in_the_hand_over(t.core(), s.clone(), e.clone(), k, done_tx);
+    let r = e.remove_device(DeviceId(1), RemoveMode::Migrate, true);
+    assert_eq!(r.unwrap().moved_keys, 1);
+    done_rx
+        .recv_timeout(W)
+        .expect("the reader's unlock ran and returned");
+    let locks = t.core().lock_count(k);
+    e.set_device_state(DeviceId(2), DeviceState::Active)
+        .unwrap();
+    let remove = e.remove_device(DeviceId(0), RemoveMode::Migrate, false);
+    eprintln!("locks left {locks}; non-forced remove of T: {remove:?}");
+    assert_eq!(locks, 0, "the reader unlocked: no lock may be left");
+    assert!(remove.is_ok(), "remove after the unlock: {remove:?}");
+    assert_eq!(e.delete(&[k]), [k], "unlocked: a plain delete removes it");
+}
+
+/// Issue 17, item 15k: what `Engine::delete` does with a key another
+/// party holds the claim of (docs/key-ownership.md, "Delete"): a store of
+/// the key placing a new copy (the storing mark) makes the delete skip it,
+/// like a locked key (LMCache's eviction retries next cycle); a move of
+/// the key (a claim without the mark), or a store of another key on the
+/// same stripe, is waited for, and the key is then deleted.
+#[test]
+fn delete_skips_a_key_being_stored_and_waits_for_a_move() {
+    let e =
+        Arc::new(Engine::open(vec![dev(16, 16)], SLOT, true, EngineOptions::default()).unwrap());
+    let k = Key::from_parts(0x1111, 5);
+    let mate = Key::from_parts(0x2222, 5 + claims::STRIPES as u64);
+    store(&e, k);
+    let claims = &e.inner.pool.claims;
+
+    // K's store in flight: skipped, K stays. (Checked once with the
+    // delete of before, which waited for the claim: "the delete waited for
+    // the store", then deleted K.)
+    let c = claims.claim(k);
+    c.mark_storing();
+    let (tx, rx) = mpsc::channel();
+    let deleter = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(e.delete(&[k]));
+        })
+    };
+    let skipped = rx.recv_timeout(Duration::from_secs(10));
+    drop(c);
+    deleter.join().unwrap();
+    assert_eq!(
+        skipped.expect("the delete waited for the store"),
+        [],
+        "a key being stored is skipped"
+    );
+    assert_eq!(e.devices_holding(k), [DeviceId(0)], "K stays");
+
+    // A move of K, then a stripe mate's store: waited for, then deleted.
+    for (holder, storing) in [(k, false), (mate, true)] {
+        let c = claims.claim(holder);
+        if storing {
+            c.mark_storing();
+        }
+        let deleter = {
+            let e = e.clone();
+            std::thread::spawn(move || e.delete(&[k]))
+        };
+        // A schedule aid, not an assertion: let the delete reach the claim.
+        std::thread::sleep(Duration::from_millis(50));
+        let waited = !deleter.is_finished();
+        drop(c);
+        let deleted = deleter.join().unwrap();
+        assert!(waited, "holder {holder:?}: the delete did not wait");
+        assert_eq!(deleted, [k], "holder {holder:?}: deleted once free");
+        store(&e, k);
+    }
+    assert_eq!(claims.held(), 0);
+}

@@ -17,8 +17,8 @@
 //! (docs/lmcache-dax-behavior.md §1): task ids are one counter shared by
 //! all kinds; store results are drained with `pop_completed_stores` (each
 //! id exactly once) or taken per task (`wait_store`); lookup and load
-//! results are one-shot per id; `submit_unlock` never fails and is applied
-//! to every device; three distinct non-blocking close-on-exec eventfds
+//! results are one-shot per id; `submit_unlock` never fails and releases
+//! the lock wherever the key is now; three distinct non-blocking close-on-exec eventfds
 //! signal completions.
 //!
 //! ## Where things are
@@ -105,13 +105,17 @@
 //!   sees the first's insert, so step 3 finds it.
 //! - **Lookup / load.** No claim: they look on every readable device and
 //!   stop at the first hit. With one copy there is one hit.
-//! - **Unlock.** Applied on every device (a lock lives where the key was
-//!   found; unlocking a device without it does nothing).
+//! - **Unlock.** Under the key's claim: one lock, on the first device that
+//!   holds the key locked (a lock lives where the key was found; the key
+//!   may have moved since). The claim keeps it out of a move's lock
+//!   hand-over, where it released no lock or two ([`Engine::submit_unlock`]).
 //! - **Delete.** On every device, under the key's claim (the device list
 //!   read under it), so a migration moving the key finishes first and the
-//!   delete finds its one copy. A claim holder never waits on an arena: a
-//!   device with a remap pending makes the delete let go of the claim,
-//!   wait, and do the key again.
+//!   delete finds its one copy. A key whose store is in flight (its claim
+//!   carries the storing mark) is skipped like a locked key, not waited
+//!   for (`docs/key-ownership.md`, "Delete", says why). A claim holder
+//!   never waits on an arena: a device with a remap pending makes the
+//!   delete let go of the claim, wait, and do the key again.
 //! - **Migration** (`hotplug.rs`). Under the key's claim: copy to the
 //!   target and commit there (two copies now, both the same bytes), delete
 //!   the source copy (the last step; a forced move hands its lock count to
@@ -177,8 +181,10 @@ use crate::ring::{Consumer, Cqe};
 
 /// Callbacks for keys stored, accessed and deleted
 /// (docs/lmcache-dax-behavior.md §1.1). Called on worker threads (or the
-/// deleting thread), outside any engine state; a panic is caught, logged
-/// and counted (`status().listener_panics`).
+/// deleting thread, or the thread of an evicting remove or shrink once it
+/// has let go of the pool's admin mutex), outside any engine state: a
+/// listener may call back into the engine, control plane included; a
+/// panic is caught, logged and counted (`status().listener_panics`).
 pub trait Listener: Send + Sync {
     /// Keys a store task put in the pool, with their sizes (slot bytes).
     fn on_keys_stored(&self, _keys: &[Key], _sizes: &[usize]) {}
@@ -583,15 +589,66 @@ impl Engine {
         self.event_fd(TaskKind::Load)
     }
 
-    /// Release one lookup lock per key on every device (a key may have moved
-    /// between lookup and unlock). Never fails.
+    /// Release one lookup lock per key, on whichever device holds the key
+    /// now (it may have moved between lookup and unlock). Never fails.
+    ///
+    /// Each key under its claim, so an unlock never lands inside a move:
+    /// a migration holds the claim from the copy on the target until the
+    /// source's locks are handed over (`hotplug.rs`, `move_key`), and
+    /// outside a claim the key has one copy, which holds every lock.
+    /// Without the claim this breaks (docs/key-ownership.md, "Unlock"):
+    ///
+    /// ```text
+    /// reader:    lock K on S ............ unlock: S (gone), T (0 locks): no-op
+    /// migration:  put K on T; S: delete, taking 1 lock | ....... T: take 1 lock
+    /// → K locked for ever (a later non-forced remove is 409).
+    /// reader A:  lock K on S ............. unlock: S 1→0, T 1→0 (B's lock)
+    /// reader B:             lock K on T (the new copy)
+    /// migration:  put K on T ..................................... S: delete, 0 locks
+    /// → B's lock gone; a plain delete removes the key B holds.
+    /// ```
+    ///
+    /// `tests/hotplug_races.rs::unlock_racing_forced_migrations_*` hunts
+    /// both, `hotplug_races::an_unlock_never_lands_inside_a_move` pins the
+    /// first, `tests/loom_claims.rs` models the hand-over.
     pub fn submit_unlock(&self, keys: &[Key]) {
-        for d in self.inner.pool.list().iter() {
-            d.core().unlock_many(keys);
+        for &k in keys {
+            self.unlock_one(k);
         }
         self.inner
             .metrics
             .record_call(Op::Unlock, keys.len(), keys.len());
+    }
+
+    /// Release one lock on `k` under its claim (see `submit_unlock`). A
+    /// claim holder never waits on an arena: on a pending remap it lets go
+    /// of the claim, waits for the remap, and does the key again (nothing
+    /// was released yet: the first device that releases a lock ends it).
+    fn unlock_one(&self, k: Key) {
+        loop {
+            let claim = self.inner.pool.claims.claim(k);
+            let devs = self.inner.pool.list();
+            let mut busy = None;
+            for d in devs.iter() {
+                match d.core().try_session() {
+                    Ok(s) => {
+                        if s.unlock(k) {
+                            return;
+                        }
+                    }
+                    Err(crate::arena::TryEnterError::Closed) => {}
+                    Err(crate::arena::TryEnterError::Busy) => {
+                        busy = Some(d.clone());
+                        break;
+                    }
+                }
+            }
+            drop(claim);
+            match busy {
+                Some(d) => drop(d.core().session()),
+                None => return,
+            }
+        }
     }
 
     /// Look up `keys` without locking them, on the calling thread: key `i`
@@ -634,7 +691,11 @@ impl Engine {
     }
 
     /// Delete unlocked, committed keys from every device; returns the keys
-    /// deleted (each once) and tells the listeners.
+    /// deleted (each once) and tells the listeners. Locked keys and keys
+    /// whose store is in flight are skipped (not deleted, not returned: a
+    /// caller such as LMCache's eviction tries them again later); a key
+    /// being moved by a migration is waited for and deleted where it went
+    /// (`docs/key-ownership.md`, "Delete").
     pub fn delete(&self, keys: &[Key]) -> Vec<Key> {
         let mut out = Vec::new();
         self.delete_into(keys, &mut out);
@@ -660,7 +721,14 @@ impl Engine {
             // delete finds the one copy and cannot be undone by the move.
             // The device list is read under the claim (a key moved to a
             // device added meanwhile is found there; review finding).
-            let claim = self.inner.pool.claims.claim(k);
+            // A key whose store is in flight is skipped, like a locked
+            // one (docs/key-ownership.md, "Delete": LMCache's eviction
+            // retries it next cycle); any other holder (a move, an unlock)
+            // is waited for.
+            let Some(claim) = self.inner.pool.claims.claim_unless_storing(k) else {
+                i += 1;
+                continue;
+            };
             let devs = self.inner.pool.list();
             let mut hit = false;
             let mut busy = None;

@@ -776,7 +776,7 @@ pub(super) fn store_one(
     data: &[u8],
 ) -> Stored {
     // Held until we return: no other store of this key decides meanwhile.
-    let _claim = pool.claims.claim(key);
+    let claim = pool.claims.claim(key);
     // The device list as of now, not as of the part's start: a device
     // added since may hold the key (stored there under an earlier claim,
     // whose Release our claim's Acquire observed, and with it that store's
@@ -797,6 +797,9 @@ pub(super) fn store_one(
             }
         }
     }
+    // The key is on no device: from here its store is in flight, and a
+    // delete of it skips it (`docs/key-ownership.md`, "Delete").
+    claim.mark_storing();
     // Try writable devices in ascending usage: pick the least used one not
     // yet tried, each round (devices are few; no allocation per key).
     let mut last = None;
