@@ -775,6 +775,20 @@ impl Engine {
         self.inner.pool.usage()
     }
 
+    /// Status's `numa`: where the workers were asked to run and where they
+    /// run (read back).
+    fn placement_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "source": self.inner.opts.cpus_source.as_str(),
+            "node": self.inner.opts.cpus_node,
+            "cpus": self.inner.opts.cpus,
+            "process_cpus": self.inner.cpu_plan.process.cpus,
+            "process_cpus_source": self.inner.cpu_plan.process.source,
+            "warnings": self.placement_warnings(),
+            "workers": self.worker_placement().iter().map(WorkerPlacement::to_json).collect::<Vec<_>>(),
+        })
+    }
+
     /// Status fields (docs/lmcache-dax-behavior.md §3.10), as a JSON value.
     pub fn status(&self) -> serde_json::Value {
         let devs = self.inner.pool.entries();
@@ -875,15 +889,7 @@ impl Engine {
                 "load": self.inner.signals[2].load(Ordering::Relaxed),
             },
             "parts_run": {"store": parts(0), "lookup": parts(1), "load": parts(2)},
-            "numa": {
-                "source": self.inner.opts.cpus_source.as_str(),
-                "node": self.inner.opts.cpus_node,
-                "cpus": self.inner.opts.cpus,
-                "process_cpus": self.inner.cpu_plan.process.cpus,
-                "process_cpus_source": self.inner.cpu_plan.process.source,
-                "warnings": self.placement_warnings(),
-                "workers": self.worker_placement().iter().map(WorkerPlacement::to_json).collect::<Vec<_>>(),
-            },
+            "numa": self.placement_json(),
             "num_devices": devs.len(),
             "devices": devices,
             "metrics": self.metrics().to_json(),

@@ -715,6 +715,31 @@ fn unprocessable(detail: &[Value]) -> Response {
     )
 }
 
+/// Whether the allow-list lets `add` name `p` (a path, or an anonymous
+/// device); the refusal otherwise.
+async fn add_allowed(app: &Arc<App>, p: String) -> Result<(), Response> {
+    if crate::engine::is_memfd_name(p.trim()) {
+        // Not a path: allowed without an allow-list, or with `memfd` on it.
+        if !app.allow_all && !app.allow_memfd {
+            return Err(error(
+                StatusCode::FORBIDDEN,
+                "anonymous devices not allowed (add memfd to the allow-list)",
+            ));
+        }
+    } else if !app.allow_all {
+        let app2 = Arc::clone(app);
+        // canonicalize touches the file system: off the event loop.
+        // An allow-list of `memfd` alone allows no path.
+        let allowed = move || !app2.allow.is_empty() && path_allowed(&app2.allow, &p);
+        match blocking(allowed).await {
+            Ok(true) => {}
+            Ok(false) => return Err(error(StatusCode::FORBIDDEN, "device path not allowed")),
+            Err(r) => return Err(r),
+        }
+    }
+    Ok(())
+}
+
 async fn post_op(
     app: Arc<App>,
     backend: &str,
@@ -772,24 +797,8 @@ async fn post_op(
         }
     };
     if let Some(p) = add_path {
-        if crate::engine::is_memfd_name(p.trim()) {
-            // Not a path: allowed without an allow-list, or with `memfd` on it.
-            if !app.allow_all && !app.allow_memfd {
-                return error(
-                    StatusCode::FORBIDDEN,
-                    "anonymous devices not allowed (add memfd to the allow-list)",
-                );
-            }
-        } else if !app.allow_all {
-            let app2 = Arc::clone(&app);
-            // canonicalize touches the file system: off the event loop.
-            // An allow-list of `memfd` alone allows no path.
-            let allowed = move || !app2.allow.is_empty() && path_allowed(&app2.allow, &p);
-            match blocking(allowed).await {
-                Ok(true) => {}
-                Ok(false) => return error(StatusCode::FORBIDDEN, "device path not allowed"),
-                Err(r) => return r,
-            }
+        if let Err(r) = add_allowed(&app, p).await {
+            return r;
         }
     }
     let Some((generic, b)) = local_index

@@ -244,20 +244,7 @@ pub(crate) fn dax(op: &str, body: &Value, big: &BigInts) -> Result<Accepted, Ref
     let local_index = adapter_index(o, big, &mut errs);
     let mut payload = Map::new();
 
-    let by_index = fields.contains(&"device_index") && device_index(o, &mut payload, &mut errs);
-    match o.get("device_path") {
-        None if by_index => {}
-        None => errs.push(item("missing", &["device_path"], "Field required", body)),
-        Some(Value::String(p)) => {
-            payload.insert("device_path".into(), Value::String(p.clone()));
-        }
-        Some(v) => errs.push(item(
-            "string_type",
-            &["device_path"],
-            "Input should be a valid string",
-            v,
-        )),
-    }
+    device(fields, body, o, &mut payload, &mut errs);
 
     // `size: StrictInt | str`, converted after the schema passes.
     let mut size = None;
@@ -297,15 +284,7 @@ pub(crate) fn dax(op: &str, body: &Value, big: &BigInts) -> Result<Accepted, Ref
         mode(op, o, &mut payload, &mut errs);
     }
     if fields.contains(&"force") {
-        match o.get("force").map(lax_bool) {
-            None => {
-                payload.insert("force".into(), false.into());
-            }
-            Some(Ok(b)) => {
-                payload.insert("force".into(), b.into());
-            }
-            Some(Err((ty, msg))) => errs.push(item(ty, &["force"], msg, &o["force"])),
-        }
+        force(o, &mut payload, &mut errs);
     }
 
     for (k, v) in o {
@@ -348,6 +327,44 @@ pub(crate) fn dax(op: &str, body: &Value, big: &BigInts) -> Result<Accepted, Ref
         payload: Value::Object(payload),
         add_path,
     })
+}
+
+/// The device an operation names: `device_path: str`, or (remove,
+/// resize) daxkv's `device_index`, or both.
+fn device(
+    fields: &[&str],
+    body: &Value,
+    o: &Map<String, Value>,
+    payload: &mut Map<String, Value>,
+    errs: &mut Vec<Value>,
+) {
+    let by_index = fields.contains(&"device_index") && device_index(o, payload, errs);
+    match o.get("device_path") {
+        None if by_index => {}
+        None => errs.push(item("missing", &["device_path"], "Field required", body)),
+        Some(Value::String(p)) => {
+            payload.insert("device_path".into(), Value::String(p.clone()));
+        }
+        Some(v) => errs.push(item(
+            "string_type",
+            &["device_path"],
+            "Input should be a valid string",
+            v,
+        )),
+    }
+}
+
+/// `force: bool = False` (pydantic's lax bool).
+fn force(o: &Map<String, Value>, payload: &mut Map<String, Value>, errs: &mut Vec<Value>) {
+    match o.get("force").map(lax_bool) {
+        None => {
+            payload.insert("force".into(), false.into());
+        }
+        Some(Ok(b)) => {
+            payload.insert("force".into(), b.into());
+        }
+        Some(Err((ty, msg))) => errs.push(item(ty, &["force"], msg, &o["force"])),
+    }
 }
 
 /// `max_size: StrictInt | str | None` (add): the largest size a later
