@@ -620,7 +620,7 @@ fn one_worker_per_pool_runs_pinned_unless_told_not_to() {
     }
 }
 
-/// `--path` of a sysfs or procfs pseudo-file (issue 17 item 13) is refused
+/// `--path` of a sysfs or procfs pseudo-file is refused
 /// before anything runs, naming the path and the file system. Read-only
 /// files, so a regression cannot write into kernel state. On the code
 /// before the allow-list the bench went on to "preparing" and failed at

@@ -1,4 +1,4 @@
-//! Sizes a request or a config can ask for (issue 17, items 10 and 14):
+//! Sizes a request or a config can ask for:
 //! a memfd larger than the memory the process may use, and slot tables
 //! that cannot be allocated, are errors that name the size (never an
 //! abort); a device grows up to the `max_size` set when it was added (a

@@ -1,4 +1,4 @@
-//! A removed or closed device gives back what it held (issue 17, item 11):
+//! A removed or closed device gives back what it held:
 //! its mapping, fd and slot tables go once the last guard on it is gone
 //! (at once if none is held), and what stays in the pool is a tombstone
 //! of a few bytes. Real memfds and tmpfs files, the fds and mappings read

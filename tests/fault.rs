@@ -1,5 +1,5 @@
 //! A SIGBUS in a device copy fails that device, not the process
-//! (`daxkv::fault`, issue 17 item 12): a tmpfs device file truncated under
+//! (`daxkv::fault`): a tmpfs device file truncated under
 //! stored keys, a poisoned memory line (`BUS_MCEERR_AR`) consumed by a
 //! copy, and the faults that must still kill the process (outside any
 //! copy, or in a copy but outside the device).

@@ -587,7 +587,7 @@ fn resize_grows_in_place_and_shrinks_without_dropping_data() {
             None,
         )
         .unwrap_err();
-    // The body says why (issue 17, item 14), without the path.
+    // The body says why, without the path.
     let why = err.body["error"].as_str().unwrap_or_default();
     assert_eq!(err.status, 400);
     assert!(
@@ -888,7 +888,7 @@ fn traffic_survives_every_hotplug_operation() {
     e.check_invariants().unwrap();
 }
 
-/// `add` of a sysfs or procfs pseudo-file over HTTP (issue 17 item 13):
+/// `add` of a sysfs or procfs pseudo-file over HTTP:
 /// refused by the arena's open even with no probe gate in front (the
 /// probing gate refuses it too, as `not_a_device`), with nothing added;
 /// a tmpfs file is still added. Read-only files, so a regression cannot

@@ -346,7 +346,7 @@ fn lock_check_unlock(
     rounds
 }
 
-/// Issue 17, item 16: a forced migration hands a moved key's lookup locks
+/// A forced migration hands a moved key's lookup locks
 /// over from the source copy to the target copy (the source delete takes
 /// them, then they are taken again on the target, one by one).
 /// `submit_unlock` took no claim and released one lock on every device in

@@ -136,7 +136,7 @@ impl Held {
     }
 }
 
-/// Issue 17, item 16: a forced migration's lock hand-over against a
+/// A forced migration's lock hand-over against a
 /// reader that takes two lookup locks (the second may find the new copy,
 /// first in list order, while the first is on the source) and releases
 /// them one by one. Checked: while the reader still holds a lock a plain

@@ -520,7 +520,7 @@ fn binary_usage_errors_exit_nonzero() {
     assert!(!o.status.success(), "unknown flag: {o:?}");
 }
 
-/// Pseudo-files (issue 17 item 13): regular files on sysfs and procfs are
+/// Pseudo-files: regular files on sysfs and procfs are
 /// `not_a_device` to the probe and refused by the arena's open before
 /// anything is mapped (by `statfs` of the path, then `fstatfs` of the
 /// opened descriptor), with an error naming the path and the file system;

@@ -393,8 +393,7 @@ fn serve_refuses_browser_requests_and_admits_allowed_hosts() {
     s.stop_with(libc::SIGTERM);
 }
 
-/// A device file truncated under a running `daxkv serve --traffic` (issue
-/// 17 item 12): the server lives on, the device reads `failed` in the
+/// A device file truncated under a running `daxkv serve --traffic`: the server lives on, the device reads `failed` in the
 /// status, the workload goes on on the other device with no wrong bytes,
 /// and SIGINT still stops it with exit 0. On the code before
 /// `daxkv::fault` the server died of SIGBUS at the next copy into or out

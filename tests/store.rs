@@ -795,7 +795,7 @@ fn restore_into_a_large_batch_streams_into_unaligned_outputs() {
     assert!(big[prev_end..].iter().all(|&b| b == 0xA5));
 }
 
-// ----- issue 17, item 18: closers are serialized; accepted jobs complete -----
+// ----- closers are serialized; accepted jobs complete -----
 
 /// Queue `n` async puts behind a first one whose callback waits for
 /// `gate`; every result lands in `results` (in completion order).

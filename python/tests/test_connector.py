@@ -332,7 +332,7 @@ def test_aliasing_buffers_are_refused_and_leave_nothing_held(make_connector):
     ],
 )
 def test_a_pseudo_file_device_path_is_refused(path, fs):
-    # issue 17 item 13: a sysfs / procfs pseudo-file is never mapped; the
+    # A sysfs / procfs pseudo-file is never mapped; the
     # error names the path and the file system (read-only files, so a
     # regression cannot write into kernel state).
     if not os.path.isfile(path):

@@ -245,7 +245,7 @@ fn unlock_in_the_hand_over(
     });
 }
 
-/// Issue 17, item 16 (the interleaving of `Engine::submit_unlock`'s doc):
+/// The interleaving of `Engine::submit_unlock`'s doc:
 /// a reader's unlock that lands between a forced move's source delete
 /// (which takes the copy's lock) and the lock taken again on the target
 /// found no lock anywhere and released nothing; the target copy then
@@ -292,7 +292,7 @@ fn an_unlock_never_lands_inside_a_move() {
     assert_eq!(e.delete(&[k]), [k], "unlocked: a plain delete removes it");
 }
 
-/// Issue 17, item 15k: what `Engine::delete` does with a key another
+/// What `Engine::delete` does with a key another
 /// party holds the claim of (docs/key-ownership.md, "Delete"): a store of
 /// the key placing a new copy (the storing mark) makes the delete skip it,
 /// like a locked key (LMCache's eviction retries next cycle); a move of

@@ -939,7 +939,7 @@ mod tests {
         assert_eq!(e.usage().0, 0);
     }
 
-    /// Issue 17, item 11: a removed device leaves the list the data path
+    /// A removed device leaves the list the data path
     /// walks (unlock, delete, placement), so their cost does not grow
     /// with the number of devices ever removed; status still lists the
     /// tombstones, in id order. Fails on the old code (the list grew by
