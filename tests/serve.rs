@@ -393,11 +393,11 @@ fn serve_refuses_browser_requests_and_admits_allowed_hosts() {
     s.stop_with(libc::SIGTERM);
 }
 
-/// A device file truncated under a running `daxkv serve --traffic`: the server lives on, the device reads `failed` in the
-/// status, the workload goes on on the other device with no wrong bytes,
-/// and SIGINT still stops it with exit 0. On the code before
-/// `daxkv::fault` the server died of SIGBUS at the next copy into or out
-/// of the file.
+/// A device file truncated under a running `daxkv serve --traffic`: the
+/// server lives on, the device reads `failed` in the status, the workload
+/// goes on on the other device with no wrong bytes, and SIGINT still stops
+/// it with exit 0. Without `daxkv::fault` the server died of SIGBUS at the
+/// next copy into or out of the file.
 #[test]
 fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {
     let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
