@@ -85,8 +85,8 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::copy;
 use crate::error::OpenError;
-use crate::memlimit::{self, MemRoots};
 use crate::fault;
+use crate::memlimit::{self, MemRoots};
 use crate::sys;
 
 const COUNT_MASK: u64 = (1 << 48) - 1;
@@ -521,7 +521,8 @@ impl Arena {
                 // A memfd is RAM: refuse a size the process cannot hold
                 // before creating it (the pages come on first touch, too
                 // late to say no).
-                memlimit::check_memfd(len, &spec.mem_roots)?;
+                // Held until the memfd is registered (its size counted).
+                let _promised = memlimit::check_memfd(len, &spec.mem_roots)?;
                 let file = sys::memfd_create("daxkv").map_err(|e| map_err("memfd", len, e))?;
                 file.set_len(len as u64).map_err(|e| OpenError::Truncate {
                     what: "memfd".into(),
@@ -1065,11 +1066,13 @@ impl Exclusive<'_> {
         // so nothing mutates `mapped` while this shared borrow lives (it
         // ends before the `&mut` below).
         let file = unsafe { (*a.mapped.get()).file.as_ref() };
-        if a.kind == ArenaKind::Memfd && new_len > cur_len {
-            if let Some(roots) = &a.mem_roots {
-                memlimit::check_memfd(new_len - cur_len, roots)?;
+        // Held until the memfd has its new size (counted from then on).
+        let _promised = match &a.mem_roots {
+            Some(roots) if a.kind == ArenaKind::Memfd && new_len > cur_len => {
+                Some(memlimit::check_memfd(new_len - cur_len, roots)?)
             }
-        }
+            _ => None,
+        };
         let new_map = if let Some(file) = file {
             if !a.resizable_file && a.kind == ArenaKind::File {
                 // Mapping past a file's end SIGBUSes on first touch.
