@@ -1248,12 +1248,8 @@ fn a_device_index_names_the_status_index_after_a_removal() {
         )
         .unwrap();
     }
-    r.reconfigure(
-        "remove",
-        &json!({"device_index": 0, "mode": "evict"}),
-        None,
-    )
-    .unwrap();
+    r.reconfigure("remove", &json!({"device_index": 0, "mode": "evict"}), None)
+        .unwrap();
     let shown: Vec<(Value, Value)> = e.status()["devices"]
         .as_array()
         .unwrap()
@@ -1262,11 +1258,7 @@ fn a_device_index_names_the_status_index_after_a_removal() {
         .collect();
     assert_eq!(shown[1], (json!(1), json!("memfd:b")), "{shown:?}");
     let out = r
-        .reconfigure(
-            "remove",
-            &json!({"device_index": 1, "mode": "drain"}),
-            None,
-        )
+        .reconfigure("remove", &json!({"device_index": 1, "mode": "drain"}), None)
         .unwrap();
     assert_eq!(
         (out["index"].clone(), out["device_path"].clone()),
