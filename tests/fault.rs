@@ -357,3 +357,25 @@ fn a_failed_arena_refuses_copies() {
     assert_eq!(r, Err(CopyError::DeviceFailed));
     println!("{SURVIVED}");
 }
+
+/// A process that ignores SIGBUS (`SIG_IGN` before daxkv installed its
+/// handler) still ignores one sent with `kill`: the handler passes on
+/// what it does not own as the disposition it replaced would have. Failed
+/// with `SIG_IGN` chained as `SIG_DFL`: the child died of the `kill`
+/// (a signal it ignored before the first arena opened).
+#[test]
+fn a_sigbus_sent_by_kill_to_a_process_that_ignores_it_is_still_ignored() {
+    const NAME: &str = "a_sigbus_sent_by_kill_to_a_process_that_ignores_it_is_still_ignored";
+    if !child(NAME) {
+        return assert_survived(NAME, &run_child(NAME));
+    }
+    // SAFETY: setting a signal's disposition to SIG_IGN (no handler code).
+    unsafe { libc::signal(libc::SIGBUS, libc::SIG_IGN) };
+    let _a = Arena::open(&ArenaSpec::memfd(SLOT)).unwrap();
+    for _ in 0..3 {
+        // SAFETY: kill to this process; SIGBUS was ignored before daxkv.
+        unsafe { libc::kill(libc::getpid(), libc::SIGBUS) };
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("{SURVIVED}");
+}
