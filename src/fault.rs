@@ -12,7 +12,7 @@
 //! |---|---|
 //! | the faulting thread is inside a daxkv copy of a device mapping (`ArenaGuard` copy methods), and `si_addr` lies in **that** device's registered range, `si_code` `BUS_ADRERR`, `BUS_OBJERR` or `BUS_MCEERR_AR` | the device is marked failed, anonymous zero memory is mapped over its whole range (`MAP_FIXED`), the copy finishes over zeros, and its caller sees the device failed and fails the operation |
 //! | `BUS_MCEERR_AO` (poison found, not consumed) in a registered range | the device is marked failed; nothing is remapped (no copy is running into it) |
-//! | anything else: outside a copy, outside the copy's device, another `si_code`, a signal sent by `kill` | the previous handler runs (Rust's own, Python's `faulthandler`, …); with none, the default action is restored and the signal raised again: the process dies as it would have without daxkv |
+//! | anything else: outside a copy, outside the copy's device, another `si_code`, a signal sent by `kill` | the previous handler runs (Rust's own, Python's `faulthandler`, …); with none, the default action is restored and the signal raised again: the process dies as it would have without daxkv; with `SIG_IGN`, a signal sent by a process is ignored as before, and a fault dies (the kernel's answer to an ignored fault) |
 //!
 //! ## The registry
 //!
@@ -466,6 +466,16 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
         None
     };
     let action = prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
+    // SAFETY: the kernel's `siginfo_t` for this signal (caller contract).
+    let sent = unsafe { (*info).si_code } <= 0;
+    if action == libc::SIG_IGN && sent {
+        // Sent by a process (`kill`, `sigqueue`, `tgkill`: `si_code` <= 0)
+        // to one that ignored SIGBUS: ignored, as it was before daxkv
+        // (`tests/fault.rs::a_sigbus_sent_by_kill_to_a_process_that_
+        // ignores_it_is_still_ignored`). An ignored *fault* (`si_code` >
+        // 0) takes the default action below, as the kernel gives it.
+        return;
+    }
     if action == libc::SIG_DFL || action == libc::SIG_IGN {
         // SAFETY: `sigaction` and `raise` are async-signal-safe; the zeroed
         // action is SIG_DFL with an empty mask. SIGBUS is blocked while this
