@@ -464,7 +464,7 @@ fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
 /// live list before and the tombstones after saw the device twice, and
 /// every later device one index too far (`status()` numbers devices by
 /// position, and a control plane names them by that index). One thread
-/// adds and removes devices (at most 8 s, 30 000 cycles), one lists.
+/// adds and removes devices (at most 3 s, 30 000 cycles; the old code failed within 0.2 s), one lists.
 #[test]
 fn a_listing_during_a_remove_shows_each_device_once() {
     const SLOT: usize = 4096;
@@ -488,7 +488,7 @@ fn a_listing_during_a_remove_shows_each_device_once() {
     };
     let t0 = Instant::now();
     for c in 0..30_000 {
-        if t0.elapsed() > Duration::from_secs(8) || lister.is_finished() {
+        if t0.elapsed() > Duration::from_secs(3) || lister.is_finished() {
             break;
         }
         let d = e
