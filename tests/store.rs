@@ -954,3 +954,35 @@ fn close_from_a_put_writer_returns_at_once() {
     ));
     assert_eq!(s.get_vec(k(1)), None);
 }
+
+/// A remap from inside a `put_with_writer` writer (the thread holds the
+/// device for the put) cannot wait for its own put: it is refused at
+/// once as busy, nothing changed. Failed with a remap that waited for
+/// every guard: the writer's own held it the whole drain timeout (5 s).
+#[test]
+fn remap_from_a_put_writer_is_busy_at_once() {
+    let c = StoreConfig::new(CoreConfig::new(
+        ArenaSpec::memfd(4 * SLOT).max_size_bytes(8 * SLOT),
+        SLOT,
+    ));
+    let s = Arc::new(DaxStore::open(&c).unwrap());
+    let s2 = s.clone();
+    let (took, r) = within_watchdog("remap from a writer", move || {
+        let mut out = (Duration::ZERO, String::new());
+        let put = s2.put_with_writer(k(1), 100, 0, |w| {
+            let t = std::time::Instant::now();
+            let r = s2.core().remap(8 * SLOT);
+            out = (t.elapsed(), format!("{r:?}"));
+            w.write(0, &payload(1, 100))
+        });
+        assert!(put.is_ok(), "{put:?}");
+        out
+    });
+    assert!(
+        took < Duration::from_secs(1),
+        "remap in a writer took {took:?}: {r}"
+    );
+    assert!(r.contains("Busy"), "{r}");
+    assert_eq!(s.core().arena_bytes(), 4 * SLOT, "nothing changed");
+    assert_eq!(s.get_vec(k(1)).as_deref(), Some(&payload(1, 100)[..]));
+}
