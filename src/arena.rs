@@ -921,7 +921,8 @@ impl Arena {
     /// Run `f` with no guard alive and new guards held off: the place to
     /// remap and to change anything the data path reads without locks.
     /// Fails with [`GateError::Busy`] (and runs nothing) when guards are
-    /// still alive after the drain timeout.
+    /// still alive after the drain timeout, or at once when the calling
+    /// thread holds one itself.
     pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, GateError> {
         let _admin = self
             .admin
@@ -933,6 +934,18 @@ impl Arena {
         if prev & CLOSED != 0 {
             self.end_exclusive();
             return Err(GateError::Closed);
+        }
+        // A thread that holds a guard on this arena would wait for itself
+        // (a writer callback that resizes the device it writes into): busy
+        // at once, not after the drain timeout (`tests/store.rs::
+        // remap_from_a_put_writer_is_busy_at_once`).
+        let mine = held_on(self.id);
+        if mine > 0 {
+            self.end_exclusive();
+            return Err(GateError::Busy {
+                guards: mine as usize,
+                waited: Duration::ZERO,
+            });
         }
         if let Err(guards) = self.wait_idle() {
             self.end_exclusive();
@@ -1568,7 +1581,12 @@ mod tests {
             Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17))
                 .unwrap();
         a.set_drain_timeout(Duration::from_millis(50));
-        std::mem::forget(a.enter().unwrap());
+        // Forgotten on another thread: this one holds no guard, so the
+        // remap and close below wait out the drain timeout (a thread that
+        // holds one itself is answered at once).
+        std::thread::scope(|s| {
+            s.spawn(|| std::mem::forget(a.enter().unwrap()));
+        });
         match a.exclusive(|ex| ex.remap(1 << 17)) {
             Err(GateError::Busy { guards: 1, .. }) => {}
             other => panic!("expected Busy, got {other:?}"),
