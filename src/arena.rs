@@ -521,7 +521,8 @@ impl Arena {
                 // A memfd is RAM: refuse a size the process cannot hold
                 // before creating it (the pages come on first touch, too
                 // late to say no).
-                memlimit::check_memfd(len, &spec.mem_roots)?;
+                // Held until the memfd is registered (its size counted).
+                let _promised = memlimit::check_memfd(len, &spec.mem_roots)?;
                 let file = sys::memfd_create("daxkv").map_err(|e| map_err("memfd", len, e))?;
                 file.set_len(len as u64).map_err(|e| OpenError::Truncate {
                     what: "memfd".into(),
@@ -920,7 +921,8 @@ impl Arena {
     /// Run `f` with no guard alive and new guards held off: the place to
     /// remap and to change anything the data path reads without locks.
     /// Fails with [`GateError::Busy`] (and runs nothing) when guards are
-    /// still alive after the drain timeout.
+    /// still alive after the drain timeout, or at once when the calling
+    /// thread holds one itself.
     pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, GateError> {
         let _admin = self
             .admin
@@ -932,6 +934,18 @@ impl Arena {
         if prev & CLOSED != 0 {
             self.end_exclusive();
             return Err(GateError::Closed);
+        }
+        // A thread that holds a guard on this arena would wait for itself
+        // (a writer callback that resizes the device it writes into): busy
+        // at once, not after the drain timeout (`tests/store.rs::
+        // remap_from_a_put_writer_is_busy_at_once`).
+        let mine = held_on(self.id);
+        if mine > 0 {
+            self.end_exclusive();
+            return Err(GateError::Busy {
+                guards: mine as usize,
+                waited: Duration::ZERO,
+            });
         }
         if let Err(guards) = self.wait_idle() {
             self.end_exclusive();
@@ -952,9 +966,10 @@ impl Arena {
     /// timeout), run `f`, then unmap. Idempotent: a later call returns
     /// `false` without running `f`. If guards are still alive at the
     /// deadline (a stuck caller, or a guard leaked with `mem::forget`),
-    /// `f` does not run and the mapping stays until the arena drops (when
-    /// no guard can be in use any more); the arena refuses guards either
-    /// way.
+    /// or at once when the calling thread holds a guard on this arena
+    /// itself, `f` does not run and the mapping stays until the arena
+    /// drops (when no guard can be in use any more); the arena refuses
+    /// guards either way.
     pub fn close(&self, f: impl FnOnce()) -> bool {
         let _admin = self
             .admin
@@ -965,7 +980,12 @@ impl Arena {
         if prev & CLOSED != 0 {
             return false;
         }
-        if self.wait_idle().is_err() {
+        // A thread that holds a guard on this arena (a writer callback
+        // closing the store it writes into) would wait for itself: it
+        // closes the gate and returns at once, as at the drain timeout
+        // (it waited out the whole timeout before,
+        // `tests/store.rs::close_from_a_put_writer_returns_at_once`).
+        if held_on(self.id) > 0 || self.wait_idle().is_err() {
             return true;
         }
         f();
@@ -1065,11 +1085,13 @@ impl Exclusive<'_> {
         // so nothing mutates `mapped` while this shared borrow lives (it
         // ends before the `&mut` below).
         let file = unsafe { (*a.mapped.get()).file.as_ref() };
-        if a.kind == ArenaKind::Memfd && new_len > cur_len {
-            if let Some(roots) = &a.mem_roots {
-                memlimit::check_memfd(new_len - cur_len, roots)?;
+        // Held until the memfd has its new size (counted from then on).
+        let _promised = match &a.mem_roots {
+            Some(roots) if a.kind == ArenaKind::Memfd && new_len > cur_len => {
+                Some(memlimit::check_memfd(new_len - cur_len, roots)?)
             }
-        }
+            _ => None,
+        };
         let new_map = if let Some(file) = file {
             if !a.resizable_file && a.kind == ArenaKind::File {
                 // Mapping past a file's end SIGBUSes on first touch.
@@ -1559,7 +1581,12 @@ mod tests {
             Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16).max_size_bytes(1 << 17))
                 .unwrap();
         a.set_drain_timeout(Duration::from_millis(50));
-        std::mem::forget(a.enter().unwrap());
+        // Forgotten on another thread: this one holds no guard, so the
+        // remap and close below wait out the drain timeout (a thread that
+        // holds one itself is answered at once).
+        std::thread::scope(|s| {
+            s.spawn(|| std::mem::forget(a.enter().unwrap()));
+        });
         match a.exclusive(|ex| ex.remap(1 << 17)) {
             Err(GateError::Busy { guards: 1, .. }) => {}
             other => panic!("expected Busy, got {other:?}"),

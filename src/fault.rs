@@ -12,7 +12,12 @@
 //! |---|---|
 //! | the faulting thread is inside a daxkv copy of a device mapping (`ArenaGuard` copy methods), and `si_addr` lies in **that** device's registered range, `si_code` `BUS_ADRERR`, `BUS_OBJERR` or `BUS_MCEERR_AR` | the device is marked failed, anonymous zero memory is mapped over its whole range (`MAP_FIXED`), the copy finishes over zeros, and its caller sees the device failed and fails the operation |
 //! | `BUS_MCEERR_AO` (poison found, not consumed) in a registered range | the device is marked failed; nothing is remapped (no copy is running into it) |
-//! | anything else: outside a copy, outside the copy's device, another `si_code`, a signal sent by `kill` | the previous handler runs (Rust's own, Python's `faulthandler`, …); with none, the default action is restored and the signal raised again: the process dies as it would have without daxkv |
+//! | anything else: outside a copy, outside the copy's device, another `si_code`, a signal sent by `kill` | the previous handler runs (Rust's own, Python's `faulthandler`, …); with none, the default action is restored and the signal raised again: the process dies as it would have without daxkv; with `SIG_IGN`, a signal sent by a process is ignored as before, and a fault dies (the kernel's answer to an ignored fault) |
+//!
+//! A previous handler that resets SIGBUS to the default action when it is
+//! chained to (Rust's own does, for any SIGBUS that is not a stack
+//! overflow) is chained as `SIG_DFL` from then on, and ours is installed
+//! again: a `kill -BUS` from another process does not disarm the recovery.
 //!
 //! ## The registry
 //!
@@ -297,7 +302,25 @@ unsafe impl Sync for Prev {}
 
 static PREV: Prev = Prev(UnsafeCell::new(MaybeUninit::uninit()));
 static PREV_READY: AtomicBool = AtomicBool::new(false);
+/// The previous handler reset SIGBUS to the default action when it was
+/// chained to (Rust's stack-overflow handler does so for any SIGBUS that
+/// is not a stack overflow): from then on it is chained as `SIG_DFL`, and
+/// our handler is installed again ([`rearm`]).
+static PREV_RESET: AtomicBool = AtomicBool::new(false);
 static INSTALL: Once = Once::new();
+
+/// Our `sigaction`: `handler`, SA_SIGINFO, an empty mask.
+fn our_action() -> libc::sigaction {
+    // SAFETY: an all-zero `sigaction` is a valid value (SIG_DFL, no flags,
+    // an empty mask); the fields are set below.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = handler as *const () as usize;
+    sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+    // SAFETY: `sa_mask` is a valid, owned sigset_t; `sigemptyset` is
+    // async-signal-safe (this also runs inside the handler, `rearm`).
+    unsafe { libc::sigemptyset(&raw mut sa.sa_mask) };
+    sa
+}
 
 /// Install the process-wide SIGBUS handler (once; idempotent). Called by
 /// the first [`Registration::new`].
@@ -310,8 +333,7 @@ pub fn install() {
         // SAFETY:
         // 1. `sigaction` with a null new action only reads the current one
         //    into `PREV`, which nothing reads before `PREV_READY`;
-        // 2. the new action is fully initialised (zeroed, then the handler,
-        //    flags and an empty mask set);
+        // 2. the new action is fully initialised (`our_action`);
         // 3. `handler` has the SA_SIGINFO signature.
         unsafe {
             let prev = (*PREV.0.get()).as_mut_ptr();
@@ -321,10 +343,7 @@ pub fn install() {
             // ORDERING: Release — publishes `PREV`; pairs with the
             // handler's Acquire load.
             PREV_READY.store(true, Ordering::Release);
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = handler as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
-            libc::sigemptyset(&raw mut sa.sa_mask);
+            let sa = our_action();
             libc::sigaction(libc::SIGBUS, &raw const sa, std::ptr::null_mut());
         }
     });
@@ -465,7 +484,22 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     } else {
         None
     };
-    let action = prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
+    // ORDERING: Acquire — pairs with the Release store in `rearm`.
+    let action = if PREV_RESET.load(Ordering::Acquire) {
+        libc::SIG_DFL
+    } else {
+        prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction)
+    };
+    // SAFETY: the kernel's `siginfo_t` for this signal (caller contract).
+    let sent = unsafe { (*info).si_code } <= 0;
+    if action == libc::SIG_IGN && sent {
+        // Sent by a process (`kill`, `sigqueue`, `tgkill`: `si_code` <= 0)
+        // to one that ignored SIGBUS: ignored, as it was before daxkv
+        // (`tests/fault.rs::a_sigbus_sent_by_kill_to_a_process_that_
+        // ignores_it_is_still_ignored`). An ignored *fault* (`si_code` >
+        // 0) takes the default action below, as the kernel gives it.
+        return;
+    }
     if action == libc::SIG_DFL || action == libc::SIG_IGN {
         // SAFETY: `sigaction` and `raise` are async-signal-safe; the zeroed
         // action is SIG_DFL with an empty mask. SIGBUS is blocked while this
@@ -492,6 +526,41 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(action) };
         f(sig);
     }
+    // SAFETY: called from the handler, after the previous handler returned.
+    unsafe { rearm(sig) };
+}
+
+/// After the previous handler returned: if it reset SIGBUS to the default
+/// action (Rust's stack-overflow handler does, for a SIGBUS that is not a
+/// stack overflow, so that a real fault kills when it re-executes),
+/// remember that it is `SIG_DFL` from now on and install our handler
+/// again. Left reset, a single `kill -BUS` from another process (which
+/// the process survives, as without daxkv) disarmed the recovery: the
+/// next device fault killed the process
+/// (`tests/fault.rs::a_sigbus_sent_by_kill_does_not_disarm_the_recovery`).
+/// A real fault still dies: it re-executes, comes back here, and is
+/// chained to `SIG_DFL` (restored and raised). Any other disposition the
+/// previous handler set is left as it is.
+///
+/// # Safety
+/// Called from the SIGBUS handler (or with SIGBUS blocked).
+unsafe fn rearm(sig: libc::c_int) {
+    // SAFETY: an all-zero `sigaction` is a valid out-parameter.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: `sigaction` is async-signal-safe; a null new action only
+    // reads the current one into `cur`.
+    if unsafe { libc::sigaction(sig, std::ptr::null(), &raw mut cur) } != 0
+        || cur.sa_sigaction != libc::SIG_DFL
+    {
+        return;
+    }
+    // ORDERING: Release — seen by the next `chain` (Acquire) before it
+    // reads the previous action; pairs with `chain`.
+    PREV_RESET.store(true, Ordering::Release);
+    let sa = our_action();
+    // SAFETY: `sa` is fully initialised (`our_action`); `handler` has the
+    // SA_SIGINFO signature; `sigaction` is async-signal-safe.
+    unsafe { libc::sigaction(sig, &raw const sa, std::ptr::null_mut()) };
 }
 
 #[cfg(test)]

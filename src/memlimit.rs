@@ -31,7 +31,17 @@ use crate::error::OpenError;
 /// that a new memfd is checked against the memory the earlier ones may
 /// still take when they are touched (their size less their resident
 /// pages): otherwise each of many requests would pass on its own.
-static MEMFDS: Mutex<Vec<Weak<File>>> = Mutex::new(Vec::new());
+/// `pending` is the bytes of memfd opens and grows that passed the check
+/// and are not yet counted there ([`MemfdReservation`]).
+static MEMFDS: Mutex<Memfds> = Mutex::new(Memfds {
+    files: Vec::new(),
+    pending: 0,
+});
+
+struct Memfds {
+    files: Vec<Weak<File>>,
+    pending: u64,
+}
 
 /// The roots the limits are read under (fake trees in tests).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,31 +181,53 @@ pub fn check(what: &str, bytes: usize, roots: &MemRoots) -> Result<(), OpenError
 /// Count `f`, a memfd device's file, in what later memfds are checked
 /// against ([`check_memfd`]) while it is open.
 pub(crate) fn register_memfd(f: &Arc<File>) {
-    let mut v = MEMFDS.lock().unwrap_or_else(PoisonError::into_inner);
-    v.retain(|w| w.strong_count() > 0);
-    v.push(Arc::downgrade(f));
+    let mut m = MEMFDS.lock().unwrap_or_else(PoisonError::into_inner);
+    m.files.retain(|w| w.strong_count() > 0);
+    m.files.push(Arc::downgrade(f));
 }
 
 /// Bytes the open memfds may still take: their sizes less what is
 /// resident already (which `MemAvailable` and cgroup usage count).
-fn memfds_untouched() -> u64 {
-    let mut v = MEMFDS.lock().unwrap_or_else(PoisonError::into_inner);
-    v.retain(|w| w.strong_count() > 0);
-    v.iter()
+fn memfds_untouched(m: &mut Memfds) -> u64 {
+    m.files.retain(|w| w.strong_count() > 0);
+    m.files
+        .iter()
         .filter_map(Weak::upgrade)
         .filter_map(|f| f.metadata().ok())
         .map(|m| m.len().saturating_sub(m.blocks().saturating_mul(512)))
         .sum()
 }
 
+/// Memory a memfd open or grow passed [`check_memfd`] for: counted
+/// against later checks until it drops, which its holder does once the
+/// memfd has its new size and is registered ([`register_memfd`]), so
+/// that two checks at once cannot both pass on the same headroom.
+#[must_use = "the memory is counted as promised only while this lives"]
+#[derive(Debug)]
+pub struct MemfdReservation {
+    bytes: u64,
+}
+
+impl Drop for MemfdReservation {
+    fn drop(&mut self) {
+        let mut m = MEMFDS.lock().unwrap_or_else(PoisonError::into_inner);
+        m.pending = m.pending.saturating_sub(self.bytes);
+    }
+}
+
 /// Refuse a memfd of `bytes` (or a grow by `bytes`) if it does not fit
 /// the memory the process may still use, less what the memfds already
-/// open may still take.
-pub fn check_memfd(bytes: usize, roots: &MemRoots) -> Result<(), OpenError> {
+/// open may still take and what other opens and grows in flight were
+/// promised. The check and the promise are one step under [`MEMFDS`]'s
+/// lock: checked and promised separately, two opens at once each fitted
+/// on their own and both opened
+/// (`tests/device_limits.rs::memfds_opened_at_once_are_checked_together`).
+pub fn check_memfd(bytes: usize, roots: &MemRoots) -> Result<MemfdReservation, OpenError> {
     let Some(h) = headroom(roots) else {
-        return Ok(());
+        return Ok(MemfdReservation { bytes: 0 });
     };
-    let promised = memfds_untouched();
+    let mut m = MEMFDS.lock().unwrap_or_else(PoisonError::into_inner);
+    let promised = memfds_untouched(&mut m).saturating_add(m.pending);
     let left = h.bytes.saturating_sub(promised);
     if bytes as u64 > left {
         return Err(OpenError::MemoryLimit {
@@ -212,7 +244,10 @@ pub fn check_memfd(bytes: usize, roots: &MemRoots) -> Result<(), OpenError> {
             },
         });
     }
-    Ok(())
+    m.pending = m.pending.saturating_add(bytes as u64);
+    Ok(MemfdReservation {
+        bytes: bytes as u64,
+    })
 }
 
 /// `n` values made by `f`, in a boxed slice, or `None` if the allocation

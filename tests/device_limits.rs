@@ -435,3 +435,51 @@ fn a_configured_file_grows_up_to_max_size_gb() {
         "{msg}"
     );
 }
+
+/// Two memfd opens at once, each fitting the memory left on its own but
+/// not together (60 + 60 MiB of a fake 100 MiB `MemAvailable`): at most
+/// one may open. 300 rounds of two threads released by a barrier. Failed
+/// with the check that counted only memfds already registered (both
+/// passed the check before either was registered: both opened, 120 % of
+/// the memory promised, within a few rounds).
+#[test]
+fn memfds_opened_at_once_are_checked_together() {
+    use daxkv::arena::Arena;
+    let _s = serial();
+    let d = tempfile::tempdir().unwrap();
+    let roots = MemRoots {
+        proc_root: d.path().join("proc"),
+        sys_root: d.path().join("sys"),
+    };
+    std::fs::create_dir_all(&roots.proc_root).unwrap();
+    std::fs::write(
+        roots.proc_root.join("meminfo"),
+        "MemTotal: 1048576 kB\nMemAvailable: 102400 kB\n",
+    )
+    .unwrap();
+    let spec = ArenaSpec::memfd(60 << 20).mem_roots(roots);
+    let barrier = std::sync::Barrier::new(2);
+    let deadline = std::time::Instant::now() + T;
+    for round in 0..300 {
+        if std::time::Instant::now() > deadline {
+            break;
+        }
+        let opened: Vec<Option<Arena>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        Arena::open(&spec).ok()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let n = opened.iter().filter(|a| a.is_some()).count();
+        assert!(
+            n <= 1,
+            "round {round}: {n} memfds of 60 MiB opened against 100 MiB"
+        );
+        assert_eq!(n, 1, "round {round}: one of them fits");
+    }
+}

@@ -116,6 +116,7 @@ fn file_device(dir: &std::path::Path, name: &str, slots: usize) -> (String, Devi
 /// the core and its fd (`fd still open after remove`).
 #[test]
 fn a_removed_file_device_closes_its_fd_and_mapping() {
+    let _s = serial();
     let dir = tmpdir();
     let (path, spec) = file_device(dir.path(), "dev", 64);
     let e = Engine::open(vec![memfd(16)], SLOT, true, EngineOptions::default()).unwrap();
@@ -145,6 +146,7 @@ fn a_removed_file_device_closes_its_fd_and_mapping() {
 /// Fails on the old code at the last step (`fd still open`).
 #[test]
 fn a_guard_held_across_remove_keeps_the_mapping_until_it_drops() {
+    let _s = serial();
     let dir = tmpdir();
     let (path, spec) = file_device(dir.path(), "dev", 16);
     let e = Engine::open(vec![], SLOT, true, EngineOptions::default()).unwrap();
@@ -156,7 +158,8 @@ fn a_guard_held_across_remove_keeps_the_mapping_until_it_drops() {
     // test runs (no key is stored on it).
     unsafe { g.write(SLOT, &stamp).unwrap() };
     // A non-forced remove is blocked by the guard; a forced one goes on,
-    // and leaves the mapping to the guard (after the drain timeout).
+    // and leaves the mapping to the guard (at once: this thread holds it,
+    // so no drain timeout is waited out for it).
     let r = e.remove_device(id, RemoveMode::Evict, true).unwrap();
     assert_eq!(r.state, DeviceState::Removed);
     assert_eq!(
@@ -179,6 +182,7 @@ fn a_guard_held_across_remove_keeps_the_mapping_until_it_drops() {
 /// (the fds stayed until the last handle dropped).
 #[test]
 fn close_releases_device_fds_while_the_handle_lives() {
+    let _s = serial();
     let dir = tmpdir();
     let (path, spec) = file_device(dir.path(), "dev", 16);
     let e = Engine::open(vec![spec], SLOT, false, EngineOptions::default()).unwrap();

@@ -357,3 +357,56 @@ fn a_failed_arena_refuses_copies() {
     assert_eq!(r, Err(CopyError::DeviceFailed));
     println!("{SURVIVED}");
 }
+
+/// A process that ignores SIGBUS (`SIG_IGN` before daxkv installed its
+/// handler) still ignores one sent with `kill`: the handler passes on
+/// what it does not own as the disposition it replaced would have. Failed
+/// with `SIG_IGN` chained as `SIG_DFL`: the child died of the `kill`
+/// (a signal it ignored before the first arena opened).
+#[test]
+fn a_sigbus_sent_by_kill_to_a_process_that_ignores_it_is_still_ignored() {
+    const NAME: &str = "a_sigbus_sent_by_kill_to_a_process_that_ignores_it_is_still_ignored";
+    if !child(NAME) {
+        return assert_survived(NAME, &run_child(NAME));
+    }
+    // SAFETY: setting a signal's disposition to SIG_IGN (no handler code).
+    unsafe { libc::signal(libc::SIGBUS, libc::SIG_IGN) };
+    let _a = Arena::open(&ArenaSpec::memfd(SLOT)).unwrap();
+    for _ in 0..3 {
+        // SAFETY: kill to this process; SIGBUS was ignored before daxkv.
+        unsafe { libc::kill(libc::getpid(), libc::SIGBUS) };
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("{SURVIVED}");
+}
+
+/// A hostile peer's `kill -BUS` does not disarm the recovery: the
+/// previous handler (Rust's own stack-overflow handler, in this binary
+/// and in `daxkv serve`) answers a SIGBUS that is not a stack overflow by
+/// resetting SIGBUS to the default action (so that a real fault kills on
+/// re-execution). The process survives the `kill`, as it would without
+/// daxkv; then a device file truncated under its mapping must still fail
+/// the device, not kill the process. Failed with the reset left in place:
+/// the child survived the `kill` and then died of SIGBUS in the put.
+#[test]
+fn a_sigbus_sent_by_kill_does_not_disarm_the_recovery() {
+    const NAME: &str = "a_sigbus_sent_by_kill_does_not_disarm_the_recovery";
+    if !child(NAME) {
+        return assert_survived(NAME, &run_child(NAME));
+    }
+    let (_dir, p) = shm_file();
+    let a = DaxCore::open(&CoreConfig::new(
+        ArenaSpec::new(ArenaSource::Path(p.clone()), SLOTS * SLOT),
+        SLOT,
+    ))
+    .unwrap();
+    // SAFETY: kill to this process.
+    unsafe { libc::kill(libc::getpid(), libc::SIGBUS) };
+    std::thread::sleep(Duration::from_millis(50));
+    println!("survived the kill");
+    a.put(k(0), &payload(0), 0).unwrap();
+    truncate(&p);
+    assert_eq!(a.put(k(2), &payload(2), 0), Err(PutError::DeviceFailed));
+    assert!(a.is_failed());
+    println!("{SURVIVED}");
+}

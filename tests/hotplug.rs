@@ -1228,3 +1228,55 @@ fn a_listener_may_close_the_engine_from_an_evicting_shrink() {
     let e2 = e.clone();
     returns("a close after the close", move || e2.close());
 }
+
+/// `device_index` is the index `status()` shows (the device id:
+/// tombstones keep theirs), also once a device before it was removed:
+/// with devices 0, 1, 2 and device 0 removed, a drain of `device_index`
+/// 1 drains device 1 (`memfd:b`), and index 0 is gone (404). Failed with
+/// the index taken as a position in the list of live devices (which a
+/// removed device leaves): index 1 drained device 2 (`memfd:c`), the
+/// wrong device, and a resize or an evicting remove there would have hit
+/// it as well.
+#[test]
+fn a_device_index_names_the_status_index_after_a_removal() {
+    let (e, r) = open(vec![memfd(8)]);
+    for name in ["memfd:b", "memfd:c"] {
+        r.reconfigure(
+            "add",
+            &json!({"device_path": name, "size_bytes": 4 * SLOT}),
+            None,
+        )
+        .unwrap();
+    }
+    r.reconfigure("remove", &json!({"device_index": 0, "mode": "evict"}), None)
+        .unwrap();
+    let shown: Vec<(Value, Value)> = e.status()["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["index"].clone(), d["device_path"].clone()))
+        .collect();
+    assert_eq!(shown[1], (json!(1), json!("memfd:b")), "{shown:?}");
+    let out = r
+        .reconfigure("remove", &json!({"device_index": 1, "mode": "drain"}), None)
+        .unwrap();
+    assert_eq!(
+        (out["index"].clone(), out["device_path"].clone()),
+        (json!(1), json!("memfd:b")),
+        "{out}"
+    );
+    let states: Vec<DeviceState> = e.devices().iter().map(|d| d.state).collect();
+    assert_eq!(
+        states,
+        [
+            DeviceState::Removed,
+            DeviceState::Draining,
+            DeviceState::Active
+        ]
+    );
+    let err = r
+        .reconfigure("remove", &json!({"device_index": 0}), None)
+        .unwrap_err();
+    assert_eq!(err.status, 404);
+    e.close();
+}

@@ -922,3 +922,67 @@ fn close_from_on_complete_runs_the_puts_queued_behind_it() {
     );
     assert!(s.core().is_closing());
 }
+
+/// `close` called from a `put_with_writer` writer (a binding's hook runs
+/// there, while the put holds the device): it cannot wait for the put it
+/// is inside, so it refuses new work and returns at once; the mapping
+/// goes when the store drops. Failed with a close that waited for every
+/// guard: the writer's own kept it waiting the whole drain timeout (5 s)
+/// before it gave up.
+#[test]
+fn close_from_a_put_writer_returns_at_once() {
+    let s = Arc::new(store(4));
+    let s2 = s.clone();
+    let took = within_watchdog("close from a writer", move || {
+        let s3 = s2.clone();
+        let mut took = Duration::ZERO;
+        let _ = s2.put_with_writer(k(1), 100, 0, |w| {
+            let t = std::time::Instant::now();
+            s3.close();
+            took = t.elapsed();
+            w.write(0, &payload(1, 100))
+        });
+        took
+    });
+    assert!(
+        took < Duration::from_secs(1),
+        "close in a writer took {took:?}"
+    );
+    assert!(matches!(
+        s.put(k(2), &payload(2, 10)),
+        Err(StoreError::Closed)
+    ));
+    assert_eq!(s.get_vec(k(1)), None);
+}
+
+/// A remap from inside a `put_with_writer` writer (the thread holds the
+/// device for the put) cannot wait for its own put: it is refused at
+/// once as busy, nothing changed. Failed with a remap that waited for
+/// every guard: the writer's own held it the whole drain timeout (5 s).
+#[test]
+fn remap_from_a_put_writer_is_busy_at_once() {
+    let c = StoreConfig::new(CoreConfig::new(
+        ArenaSpec::memfd(4 * SLOT).max_size_bytes(8 * SLOT),
+        SLOT,
+    ));
+    let s = Arc::new(DaxStore::open(&c).unwrap());
+    let s2 = s.clone();
+    let (took, r) = within_watchdog("remap from a writer", move || {
+        let mut out = (Duration::ZERO, String::new());
+        let put = s2.put_with_writer(k(1), 100, 0, |w| {
+            let t = std::time::Instant::now();
+            let r = s2.core().remap(8 * SLOT);
+            out = (t.elapsed(), format!("{r:?}"));
+            w.write(0, &payload(1, 100))
+        });
+        assert!(put.is_ok(), "{put:?}");
+        out
+    });
+    assert!(
+        took < Duration::from_secs(1),
+        "remap in a writer took {took:?}: {r}"
+    );
+    assert!(r.contains("Busy"), "{r}");
+    assert_eq!(s.core().arena_bytes(), 4 * SLOT, "nothing changed");
+    assert_eq!(s.get_vec(k(1)).as_deref(), Some(&payload(1, 100)[..]));
+}

@@ -404,11 +404,14 @@ impl Engine {
         }
     }
 
-    /// The live (not closed, removed or failed) device at list position
-    /// `index` (as `status()` numbers them; tombstones keep theirs).
+    /// The live (not closed, removed or failed) device of status index
+    /// `index` ([`Device::index`]: tombstones keep theirs). Not a position
+    /// in the pool's list, which a removed device leaves: after a removal
+    /// that position named the next device (`tests/hotplug.rs::
+    /// a_device_index_names_the_status_index_after_a_removal`).
     pub fn find_device_at(&self, index: usize) -> Result<DeviceId, HotplugError> {
         let devs = self.inner.pool.list();
-        match devs.get(index) {
+        match devs.iter().find(|d| d.index() == index) {
             Some(d) if !d.state().is_tombstone() && d.state() != DeviceState::Failed => Ok(d.id()),
             _ => Err(HotplugError::NotFound),
         }

@@ -347,16 +347,22 @@ impl DevicePool {
 
     /// Every device ever added, tombstones included, in id order (status;
     /// allocates).
+    ///
+    /// The list is read under the tombstones' mutex, which
+    /// [`DevicePool::retire`] holds from adding a tombstone to storing the
+    /// list without its device: a device is listed once, live or gone. Read
+    /// apart, a listing between the two saw it twice, and `status()` (which
+    /// numbers devices by position) gave every later device the next one's
+    /// index (`tests/hotplug_races.rs::
+    /// a_listing_during_a_remove_shows_each_device_once`).
     pub(super) fn entries(&self) -> Vec<Entry> {
+        let graves = self
+            .tombstones
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut v: Vec<Entry> = self.list().iter().cloned().map(Entry::Live).collect();
-        v.extend(
-            self.tombstones
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .cloned()
-                .map(Entry::Gone),
-        );
+        v.extend(graves.iter().cloned().map(Entry::Gone));
+        drop(graves);
         v.sort_by_key(Entry::id);
         v
     }
@@ -390,8 +396,10 @@ impl DevicePool {
                 keep.push(d.clone());
             }
         }
-        drop(graves);
+        // Stored before the tombstones' mutex is let go: a listing
+        // (`entries`) sees the device in one of the two, never both.
         self.devices.store(Arc::new(keep));
+        drop(graves);
     }
 
     /// The state of tombstone `id`, if it is one.
