@@ -251,3 +251,43 @@ fn server_values_that_are_not_host_port_say_why() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("Connection refused").count(), 1, "{err}");
 }
+
+/// A hostile server (or a port taken by something else) puts terminal
+/// control sequences in what the CLI prints as text: a device's state and
+/// path in the status table, a key of an operation's answer. Nothing of it
+/// reaches the terminal raw. Before the fix all three did.
+#[test]
+fn a_hostile_answer_prints_no_control_characters() {
+    let answers: [fn(TcpStream); 2] = [
+        |mut s| {
+            read_head(&mut s);
+            let b = r#"{"backend":"dax","num_adapters":1,"adapters":[{"adapter_index":0,
+                "status":{"devices":[{"index":0,"state":"act\u001b[2Jive","device_path":"/dev/\u001b]0;t\u0007x\r"}]}}]}"#;
+            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", b.len());
+            let _ = s.write_all(b.as_bytes());
+        },
+        |mut s| {
+            read_head(&mut s);
+            let b = r#"{"status":"ok","operation":"add","\u001b[2Jk\r":1}"#;
+            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", b.len());
+            let _ = s.write_all(b.as_bytes());
+        },
+    ];
+    for (answer, cmd) in answers
+        .into_iter()
+        .zip([&["status"][..], &["add", "memfd", "64MiB"]])
+    {
+        let addr = fake(answer).to_string();
+        let out = run(cmd, &addr, &[]);
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{cmd:?}: raw control characters: {text:?}"
+        );
+    }
+}

@@ -713,3 +713,37 @@ fn the_cli_names_anonymous_devices() {
     );
     s.stop_with(libc::SIGTERM);
 }
+
+/// A device path is whatever a file may be named: a local user who can
+/// reach the control plane adds a file named with terminal control
+/// sequences (clear the screen, set the window title, a carriage return
+/// that overwrites the line). `daxkv status` shows it escaped, never raw
+/// to the operator's terminal. Before the fix the table printed it as it
+/// was.
+#[test]
+fn the_status_table_never_prints_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "x\u{1b}[2J\u{1b}]0;pwned\u{7}\rfake\u{9b}31m";
+    let f = dir.path().join(name);
+    std::fs::File::create(&f).unwrap().set_len(4 << 20).unwrap();
+    let s = Serve::start(&[]);
+    let out = s.cli(&["add", f.to_str().unwrap(), "4MiB"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = s.cli(&["status"]);
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !table.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters in the table: {table:?}"
+    );
+    // Still recognizable: the escaped name is in the table.
+    assert!(
+        table.contains(r"x\u{1b}[2J\u{1b}]0;pwned\u{7}\rfake\u{9b}31m"),
+        "{table}"
+    );
+    s.stop_with(libc::SIGTERM);
+}
