@@ -85,8 +85,8 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::copy;
 use crate::error::OpenError;
-use crate::memlimit::{self, MemRoots};
 use crate::fault;
+use crate::memlimit::{self, MemRoots};
 use crate::sys;
 
 const COUNT_MASK: u64 = (1 << 48) - 1;

@@ -557,7 +557,8 @@ fn client(
     } else {
         for (k, val) in v.as_object().into_iter().flatten() {
             if k != "device" {
-                println!("{k:>20}: {val}");
+                // The key is the server's: escaped like the table's text.
+                println!("{:>20}: {val}", daxkv::serve::printable(k));
             }
         }
         // An add's device: where it is and what it is called (a `memfd:`

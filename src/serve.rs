@@ -472,15 +472,36 @@ pub fn status_table(status: &Value) -> String {
                 "{:>5} {:>3} {:<10} {:>9} {:>9} {:>6}  {}",
                 d["index"],
                 d["device_id"],
-                d["state"].as_str().unwrap_or("?"),
+                printable(d["state"].as_str().unwrap_or("?")),
                 d["live_slot_count"],
                 d["max_slots"],
                 d["locked_key_count"],
-                d["device_path"].as_str().unwrap_or("?"),
+                printable(d["device_path"].as_str().unwrap_or("?")),
             );
         }
     }
     out
+}
+
+/// `s` for a terminal: control characters (ESC, CR, BEL, C1 such as
+/// U+009B) escaped as `\u{1b}`, `\r`, …, the rest as it is. A device path
+/// is any file name a local user could create, and the answer may come
+/// from a server that is not daxkv: printed raw, either could clear the
+/// operator's screen, retitle the window or overwrite a line.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 /// Block SIGINT and SIGTERM in the calling thread and every thread it
