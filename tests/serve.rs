@@ -747,3 +747,66 @@ fn the_status_table_never_prints_control_characters() {
     );
     s.stop_with(libc::SIGTERM);
 }
+
+/// `daxkv serve 2>&1 | tee log`, and the reader of its stderr goes away
+/// (the `tee` is killed, a log collector restarts): stderr is a broken
+/// pipe. A control-plane error that the engine also logs (a resize past
+/// the device's `max_size`) still answers with its reason, and the device
+/// and the server go on. Before the fix the log line's `eprintln!`
+/// panicked on the broken pipe: 500 `internal error` instead of the 400
+/// that says why.
+#[test]
+fn a_broken_stderr_does_not_turn_logged_errors_into_500s() {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("daxkv: serving on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    // The log's reader goes away.
+    drop(child.stderr.take());
+    let s = Serve { child, addr };
+    let (st, _) = s.post(
+        "/reconfigure/dax/l2/add",
+        &json!({"device_path": "memfd:g", "size": "8MiB"}),
+    );
+    assert_eq!(st, 200);
+    for _ in 0..2 {
+        let (st, body) = s.post(
+            "/reconfigure/dax/l2/resize",
+            &json!({"device_path": "memfd:g", "size": "64MiB"}),
+        );
+        assert_eq!(st, 400, "{body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("cannot grow"),
+            "{body}"
+        );
+    }
+    let (st, body) = s.post(
+        "/reconfigure/dax/l2/resize",
+        &json!({"device_path": "memfd:g", "size": "16MiB"}),
+    );
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(s.get("/health").0, 200);
+    let mut s = s;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(s.child.id().cast_signed(), libc::SIGTERM) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "serve did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit {status:?}");
+}
