@@ -568,7 +568,7 @@ impl ShutdownSignals {
                 let phase = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if *phase == Phase::Starting {
                     // Held to the end: `serving` cannot open the port now.
-                    eprintln!(
+                    log_line!(
                         "daxkv: {} during start-up: stopped before serving",
                         signal_name(sig)
                     );

@@ -754,7 +754,9 @@ fn the_status_table_never_prints_control_characters() {
 /// the device's `max_size`) still answers with its reason, and the device
 /// and the server go on. Before the fix the log line's `eprintln!`
 /// panicked on the broken pipe: 500 `internal error` instead of the 400
-/// that says why.
+/// that says why; and SIGTERM aborted the process (SIGABRT, not exit 0):
+/// the subscriber reports a line it cannot write with `eprintln!`, whose
+/// panic in the shutdown's log line unwound into the server's drop.
 #[test]
 fn a_broken_stderr_does_not_turn_logged_errors_into_500s() {
     let mut child = Command::new(BIN)

@@ -348,7 +348,7 @@ impl Inner {
     fn tell_listeners(&self, what: &str, f: impl Fn(&dyn Listener)) {
         for l in self.listeners.load().iter() {
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&**l))) {
-                eprintln!(
+                log_line!(
                     "daxkv: a listener panicked in {what}: {}; ignored",
                     panic_message(&*p)
                 );
@@ -437,7 +437,7 @@ impl Engine {
         // inherit the mask of the thread that opens the engine.
         let cpu_plan = CpuPlan::new(&opts.cpus, &ProcessCpus::current());
         for w in &cpu_plan.warnings {
-            eprintln!("daxkv: worker placement: {w}");
+            log_line!("daxkv: worker placement: {w}");
         }
         let inner = Arc::new(Inner {
             slot_bytes,
@@ -902,7 +902,7 @@ impl Engine {
     pub fn close(&self) {
         if self.on_own_worker() {
             self.request_close();
-            eprintln!(
+            log_line!(
                 "daxkv: Engine::close called on one of its own worker threads (from a \
                  listener): new tasks are refused; the close finishes on the next close \
                  or drop outside the workers"
@@ -987,7 +987,7 @@ impl Drop for Engine {
                     p.detach();
                 }
             }
-            eprintln!(
+            log_line!(
                 "daxkv: the engine was dropped on one of its own worker threads (from a \
                  listener): its workers stop and are detached, tasks not yet run are dropped"
             );
