@@ -812,3 +812,53 @@ fn a_broken_stderr_does_not_turn_logged_errors_into_500s() {
     };
     assert!(status.success(), "exit {status:?}");
 }
+
+/// `--config` given something that is not a config: a device file (the
+/// arguments swapped: `--config /dev/shm/kv`, 64 GiB), or an endless
+/// stream (`/dev/zero`). Exit 1 at once, naming the limit, without
+/// reading it into memory. Before the fix the whole file was read: a
+/// 64 GiB tmpfs device into RAM (here, under a 2 GiB address-space
+/// limit, "out of memory"; on a host, the OOM killer's choice).
+#[test]
+fn a_config_that_is_a_device_or_a_stream_is_refused_unread() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("kv");
+    // Sparse: no disk or memory is used until it is read.
+    std::fs::File::create(&dev)
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+    for cfg in [dev.as_path(), std::path::Path::new("/dev/zero")] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--http", "127.0.0.1:0", "--config"])
+            .arg(cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: the closure runs in the forked child before exec and
+        // calls setrlimit(2) only, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 2 << 30,
+                    rlim_max: 2 << 30,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &raw const lim) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let t0 = Instant::now();
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", cfg.display());
+        assert!(
+            err.contains("larger than a config file may be (1 MiB)"),
+            "{}: {err}",
+            cfg.display()
+        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", cfg.display());
+    }
+}
