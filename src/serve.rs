@@ -70,6 +70,35 @@ pub enum ServeError {
     Http(#[from] crate::http::HttpError),
 }
 
+/// The largest config file read: a real one is a few hundred bytes. A
+/// device file given by mistake (`--config /dev/shm/kv`) or a stream
+/// (`/dev/zero`) is refused instead of read into memory.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// At most `limit` bytes of `path`; a longer file or stream is an error
+/// that says so (a regular file's length is checked before reading).
+fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let too_big = || {
+        format!(
+            "larger than a config file may be ({} MiB): is it the device?",
+            limit >> 20
+        )
+    };
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    if f.metadata().is_ok_and(|m| m.is_file() && m.len() > limit) {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::new();
+    f.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}
+
 /// Read an engine config: `path` (TOML when its extension is `toml` in
 /// any case, else JSON), or the embedded default. A UTF-8 byte-order mark
 /// is skipped (editors on Windows write one; RFC 8259 lets a parser ignore
@@ -86,7 +115,7 @@ pub fn load_config(path: Option<&Path>) -> Result<EngineConfig, ServeError> {
         path: path.display().to_string(),
         why,
     };
-    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    let bytes = read_bounded(path, MAX_CONFIG_BYTES).map_err(err)?;
     let text = config_text(&bytes).map_err(err)?;
     let toml = path
         .extension()
