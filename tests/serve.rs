@@ -740,6 +740,18 @@ fn the_status_table_never_prints_control_characters() {
         !table.chars().any(|c| c.is_control() && c != '\n'),
         "raw control characters in the table: {table:?}"
     );
+    // The columns line up under their heads (serde_json's `Value` ignores
+    // a width: before the fix every row was packed to the left).
+    let lines: Vec<&str> = table.lines().collect();
+    let head = lines[1];
+    let path_col = head.find("path").unwrap();
+    for row in &lines[2..] {
+        assert_eq!(
+            row.find(" /").or_else(|| row.find(" memfd")).map(|i| i + 1),
+            Some(path_col),
+            "{table}"
+        );
+    }
     // Still recognizable: the escaped name is in the table.
     assert!(
         table.contains(r"x\u{1b}[2J\u{1b}]0;pwned\u{7}\rfake\u{9b}31m"),
