@@ -496,15 +496,17 @@ pub fn status_table(status: &Value) -> String {
         );
         out.push_str("index  id state           used     slots locked  path\n");
         for d in st["devices"].as_array().into_iter().flatten() {
+            // As strings: serde_json's `Value` ignores a width.
+            let n = |k: &str| d[k].as_u64().map_or_else(|| "?".into(), |v| v.to_string());
             let _ = writeln!(
                 out,
                 "{:>5} {:>3} {:<10} {:>9} {:>9} {:>6}  {}",
-                d["index"],
-                d["device_id"],
+                n("index"),
+                n("device_id"),
                 printable(d["state"].as_str().unwrap_or("?")),
-                d["live_slot_count"],
-                d["max_slots"],
-                d["locked_key_count"],
+                n("live_slot_count"),
+                n("max_slots"),
+                n("locked_key_count"),
                 printable(d["device_path"].as_str().unwrap_or("?")),
             );
         }
