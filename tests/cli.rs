@@ -291,3 +291,36 @@ fn a_hostile_answer_prints_no_control_characters() {
         );
     }
 }
+
+/// A server that has run for weeks: every removed device stays in the
+/// status as a tombstone (ids are never reused), ~390 bytes each, so
+/// 12 000 add / remove cycles make a 4.7 MB status. `daxkv status` shows
+/// it. Before the fix the 4 MiB cap on the whole answer refused it as
+/// "not a daxkv server?" (seen against a real `daxkv serve` after 11 500
+/// cycles); the head stays capped small, the body may be 64 MiB.
+#[test]
+fn a_status_of_many_tombstones_is_shown() {
+    let addr = fake(|mut s| {
+        read_head(&mut s);
+        let tomb = |i: usize| {
+            format!(
+                r#"{{"active_read_count":0,"active_write_count":0,"borrowed_slot_count":0,"closing":true,"device_id":{i},"device_path":"memfd:c","index":{i},"inflight_load_tasks":0,"inflight_lookup_tasks":0,"inflight_store_tasks":0,"is_healthy":false,"live_slot_count":0,"locked_key_count":0,"max_dax_size_bytes":0,"max_slots":0,"slot_bytes":2097152,"state":"removed","supports_restart_recovery":false}}"#
+            )
+        };
+        let devices: Vec<String> = (0..12_000).map(tomb).collect();
+        let b = format!(
+            r#"{{"enabled":true,"backend":"dax","num_adapters":1,"adapters":[{{"adapter_index":0,"backend":"dax","l2_adapter_index":0,"status":{{"num_devices":12000,"devices":[{}]}}}}]}}"#,
+            devices.join(",")
+        );
+        let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", b.len());
+        let _ = s.write_all(b.as_bytes());
+    })
+    .to_string();
+    let out = run(&["status"], &addr, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 12_002);
+}
