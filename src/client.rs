@@ -6,7 +6,8 @@
 //! | bound | default | past it |
 //! |---|---|---|
 //! | the whole exchange (connect, send, answer) | [`DEFAULT_TIMEOUT`] (`--timeout`) | [`ClientError::Timeout`], which says the operation may still run on the server |
-//! | the answer's size, head and body | [`MAX_ANSWER_BYTES`] | [`ClientError::TooLarge`] |
+//! | the answer's head | [`MAX_HEAD_BYTES`] | [`ClientError::TooLarge`] |
+//! | the whole answer, head and body | [`MAX_ANSWER_BYTES`] | [`ClientError::TooLarge`] |
 //! | the answer's shape | a daxkv status / operation document ([`check_answer`]) | [`ClientError::NotDaxkv`] |
 //!
 //! `--server` is `host:port` or `http://host:port` ([`parse_server`]): a
@@ -24,9 +25,14 @@ use serde_json::Value;
 /// How long a command waits for the whole exchange by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The largest answer read (head and body): a status of thousands of
-/// devices is well under it.
-pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// The largest answer read (head and body). A status lists every device
+/// ever removed (a tombstone of ~390 bytes; ids are never reused): 64 MiB
+/// is some 170 000 add / remove cycles (4 MiB, before, was 11 000: weeks
+/// of a controller that scales devices).
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// The largest answer head: daxkv's is a few hundred bytes.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +64,8 @@ pub enum ClientError {
         /// The timeout, in seconds.
         secs: f64,
     },
-    /// The answer was larger than [`MAX_ANSWER_BYTES`].
+    /// The answer (or its head) was larger than [`MAX_ANSWER_BYTES`]
+    /// ([`MAX_HEAD_BYTES`]).
     #[error("{server}: the answer is larger than {limit} bytes: not a daxkv server?")]
     TooLarge {
         /// The authority.
@@ -259,6 +266,14 @@ impl Client {
         s.write_all(request.as_bytes()).map_err(io)?;
         let mut raw = Vec::new();
         let mut chunk = [0u8; 16 << 10];
+        // Where the head ends, once seen (searched in the new bytes only);
+        // then the answer's whole length, when it has a Content-Length.
+        let mut head_end: Option<usize> = None;
+        let mut whole: Option<usize> = None;
+        let too_large = |limit| ClientError::TooLarge {
+            server: server(),
+            limit,
+        };
         loop {
             s.set_read_timeout(Some(left().ok_or_else(timed_out)?))
                 .map_err(io)?;
@@ -266,13 +281,24 @@ impl Client {
                 Ok(0) => break,
                 Ok(n) => {
                     if raw.len() + n > MAX_ANSWER_BYTES {
-                        return Err(ClientError::TooLarge {
-                            server: server(),
-                            limit: MAX_ANSWER_BYTES,
-                        });
+                        return Err(too_large(MAX_ANSWER_BYTES));
                     }
+                    let from = raw.len().saturating_sub(3);
                     raw.extend_from_slice(&chunk[..n]);
-                    if complete(&raw) {
+                    if head_end.is_none() {
+                        head_end = raw[from..]
+                            .windows(4)
+                            .position(|w| w == b"\r\n\r\n")
+                            .map(|i| from + i);
+                        match head_end {
+                            None if raw.len() > MAX_HEAD_BYTES => {
+                                return Err(too_large(MAX_HEAD_BYTES));
+                            }
+                            None => continue,
+                            Some(end) => whole = content_length(&raw[..end]).map(|n| end + 4 + n),
+                        }
+                    }
+                    if whole.is_some_and(|w| raw.len() >= w) {
                         break;
                     }
                 }
@@ -287,22 +313,17 @@ impl Client {
     }
 }
 
-/// Whether `raw` holds a whole answer with a `Content-Length` (the server
-/// may keep the connection open after it).
-fn complete(raw: &[u8]) -> bool {
-    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&raw[..end]);
-    head.split("\r\n")
-        .skip(1)
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .is_some_and(|n| raw.len() - (end + 4) >= n)
+/// The `Content-Length` of an answer's head, if it has one: the answer is
+/// whole once that much body is read (the server may keep the connection
+/// open after it).
+fn content_length(head: &[u8]) -> Option<usize> {
+    let head = String::from_utf8_lossy(head);
+    head.split("\r\n").skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    })
 }
 
 /// `(status, body)` of a whole HTTP/1.x answer.
