@@ -264,52 +264,65 @@ impl Client {
         s.set_write_timeout(Some(left().ok_or_else(timed_out)?))
             .map_err(io)?;
         s.write_all(request.as_bytes()).map_err(io)?;
-        let mut raw = Vec::new();
+        let mut answer = Answer::default();
         let mut chunk = [0u8; 16 << 10];
-        // Where the head ends, once seen (searched in the new bytes only);
-        // then the answer's whole length, when it has a Content-Length.
-        let mut head_end: Option<usize> = None;
-        let mut whole: Option<usize> = None;
-        let too_large = |limit| ClientError::TooLarge {
-            server: server(),
-            limit,
-        };
         loop {
             s.set_read_timeout(Some(left().ok_or_else(timed_out)?))
                 .map_err(io)?;
             match s.read(&mut chunk) {
                 Ok(0) => break,
-                Ok(n) => {
-                    if raw.len() + n > MAX_ANSWER_BYTES {
-                        return Err(too_large(MAX_ANSWER_BYTES));
+                Ok(n) => match answer.push(&chunk[..n]) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(limit) => {
+                        return Err(ClientError::TooLarge {
+                            server: server(),
+                            limit,
+                        })
                     }
-                    let from = raw.len().saturating_sub(3);
-                    raw.extend_from_slice(&chunk[..n]);
-                    if head_end.is_none() {
-                        head_end = raw[from..]
-                            .windows(4)
-                            .position(|w| w == b"\r\n\r\n")
-                            .map(|i| from + i);
-                        match head_end {
-                            None if raw.len() > MAX_HEAD_BYTES => {
-                                return Err(too_large(MAX_HEAD_BYTES));
-                            }
-                            None => continue,
-                            Some(end) => whole = content_length(&raw[..end]).map(|n| end + 4 + n),
-                        }
-                    }
-                    if whole.is_some_and(|w| raw.len() >= w) {
-                        break;
-                    }
-                }
+                },
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io(e)),
             }
         }
-        parse_answer(&raw).map_err(|why| ClientError::Protocol {
+        parse_answer(&answer.raw).map_err(|why| ClientError::Protocol {
             server: server(),
             why,
         })
+    }
+}
+
+/// An answer as it arrives: its bytes, where its head ends once seen
+/// (searched in the new bytes only, so a long head costs linear time), and
+/// its whole length once the head has a `Content-Length`.
+#[derive(Default)]
+struct Answer {
+    raw: Vec<u8>,
+    head_end: Option<usize>,
+    whole: Option<usize>,
+}
+
+impl Answer {
+    /// Add `bytes`: `Ok(true)` once the answer is whole, `Err(limit)` past
+    /// [`MAX_ANSWER_BYTES`] or, head not ended, [`MAX_HEAD_BYTES`].
+    fn push(&mut self, bytes: &[u8]) -> Result<bool, usize> {
+        if self.raw.len() + bytes.len() > MAX_ANSWER_BYTES {
+            return Err(MAX_ANSWER_BYTES);
+        }
+        let from = self.raw.len().saturating_sub(3);
+        self.raw.extend_from_slice(bytes);
+        if self.head_end.is_none() {
+            self.head_end = self.raw[from..]
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map(|i| from + i);
+            match self.head_end {
+                None if self.raw.len() > MAX_HEAD_BYTES => return Err(MAX_HEAD_BYTES),
+                None => return Ok(false),
+                Some(end) => self.whole = content_length(&self.raw[..end]).map(|n| end + 4 + n),
+            }
+        }
+        Ok(self.whole.is_some_and(|w| self.raw.len() >= w))
     }
 }
 
