@@ -6,7 +6,8 @@
 //! | bound | default | past it |
 //! |---|---|---|
 //! | the whole exchange (connect, send, answer) | [`DEFAULT_TIMEOUT`] (`--timeout`) | [`ClientError::Timeout`], which says the operation may still run on the server |
-//! | the answer's size, head and body | [`MAX_ANSWER_BYTES`] | [`ClientError::TooLarge`] |
+//! | the answer's head | [`MAX_HEAD_BYTES`] | [`ClientError::TooLarge`] |
+//! | the whole answer, head and body | [`MAX_ANSWER_BYTES`] | [`ClientError::TooLarge`] |
 //! | the answer's shape | a daxkv status / operation document ([`check_answer`]) | [`ClientError::NotDaxkv`] |
 //!
 //! `--server` is `host:port` or `http://host:port` ([`parse_server`]): a
@@ -24,9 +25,14 @@ use serde_json::Value;
 /// How long a command waits for the whole exchange by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The largest answer read (head and body): a status of thousands of
-/// devices is well under it.
-pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// The largest answer read (head and body). A status lists every device
+/// ever removed (a tombstone of ~390 bytes; ids are never reused): 64 MiB
+/// is some 170 000 add / remove cycles (4 MiB, before, was 11 000: weeks
+/// of a controller that scales devices).
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// The largest answer head: daxkv's is a few hundred bytes.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +64,8 @@ pub enum ClientError {
         /// The timeout, in seconds.
         secs: f64,
     },
-    /// The answer was larger than [`MAX_ANSWER_BYTES`].
+    /// The answer (or its head) was larger than [`MAX_ANSWER_BYTES`]
+    /// ([`MAX_HEAD_BYTES`]).
     #[error("{server}: the answer is larger than {limit} bytes: not a daxkv server?")]
     TooLarge {
         /// The authority.
@@ -257,52 +264,79 @@ impl Client {
         s.set_write_timeout(Some(left().ok_or_else(timed_out)?))
             .map_err(io)?;
         s.write_all(request.as_bytes()).map_err(io)?;
-        let mut raw = Vec::new();
+        let mut answer = Answer::default();
         let mut chunk = [0u8; 16 << 10];
         loop {
             s.set_read_timeout(Some(left().ok_or_else(timed_out)?))
                 .map_err(io)?;
             match s.read(&mut chunk) {
                 Ok(0) => break,
-                Ok(n) => {
-                    if raw.len() + n > MAX_ANSWER_BYTES {
+                Ok(n) => match answer.push(&chunk[..n]) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(limit) => {
                         return Err(ClientError::TooLarge {
                             server: server(),
-                            limit: MAX_ANSWER_BYTES,
-                        });
+                            limit,
+                        })
                     }
-                    raw.extend_from_slice(&chunk[..n]);
-                    if complete(&raw) {
-                        break;
-                    }
-                }
+                },
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io(e)),
             }
         }
-        parse_answer(&raw).map_err(|why| ClientError::Protocol {
+        parse_answer(&answer.raw).map_err(|why| ClientError::Protocol {
             server: server(),
             why,
         })
     }
 }
 
-/// Whether `raw` holds a whole answer with a `Content-Length` (the server
-/// may keep the connection open after it).
-fn complete(raw: &[u8]) -> bool {
-    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&raw[..end]);
-    head.split("\r\n")
-        .skip(1)
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .is_some_and(|n| raw.len() - (end + 4) >= n)
+/// An answer as it arrives: its bytes, where its head ends once seen
+/// (searched in the new bytes only, so a long head costs linear time), and
+/// its whole length once the head has a `Content-Length`.
+#[derive(Default)]
+struct Answer {
+    raw: Vec<u8>,
+    head_end: Option<usize>,
+    whole: Option<usize>,
+}
+
+impl Answer {
+    /// Add `bytes`: `Ok(true)` once the answer is whole, `Err(limit)` past
+    /// [`MAX_ANSWER_BYTES`] or, head not ended, [`MAX_HEAD_BYTES`].
+    fn push(&mut self, bytes: &[u8]) -> Result<bool, usize> {
+        if self.raw.len() + bytes.len() > MAX_ANSWER_BYTES {
+            return Err(MAX_ANSWER_BYTES);
+        }
+        let from = self.raw.len().saturating_sub(3);
+        self.raw.extend_from_slice(bytes);
+        if self.head_end.is_none() {
+            self.head_end = self.raw[from..]
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map(|i| from + i);
+            match self.head_end {
+                None if self.raw.len() > MAX_HEAD_BYTES => return Err(MAX_HEAD_BYTES),
+                None => return Ok(false),
+                Some(end) => self.whole = content_length(&self.raw[..end]).map(|n| end + 4 + n),
+            }
+        }
+        Ok(self.whole.is_some_and(|w| self.raw.len() >= w))
+    }
+}
+
+/// The `Content-Length` of an answer's head, if it has one: the answer is
+/// whole once that much body is read (the server may keep the connection
+/// open after it).
+fn content_length(head: &[u8]) -> Option<usize> {
+    let head = String::from_utf8_lossy(head);
+    head.split("\r\n").skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    })
 }
 
 /// `(status, body)` of a whole HTTP/1.x answer.

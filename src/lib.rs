@@ -40,6 +40,18 @@
 
 #![deny(missing_docs)]
 
+/// `eprintln!` that never panics. The log line of an error the caller is
+/// also told about, or of a worker's trouble, is dropped when stderr is
+/// gone (`daxkv serve 2>&1 | tee log` and the `tee` killed, a full disk):
+/// `eprintln!` would panic there, turning a control-plane refusal into a
+/// 500 and killing a worker in its panic handler.
+macro_rules! log_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 pub mod arena;
 pub mod bench;
 pub mod buf;

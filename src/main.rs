@@ -469,6 +469,11 @@ fn serve(cfg: &daxkv::serve::ServeConfig) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
+        // A log line that cannot be written (stderr a broken pipe) is
+        // dropped: by default the subscriber says so with `eprintln!`,
+        // which panics there, and the panic of the shutdown's log line
+        // aborted the process (SIGABRT instead of exit 0).
+        .log_internal_errors(false)
         .try_init();
     let prepared = daxkv::serve::Server::prepare(cfg)?;
     let server = signals.serving(|| prepared.listen())?;
@@ -557,7 +562,8 @@ fn client(
     } else {
         for (k, val) in v.as_object().into_iter().flatten() {
             if k != "device" {
-                println!("{k:>20}: {val}");
+                // The key is the server's: escaped like the table's text.
+                println!("{:>20}: {val}", daxkv::serve::printable(k));
             }
         }
         // An add's device: where it is and what it is called (a `memfd:`

@@ -25,7 +25,9 @@
 //!   state (`active`, `draining`, `migrating`, `resizing`, `removing`,
 //!   `closed`, `failed`, `removed`), 1 for its current state and 0 for the
 //!   others, so a series never disappears when a device changes state and
-//!   `daxkv_device_state{state="failed"} == 1` is an alert rule.
+//!   `daxkv_device_state{state="failed"} == 1` is an alert rule. A
+//!   removed device's series leave the scrape (it stays a tombstone in
+//!   `status()`); `daxkv_hotplug_operations_total` counts the removes.
 //! - `op` is `store`, `lookup`, `load` (tasks, counted when published by a
 //!   worker) and `unlock`, `delete` (calls, counted on the caller). What
 //!   each counts: [`crate::engine::Metrics`]'s module doc.
@@ -84,7 +86,11 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 /// path (it allocates the text).
 pub fn encode(engine: &Engine) -> String {
     let m = engine.metrics();
-    let devices = engine.devices();
+    let mut devices = engine.devices();
+    // A removed device is a tombstone for ever (ids are never reused):
+    // its series leave the scrape, or every add / remove cycle of a
+    // long-running server would add 10 dead ones for good.
+    devices.retain(|d| d.state != DeviceState::Removed);
     let mut out = String::with_capacity(8192);
     encode_devices(&mut out, &devices);
     encode_ops(&mut out, &m);

@@ -197,18 +197,16 @@ impl DaxReconfigure {
     }
 
     fn device_json(&self, index: usize, info: &crate::engine::DeviceInfo) -> Value {
-        let devs = self.engine.status();
-        devs["devices"]
-            .as_array()
-            .and_then(|d| d.get(index).cloned())
-            .unwrap_or_else(|| {
-                json!({
-                    "index": index,
-                    "device_id": info.id.0,
-                    "device_path": info.path,
-                    "state": info.state.name(),
-                })
+        // That device's entry alone: a whole `status()` here made every add
+        // walk every tombstone.
+        self.engine.device_status(index).unwrap_or_else(|| {
+            json!({
+                "index": index,
+                "device_id": info.id.0,
+                "device_path": info.path,
+                "state": info.state.name(),
             })
+        })
     }
 }
 

@@ -70,6 +70,35 @@ pub enum ServeError {
     Http(#[from] crate::http::HttpError),
 }
 
+/// The largest config file read: a real one is a few hundred bytes. A
+/// device file given by mistake (`--config /dev/shm/kv`) or a stream
+/// (`/dev/zero`) is refused instead of read into memory.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// At most `limit` bytes of `path`; a longer file or stream is an error
+/// that says so (a regular file's length is checked before reading).
+fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let too_big = || {
+        format!(
+            "larger than a config file may be ({} MiB): is it the device?",
+            limit >> 20
+        )
+    };
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    if f.metadata().is_ok_and(|m| m.is_file() && m.len() > limit) {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::new();
+    f.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}
+
 /// Read an engine config: `path` (TOML when its extension is `toml` in
 /// any case, else JSON), or the embedded default. A UTF-8 byte-order mark
 /// is skipped (editors on Windows write one; RFC 8259 lets a parser ignore
@@ -86,7 +115,7 @@ pub fn load_config(path: Option<&Path>) -> Result<EngineConfig, ServeError> {
         path: path.display().to_string(),
         why,
     };
-    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    let bytes = read_bounded(path, MAX_CONFIG_BYTES).map_err(err)?;
     let text = config_text(&bytes).map_err(err)?;
     let toml = path
         .extension()
@@ -467,20 +496,43 @@ pub fn status_table(status: &Value) -> String {
         );
         out.push_str("index  id state           used     slots locked  path\n");
         for d in st["devices"].as_array().into_iter().flatten() {
+            // As strings: serde_json's `Value` ignores a width.
+            let n = |k: &str| d[k].as_u64().map_or_else(|| "?".into(), |v| v.to_string());
             let _ = writeln!(
                 out,
                 "{:>5} {:>3} {:<10} {:>9} {:>9} {:>6}  {}",
-                d["index"],
-                d["device_id"],
-                d["state"].as_str().unwrap_or("?"),
-                d["live_slot_count"],
-                d["max_slots"],
-                d["locked_key_count"],
-                d["device_path"].as_str().unwrap_or("?"),
+                n("index"),
+                n("device_id"),
+                printable(d["state"].as_str().unwrap_or("?")),
+                n("live_slot_count"),
+                n("max_slots"),
+                n("locked_key_count"),
+                printable(d["device_path"].as_str().unwrap_or("?")),
             );
         }
     }
     out
+}
+
+/// `s` for a terminal: control characters (ESC, CR, BEL, C1 such as
+/// U+009B) escaped as `\u{1b}`, `\r`, …, the rest as it is. A device path
+/// is any file name a local user could create, and the answer may come
+/// from a server that is not daxkv: printed raw, either could clear the
+/// operator's screen, retitle the window or overwrite a line.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 /// Block SIGINT and SIGTERM in the calling thread and every thread it
@@ -547,7 +599,7 @@ impl ShutdownSignals {
                 let phase = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if *phase == Phase::Starting {
                     // Held to the end: `serving` cannot open the port now.
-                    eprintln!(
+                    log_line!(
                         "daxkv: {} during start-up: stopped before serving",
                         signal_name(sig)
                     );

@@ -147,7 +147,7 @@ fn run_job(job: Job) {
             .map(|s| (*s).to_string())
             .or_else(|| p.downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        eprintln!("daxkv: a put_async job panicked: {msg}; the put worker keeps serving");
+        log_line!("daxkv: a put_async job panicked: {msg}; the put worker keeps serving");
     }
 }
 

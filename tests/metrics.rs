@@ -351,3 +351,43 @@ fn constant_labels_reach_every_sample() {
 fn constant_label_names_are_checked() {
     daxkv::metrics::with_const_labels("a 1\n", &[("l2-name", "x")]);
 }
+
+/// A controller that adds and removes devices for weeks: every removed
+/// device stays a tombstone in `status()` (ids are never reused), but
+/// its series leave `/metrics` (as a gone disk's do in node_exporter):
+/// before the fix each kept 10 series for ever (`slots_used`,
+/// `slots_total` and the 8-state set), so that 3000 cycles made a 1.9 MB
+/// scrape of 30 000 dead series and it grew with every cycle.
+#[test]
+fn removed_devices_leave_metrics() {
+    let dev = DeviceSpec {
+        path: "memfd".into(),
+        core: CoreConfig::new(ArenaSpec::memfd(16 * SLOT), SLOT),
+    };
+    let e = Engine::open(vec![dev], SLOT, true, EngineOptions::default()).unwrap();
+    let device_lines = |e: &Engine| {
+        daxkv::metrics::encode(e)
+            .lines()
+            .filter(|l| l.contains("device=\""))
+            .count()
+    };
+    let before = device_lines(&e);
+    assert_eq!(before, 10, "one device: used, total and 8 states");
+    for c in 0..50 {
+        let id = e
+            .add_device(&DeviceSpec {
+                path: format!("memfd:c{c}"),
+                core: CoreConfig::new(ArenaSpec::memfd(16 * SLOT), SLOT),
+            })
+            .unwrap();
+        assert_eq!(device_lines(&e), 20, "cycle {c}: a live device shows");
+        e.remove_device(id, daxkv::engine::RemoveMode::Evict, true)
+            .unwrap();
+    }
+    assert_eq!(
+        device_lines(&e),
+        before,
+        "removed devices left series behind"
+    );
+    assert_eq!(e.devices().len(), 51, "tombstones still in the device list");
+}

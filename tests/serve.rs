@@ -712,3 +712,164 @@ fn the_cli_names_anonymous_devices() {
     );
     s.stop_with(libc::SIGTERM);
 }
+
+/// A device path is whatever a file may be named: a local user who can
+/// reach the control plane adds a file named with terminal control
+/// sequences (clear the screen, set the window title, a carriage return
+/// that overwrites the line). `daxkv status` shows it escaped, never raw
+/// to the operator's terminal. Before the fix the table printed it as it
+/// was.
+#[test]
+fn the_status_table_never_prints_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "x\u{1b}[2J\u{1b}]0;pwned\u{7}\rfake\u{9b}31m";
+    let f = dir.path().join(name);
+    std::fs::File::create(&f).unwrap().set_len(4 << 20).unwrap();
+    let s = Serve::start(&[]);
+    let out = s.cli(&["add", f.to_str().unwrap(), "4MiB"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = s.cli(&["status"]);
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !table.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters in the table: {table:?}"
+    );
+    // The columns line up under their heads (serde_json's `Value` ignores
+    // a width: before the fix every row was packed to the left).
+    let lines: Vec<&str> = table.lines().collect();
+    let head = lines[1];
+    let path_col = head.find("path").unwrap();
+    for row in &lines[2..] {
+        assert_eq!(
+            row.find(" /").or_else(|| row.find(" memfd")).map(|i| i + 1),
+            Some(path_col),
+            "{table}"
+        );
+    }
+    // Still recognizable: the escaped name is in the table.
+    assert!(
+        table.contains(r"x\u{1b}[2J\u{1b}]0;pwned\u{7}\rfake\u{9b}31m"),
+        "{table}"
+    );
+    s.stop_with(libc::SIGTERM);
+}
+
+/// `daxkv serve 2>&1 | tee log`, and the reader of its stderr goes away
+/// (the `tee` is killed, a log collector restarts): stderr is a broken
+/// pipe. A control-plane error that the engine also logs (a resize past
+/// the device's `max_size`) still answers with its reason, and the device
+/// and the server go on. Before the fix the log line's `eprintln!`
+/// panicked on the broken pipe: 500 `internal error` instead of the 400
+/// that says why; and SIGTERM aborted the process (SIGABRT, not exit 0):
+/// the subscriber reports a line it cannot write with `eprintln!`, whose
+/// panic in the shutdown's log line unwound into the server's drop.
+#[test]
+fn a_broken_stderr_does_not_turn_logged_errors_into_500s() {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("daxkv: serving on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    // The log's reader goes away.
+    drop(child.stderr.take());
+    let s = Serve { child, addr };
+    let (st, _) = s.post(
+        "/reconfigure/dax/l2/add",
+        &json!({"device_path": "memfd:g", "size": "8MiB"}),
+    );
+    assert_eq!(st, 200);
+    for _ in 0..2 {
+        let (st, body) = s.post(
+            "/reconfigure/dax/l2/resize",
+            &json!({"device_path": "memfd:g", "size": "64MiB"}),
+        );
+        assert_eq!(st, 400, "{body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("cannot grow"),
+            "{body}"
+        );
+    }
+    let (st, body) = s.post(
+        "/reconfigure/dax/l2/resize",
+        &json!({"device_path": "memfd:g", "size": "16MiB"}),
+    );
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(s.get("/health").0, 200);
+    let mut s = s;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(s.child.id().cast_signed(), libc::SIGTERM) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "serve did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit {status:?}");
+}
+
+/// `--config` given something that is not a config: a device file (the
+/// arguments swapped: `--config /dev/shm/kv`, 64 GiB), or an endless
+/// stream (`/dev/zero`). Exit 1 at once, naming the limit, without
+/// reading it into memory. Before the fix the whole file was read: a
+/// 64 GiB tmpfs device into RAM (here, under a 2 GiB address-space
+/// limit, "out of memory"; on a host, the OOM killer's choice).
+#[test]
+fn a_config_that_is_a_device_or_a_stream_is_refused_unread() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("kv");
+    // Sparse: no disk or memory is used until it is read.
+    std::fs::File::create(&dev)
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+    for cfg in [dev.as_path(), std::path::Path::new("/dev/zero")] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--http", "127.0.0.1:0", "--config"])
+            .arg(cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: the closure runs in the forked child before exec and
+        // calls setrlimit(2) only, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 2 << 30,
+                    rlim_max: 2 << 30,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &raw const lim) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let t0 = Instant::now();
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", cfg.display());
+        assert!(
+            err.contains("larger than a config file may be (1 MiB)"),
+            "{}: {err}",
+            cfg.display()
+        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", cfg.display());
+    }
+}

@@ -617,7 +617,7 @@ impl Engine {
                 ..
             }) => return Err(HotplugError::Memory(source.to_string())),
             Err(EngineError::Device { source, .. }) => {
-                eprintln!("daxkv: hotplug add: {source}");
+                log_line!("daxkv: hotplug add: {source}");
                 return Err(HotplugError::MapFailed);
             }
             Err(e) => return Err(e.into()),
@@ -805,7 +805,7 @@ impl Engine {
         dev.core().remap(size_bytes).map_err(|e| {
             // The reason goes to the caller, the path left out (the log
             // has it whole).
-            eprintln!("daxkv: resize: {e}");
+            log_line!("daxkv: resize: {e}");
             let why = e.to_string();
             HotplugError::Remap(if is_memfd_name(dev.path()) {
                 why
@@ -915,7 +915,7 @@ impl Engine {
                     | PutError::DeviceFailed,
                 ) => {}
                 Err(e) => {
-                    eprintln!("daxkv: migrating a key: {e}");
+                    log_line!("daxkv: migrating a key: {e}");
                     return Move::NoRoom;
                 }
             }

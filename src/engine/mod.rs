@@ -348,7 +348,7 @@ impl Inner {
     fn tell_listeners(&self, what: &str, f: impl Fn(&dyn Listener)) {
         for l in self.listeners.load().iter() {
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&**l))) {
-                eprintln!(
+                log_line!(
                     "daxkv: a listener panicked in {what}: {}; ignored",
                     panic_message(&*p)
                 );
@@ -381,6 +381,37 @@ fn tombstone_json(
         "active_read_count": 0,
         "active_write_count": 0,
         "closing": true,
+        "inflight_store_tasks": inflight[0],
+        "inflight_lookup_tasks": inflight[1],
+        "inflight_load_tasks": inflight[2],
+        "supports_restart_recovery": false,
+    })
+}
+
+/// A device in the pool in `status()`, from its core's status `st` and
+/// its `state`, both read once by the caller.
+fn live_json(
+    index: usize,
+    d: &pool::Device,
+    state: DeviceState,
+    st: &crate::core::CoreStatus,
+    inflight: &[usize],
+) -> serde_json::Value {
+    serde_json::json!({
+        "index": index,
+        "device_id": d.id().0,
+        "device_path": d.path(),
+        "state": state.name(),
+        "is_healthy": st.is_healthy,
+        "max_dax_size_bytes": st.max_dax_size_bytes,
+        "slot_bytes": st.slot_bytes,
+        "max_slots": st.max_slots,
+        "live_slot_count": st.live_slot_count,
+        "locked_key_count": st.locked_key_count,
+        "borrowed_slot_count": st.borrowed_slot_count,
+        "active_read_count": st.active_read_count,
+        "active_write_count": st.active_write_count,
+        "closing": st.closing,
         "inflight_store_tasks": inflight[0],
         "inflight_lookup_tasks": inflight[1],
         "inflight_load_tasks": inflight[2],
@@ -437,7 +468,7 @@ impl Engine {
         // inherit the mask of the thread that opens the engine.
         let cpu_plan = CpuPlan::new(&opts.cpus, &ProcessCpus::current());
         for w in &cpu_plan.warnings {
-            eprintln!("daxkv: worker placement: {w}");
+            log_line!("daxkv: worker placement: {w}");
         }
         let inner = Arc::new(Inner {
             slot_bytes,
@@ -789,6 +820,35 @@ impl Engine {
         })
     }
 
+    /// The entry of [`status`](Self::status)`()["devices"]` at `index`,
+    /// built alone: for a device in the pool without walking the others
+    /// (an `add`'s answer stays as fast after thousands of tombstones);
+    /// for a tombstone from the list; `None` past the end.
+    pub fn device_status(&self, index: usize) -> Option<serde_json::Value> {
+        let inflight: Vec<usize> = self
+            .inner
+            .inflight
+            .iter()
+            // ORDERING: Relaxed — a statistic.
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        if let Some(d) = self.inner.pool.list().iter().find(|d| d.index() == index) {
+            let st = d.core().status();
+            return Some(live_json(index, d, d.state(), &st, &inflight));
+        }
+        let entries = self.inner.pool.entries();
+        let e = entries.get(index)?;
+        Some(match e {
+            pool::Entry::Live(d) => {
+                let st = d.core().status();
+                live_json(index, d, d.state(), &st, &inflight)
+            }
+            pool::Entry::Gone(_) => {
+                tombstone_json(index, &e.info(), self.inner.slot_bytes, &inflight)
+            }
+        })
+    }
+
     /// Status fields (docs/lmcache-dax-behavior.md §3.10), as a JSON value.
     pub fn status(&self) -> serde_json::Value {
         let devs = self.inner.pool.entries();
@@ -827,26 +887,7 @@ impl Engine {
             // (upstream counts them unhealthy forever,
             // docs/lmcache-dax-behavior.md §9.4 item 1).
             healthy &= state != DeviceState::Failed;
-            devices.push(serde_json::json!({
-                "index": i,
-                "device_id": d.id().0,
-                "device_path": d.path(),
-                "state": state.name(),
-                "is_healthy": st.is_healthy,
-                "max_dax_size_bytes": st.max_dax_size_bytes,
-                "slot_bytes": st.slot_bytes,
-                "max_slots": st.max_slots,
-                "live_slot_count": st.live_slot_count,
-                "locked_key_count": st.locked_key_count,
-                "borrowed_slot_count": st.borrowed_slot_count,
-                "active_read_count": st.active_read_count,
-                "active_write_count": st.active_write_count,
-                "closing": st.closing,
-                "inflight_store_tasks": inflight[0],
-                "inflight_lookup_tasks": inflight[1],
-                "inflight_load_tasks": inflight[2],
-                "supports_restart_recovery": false,
-            }));
+            devices.push(live_json(i, d, state, &st, &inflight));
         }
         let (used, cap) = self.usage();
         let parts = |c: usize| -> Vec<u64> {
@@ -908,7 +949,7 @@ impl Engine {
     pub fn close(&self) {
         if self.on_own_worker() {
             self.request_close();
-            eprintln!(
+            log_line!(
                 "daxkv: Engine::close called on one of its own worker threads (from a \
                  listener): new tasks are refused; the close finishes on the next close \
                  or drop outside the workers"
@@ -993,7 +1034,7 @@ impl Drop for Engine {
                     p.detach();
                 }
             }
-            eprintln!(
+            log_line!(
                 "daxkv: the engine was dropped on one of its own worker threads (from a \
                  listener): its workers stop and are detached, tasks not yet run are dropped"
             );

@@ -334,7 +334,7 @@ impl Inner {
             loop {
                 let (n, err) = pop_released(cq, &mut batch);
                 if let Some(e) = err {
-                    eprintln!("daxkv: store completion ring: {e}");
+                    log_line!("daxkv: store completion ring: {e}");
                 }
                 for c in &batch[..n] {
                     if let Some(out) = out.as_deref_mut() {

@@ -207,7 +207,7 @@ pub(super) fn stop_pool(p: &WorkerPool) {
     }
     for h in std::mem::take(&mut *p.handles.lock().unwrap_or_else(PoisonError::into_inner)) {
         if h.join().is_err() {
-            eprintln!("daxkv: a {} worker exited by panic", p.name);
+            log_line!("daxkv: a {} worker exited by panic", p.name);
         }
     }
 }
@@ -311,7 +311,7 @@ fn place_self(name: &str, mask: Option<Vec<usize>>) -> Placed {
     });
     let cpus = crate::sys::thread_cpus().unwrap_or_default();
     if let Some(e) = &error {
-        eprintln!(
+        log_line!(
             "daxkv: worker placement: {name}: {e}; it runs on CPUs {}",
             format_cpulist(&cpus)
         );
@@ -446,7 +446,7 @@ impl WorkerCtx {
                 match self.sqs[i - 1].pop() {
                     Ok(e) => e,
                     Err(e) => {
-                        eprintln!("daxkv: {}: submission ring {i}: {e}", self.name);
+                        log_line!("daxkv: {}: submission ring {i}: {e}", self.name);
                         None
                     }
                 }
@@ -463,11 +463,11 @@ impl WorkerCtx {
         let inner = self.inner.clone();
         // Validate everything read from the ring before use.
         let Some(slot) = inner.tasks.slot(sqe.task) else {
-            eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
+            log_line!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
             return;
         };
         let Some(task) = slot.rec.read().filter(|t| t.id == sqe.task) else {
-            eprintln!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
+            log_line!("daxkv: {}: SQE for unknown task {}", self.name, sqe.task);
             return;
         };
         let (start, len) = (sqe.start as usize, sqe.len as usize);
@@ -475,9 +475,10 @@ impl WorkerCtx {
             .checked_add(len)
             .is_none_or(|end| end > task.keys.len())
         {
-            eprintln!(
+            log_line!(
                 "daxkv: {}: SQE range {start}+{len} outside task {}",
-                self.name, sqe.task
+                self.name,
+                sqe.task
             );
             return;
         }
@@ -485,7 +486,7 @@ impl WorkerCtx {
         self.parts.fetch_add(1, Ordering::Relaxed);
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_part(&task, start, len)));
         if let Err(p) = r {
-            eprintln!(
+            log_line!(
                 "daxkv: {} panicked in task {}: {}; the task fails",
                 self.name,
                 task.id,
@@ -673,7 +674,7 @@ impl WorkerCtx {
                         // the task in flight forever): say it once, wait
                         // for the collector.
                         if spins == 0 {
-                            eprintln!(
+                            log_line!(
                                 "daxkv: bug: store completion ring full (records invariant); waiting for the collector"
                             );
                         }
