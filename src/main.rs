@@ -476,6 +476,16 @@ fn serve(cfg: &daxkv::serve::ServeConfig) -> anyhow::Result<()> {
         .log_internal_errors(false)
         .try_init();
     let prepared = daxkv::serve::Server::prepare(cfg)?;
+    if !cfg.http.addr.ip().is_loopback() {
+        // Reachable from other hosts: `Host` / `Origin` keep browsers out,
+        // not a client that sends `Host: 127.0.0.1` itself.
+        if cfg.http.token.is_none() {
+            tracing::warn!(addr = %cfg.http.addr, "listening beyond loopback without --token: any host that can reach the port can reconfigure the devices");
+        }
+        if cfg.http.allow_prefixes.is_empty() {
+            tracing::warn!(addr = %cfg.http.addr, "listening beyond loopback without --allow-prefix: add may map any file this process can open");
+        }
+    }
     let server = signals.serving(|| prepared.listen())?;
     if let Some(addr) = server.addr() {
         println!("daxkv: serving on http://{addr}");

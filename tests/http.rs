@@ -1632,3 +1632,36 @@ fn remove_and_resize_take_a_device_index() {
     );
     assert_eq!(r.status, 422);
 }
+
+/// The allow-list judges the path the engine will open: `add` trims
+/// `device_path`, so the check trims it too. A padded path inside the
+/// allowed directory is the same device (allowed); a padded path outside
+/// it is refused as the bare one is.
+#[test]
+fn the_allow_list_checks_the_trimmed_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = dir.path().join("devs");
+    std::fs::create_dir(&devs).unwrap();
+    let inside = devs.join("dax0").display().to_string();
+    let outside = dir.path().join("dax1").display().to_string();
+    let dax = Recording::new("dax", "a");
+    let cfg = HttpConfig {
+        allow_prefixes: vec![devs],
+        ..HttpConfig::default()
+    };
+    let srv = start_with(cfg, &[Arc::clone(&dax)], HttpHooks::default());
+    let a = srv.local_addr();
+    for (p, want) in [
+        (format!("  {inside} "), 200),
+        (format!("\t{inside}\n"), 200),
+        (format!(" {outside} "), 403),
+        (outside.clone(), 403),
+    ] {
+        let r = post(
+            a,
+            "/reconfigure/dax/l2/add",
+            &json!({"device_path": p, "size": "2MiB"}),
+        );
+        assert_eq!(r.status, want, "{p:?}: {}", r.text());
+    }
+}

@@ -718,7 +718,9 @@ fn unprocessable(detail: &[Value]) -> Response {
 /// Whether the allow-list lets `add` name `p` (a path, or an anonymous
 /// device); the refusal otherwise.
 async fn add_allowed(app: &Arc<App>, p: String) -> Result<(), Response> {
-    if crate::engine::is_memfd_name(p.trim()) {
+    // The engine opens the trimmed path: check the same one.
+    let p = p.trim().to_string();
+    if crate::engine::is_memfd_name(&p) {
         // Not a path: allowed without an allow-list, or with `memfd` on it.
         if !app.allow_all && !app.allow_memfd {
             return Err(error(
