@@ -53,3 +53,67 @@ print("parent window", _window_count())
     took = float(p.stdout.split("child exit took ")[1].split()[0])
     assert took < 2.0, (p.stdout, p.stderr[-2000:])
     assert "parent window 0" in p.stdout, (p.stdout, p.stderr[-2000:])
+
+
+def test_a_call_that_forks_midway_does_not_go_on_in_the_child() -> None:
+    """The fork check ran first, before the call's own Python code (here a
+    key's ``to_string()``; also a keys generator): a child forked there went
+    on with the parent's call and wrote into the parent's slots (the device
+    mapping is MAP_SHARED) — the parent's stored payload read back as the
+    child's bytes. A call must raise in the child instead."""
+    p = _run(_FORK_IN_KEY + """
+n = 100
+buf = bytearray(b"P" * n)
+class Forking(Key):
+    def to_string(self):
+        r = super().to_string()
+        if Key.child:
+            buf[:] = b"C" * n   # the child's copy of the caller's buffer
+            time.sleep(0.5)     # the parent has stored by now
+        return r
+k = Forking()
+try:
+    out = s.put_batch([k], [buf], [0])
+    where = "child" if Key.child else "parent"
+    os.write(1, f"{where} put_batch returned {out}\\n".encode())
+except RuntimeError as e:
+    os.write(1, f"{'child' if Key.child else 'parent'} raised {e}\\n".encode())
+if Key.child:
+    os._exit(0)
+os.waitpid(k.pid, 0)
+got = []
+def alloc(hits):
+    got.extend(bytearray(nb) for _, _, nb in hits)
+    return got
+s.restore(["k"], False, alloc)
+print("parent reads", bytes(got[0][:4]) if got else None, flush=True)
+""")
+    assert "child raised" in p.stdout, (p.stdout, p.stderr[-2000:])
+    assert "parent reads b'PPPP'" in p.stdout, (p.stdout, p.stderr[-2000:])
+
+
+def test_a_keys_generator_that_forks_does_not_go_on_in_the_child() -> None:
+    """The connector's keys may be any iterable: a generator is Python code
+    run after the fork check. Its child must get the fork RuntimeError,
+    not submit to workers that do not exist in it."""
+    p = _run("""
+import os
+import daxkv
+c = daxkv.DaxConnector(slot_bytes=4096, device_path="memfd",
+                       max_dax_size_gb=64 * 4096 / 2**30, num_load_workers=1)
+child = False
+def keys():
+    global child
+    child = os.fork() == 0
+    yield "k"
+try:
+    fid = c.submit_batch_exists(keys())
+    os.write(1, f"{'child' if child else 'parent'} got future {fid}\\n".encode())
+except RuntimeError as e:
+    os.write(1, f"{'child' if child else 'parent'} raised {e}\\n".encode())
+if child:
+    os._exit(0)
+os.wait()
+c.close()
+""")
+    assert "child raised" in p.stdout and "parent got future" in p.stdout, (p.stdout, p.stderr[-2000:])
