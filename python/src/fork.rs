@@ -7,6 +7,12 @@
 //! and `close()` / drop do nothing (the engine is leaked in the child:
 //! closing it would join threads that do not exist there, and touch the
 //! parent's slots).
+//!
+//! A call checks twice: first, and again once its arguments are converted
+//! and before it reaches the engine. The conversion runs the caller's
+//! Python code (a key's `to_string()`, a keys generator), which may fork:
+//! the child then goes on inside the parent's call, and a `put_batch`
+//! wrote its copy of the caller's buffer into the parent's slots.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::PyErr;

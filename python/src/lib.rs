@@ -676,6 +676,9 @@ impl DaxConnector {
         self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
         let views = export(bufs, false)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxConnector")?;
         if keys.len() != views.len() {
             return Err(PyValueError::new_err(format!(
                 "daxkv: submit_batch_set: {} keys but {} buffers",
@@ -745,6 +748,9 @@ impl DaxConnector {
         self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
         let views = export(bufs, true)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxConnector")?;
         if keys.len() != views.len() {
             return Err(PyValueError::new_err(format!(
                 "daxkv: submit_batch_get: {} keys but {} buffers",
@@ -799,6 +805,9 @@ impl DaxConnector {
     fn submit_batch_exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
         self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxConnector")?;
         let fid = self.fid();
         crate::gil::release(py, move || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
@@ -813,6 +822,9 @@ impl DaxConnector {
     fn submit_batch_delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
         self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxConnector")?;
         let fid = self.fid();
         crate::gil::release(py, move || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
