@@ -117,3 +117,71 @@ os.wait()
 c.close()
 """)
     assert "child raised" in p.stdout and "parent got future" in p.stdout, (p.stdout, p.stderr[-2000:])
+
+
+# -- exit with daemon threads iterating keys generators inside daxkv --------------
+
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+from test_edges import PYTHONS, _run_exit  # noqa: E402
+
+# A keys / buffers generator is Python code that daxkv's Rust frame runs
+# (the iteration), with the GIL held: it may hand the GIL over and take it
+# back while the interpreter exits — the door `gil::held` closes for a
+# key's to_string(), left open for the iteration itself.
+_GEN = """
+def keys():
+    for i in range(4):
+        out = ""
+        for c in "model@1@0@":
+            out += c
+        yield out + str(i)
+"""
+
+GEN_EXIT_SCRIPTS = {
+    "backend_store": _GEN + """
+from daxkv._daxkv import DaxStore
+s = DaxStore("memfd", 64 * 4096, 4096)
+
+def body():
+    s.batched_contains(keys())
+    s.batched_contains(keys())
+
+start(body)
+""",
+    "connector": _GEN + """
+import daxkv
+c = daxkv.DaxConnector(slot_bytes=4096, device_path="memfd",
+                       max_dax_size_gb=256 * 4096 / 2**30, num_load_workers=1, spin_us=0)
+def gen_bufs():
+    for _ in range(4):
+        b = bytearray(64)
+        x = 0
+        for i in range(10):
+            x += i
+        yield b
+
+def body():
+    c.submit_batch_exists(keys())
+    c.submit_batch_delete(keys())
+    c.submit_batch_get(["a", "b", "c", "d"], gen_bufs())
+    c.drain_completions()
+
+start(body)
+""",
+}
+
+
+@pytest.mark.parametrize("python", PYTHONS, ids=lambda p: os.path.basename(os.path.dirname(os.path.dirname(p))) or p)
+@pytest.mark.parametrize("face", sorted(GEN_EXIT_SCRIPTS))
+def test_exit_with_daemon_threads_iterating_a_generator_inside_daxkv_exits_0(python: str, face: str) -> None:
+    """Daemon threads passing generators (keys, buffers) to daxkv when the
+    script exits: it died with SIGABRT ("FATAL: exception not rethrown") on
+    most runs of 3 on 3.11, 3.12 and 3.13 for the backend store."""
+    for run in range(5):
+        p = _run_exit(python, GEN_EXIT_SCRIPTS[face])
+        assert "exiting with daemon threads" in p.stdout, p.stderr[-2000:]
+        assert p.returncode == 0 and "FATAL" not in p.stderr, (
+            f"run {run}: exit status {p.returncode}; stderr: {p.stderr[-2000:]}"
+        )
