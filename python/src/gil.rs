@@ -39,7 +39,8 @@
 //!
 //! A daxkv call that runs Python code under its own Rust frame with the
 //! GIL held (a key's `to_string()`, LMCache's `byte_array` property,
-//! `json.dumps`, a callback through [`with_gil`]) is the same door: that
+//! `json.dumps`, iterating a caller's keys or buffers — a generator —, a
+//! callback through [`with_gil`]) is the same door: that
 //! code may hand the GIL to another thread and take it back. Such a
 //! stretch is counted in the window too ([`held`], [`with_gil`]); the hook
 //! waits for it to end.

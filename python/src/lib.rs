@@ -232,6 +232,8 @@ pub(crate) fn notify_fd(fd: RawFd) {
 
 /// Digest LMCache's key strings (`str`, or `bytes`) as the Rust side does.
 fn digest_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    // Iterating `keys` may run Python code (a generator): `gil::held`.
+    let _stretch = crate::gil::held(keys.py());
     let mut out = Vec::new();
     for k in keys.try_iter()? {
         let k = k?;
@@ -289,6 +291,9 @@ pub(crate) fn json_to_py<'py>(
 /// Export every buffer (writable for destinations).
 fn export(bufs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
     let what = if writable { "destination" } else { "source" };
+    // Iterating `bufs` (a generator) or exporting one (a class with
+    // `__buffer__`) may run Python code: `gil::held`.
+    let _stretch = crate::gil::held(bufs.py());
     let mut out = Vec::new();
     for (i, b) in bufs.try_iter()?.enumerate() {
         let b = b?;

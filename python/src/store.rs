@@ -123,6 +123,8 @@ fn key_of(k: &Bound<'_, PyAny>) -> PyResult<Key> {
 }
 
 fn keys_of(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    // Iterating `keys` may run Python code (a generator): `gil::held`.
+    let _stretch = crate::gil::held(keys.py());
     keys.try_iter()?.map(|k| key_of(&k?)).collect()
 }
 
@@ -451,13 +453,16 @@ impl PyDaxStore {
         let views = crate::export(bufs, false)?;
         let pos: Vec<Option<Arc<Py<PyAny>>>> = match positions {
             None => vec![None; keys.len()],
-            Some(p) => p
-                .try_iter()?
-                .map(|p| {
-                    let p = p?;
-                    Ok((!p.is_none()).then(|| Arc::new(p.unbind())))
-                })
-                .collect::<PyResult<_>>()?,
+            Some(p) => {
+                // Iterating may run Python code (a generator): `gil::held`.
+                let _stretch = crate::gil::held(py);
+                p.try_iter()?
+                    .map(|p| {
+                        let p = p?;
+                        Ok((!p.is_none()).then(|| Arc::new(p.unbind())))
+                    })
+                    .collect::<PyResult<_>>()?
+            }
         };
         if views.len() != keys.len() || tags.len() != keys.len() || pos.len() != keys.len() {
             return Err(PyValueError::new_err(format!(
