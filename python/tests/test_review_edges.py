@@ -185,3 +185,51 @@ def test_exit_with_daemon_threads_iterating_a_generator_inside_daxkv_exits_0(pyt
         assert p.returncode == 0 and "FATAL" not in p.stderr, (
             f"run {run}: exit status {p.returncode}; stderr: {p.stderr[-2000:]}"
         )
+
+
+# -- a listener that calls back into the adapter ----------------------------------
+
+
+def test_a_listener_querying_its_load_again_does_not_break_the_callers_query() -> None:
+    """``on_l2_keys_accessed`` is told inside ``query_load_result``; a
+    listener that asks for the same task's result there (re-entrant: the
+    adapter's lock is an RLock) took the kept bitmap, and the outer call —
+    LMCache's prefetch controller — then raised ``KeyError`` (its
+    ``del self._loads_kept[task_id]``) instead of returning the bitmap."""
+    pytest.importorskip("lmcache")
+    from test_l2_adapter import SLOTS, build, dax_file, drain_stores, lookup, params, wait_result
+    from test_lmcache import bits, key, obj
+
+    from conftest import SLOT
+
+    path = dax_file(SLOTS * SLOT)
+    a = build(params("plugin", path))
+    try:
+        keys = [key(i) for i in range(4)]
+        inner: list = []
+        tid: list[int] = []
+
+        class Listener:
+            def on_l2_keys_stored(self, ks, sizes):
+                pass
+
+            def on_l2_keys_accessed(self, ks):
+                inner.append(a.query_load_result(tid[0]))
+
+            def on_l2_keys_deleted(self, ks):
+                pass
+
+        a.register_listener(Listener())
+        s = a.submit_store_task(keys, [obj(b"x" * 100) for _ in keys])
+        assert drain_stores(a, {s})[s].is_successful()
+        assert lookup(a, keys) == [True] * 4
+        dst = [obj(b"\0" * 100) for _ in keys]
+        tid.append(a.submit_load_task(keys, dst))
+        bm = wait_result(a, a.query_load_result, a.get_load_event_fd(), tid[0])
+        assert bits(bm, 4) == [True] * 4
+        assert [bytes(d.byte_array)[:100] for d in dst] == [b"x" * 100] * 4
+        assert len(inner) == 1
+        a.submit_unlock(keys)
+    finally:
+        a.close()
+        os.unlink(path)
