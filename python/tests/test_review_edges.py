@@ -233,3 +233,43 @@ def test_a_listener_querying_its_load_again_does_not_break_the_callers_query() -
     finally:
         a.close()
         os.unlink(path)
+
+
+# -- the control plane's listening socket in a forked child -----------------------
+
+
+def test_close_frees_the_control_port_while_a_forked_child_lives() -> None:
+    """The child of a fork (a worker started with ``fork`` after the
+    connector opened) inherited the control plane's listening socket: after
+    the parent's ``close()`` the port stayed bound while the child lived —
+    a reopen on it failed with EADDRINUSE and a client connecting hung
+    (accepted by the kernel, served by no one)."""
+    p = _run("""
+import os, socket, time
+import daxkv
+c = daxkv.DaxConnector(slot_bytes=4096, device_path="memfd", max_dax_size_gb=64 * 4096 / 2**30,
+                       num_load_workers=1, http={"port": 0})
+port = int(c.http_address.rsplit(":", 1)[1])
+pid = os.fork()
+if pid == 0:
+    time.sleep(5)
+    os._exit(0)
+c.close()
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", port))
+    print("rebind ok", flush=True)
+except OSError as e:
+    print("rebind failed:", e, flush=True)
+s.close()
+k = socket.socket()
+k.settimeout(2)
+try:
+    k.connect(("127.0.0.1", port))
+    print("connect accepted", flush=True)
+except ConnectionRefusedError:
+    print("connect refused", flush=True)
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+""")
+    assert "rebind ok" in p.stdout and "connect refused" in p.stdout, (p.stdout, p.stderr[-2000:])
