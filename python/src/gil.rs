@@ -210,11 +210,14 @@ pub(crate) fn _at_exit(py: Python<'_>) {
 /// `to_string()`, a callback), whose end in the child takes its entry out
 /// again — a reset to 0 then went below zero (`usize::MAX`), and the
 /// child's exit hook waited its whole bound.
+/// Also closes the child's copies of the control planes' listening
+/// sockets (`fork` module doc).
 #[pyfunction]
-pub(crate) fn _after_fork_in_child() {
+pub(crate) fn _after_fork_in_child(py: Python<'_>) {
     // ORDERING: SeqCst — the child has one thread; the handshake's
     // ordering is kept for uniformity.
     WINDOW.store(MINE.with(std::cell::Cell::get), Ordering::SeqCst);
+    crate::fork::close_listeners_in_child(py);
 }
 
 /// Threads in the window now (tests).

@@ -589,7 +589,10 @@ impl DaxConnector {
                 let (e, root) = (engine.clone(), cfg.sysfs_root.clone());
                 match crate::gil::release(py, || control::start_http(h, e, root, &control.l2_name))
                 {
-                    Ok(s) => Some(s),
+                    Ok(s) => {
+                        crate::fork::listening(py, s.listener_fd());
+                        Some(s)
+                    }
                     Err(err) => {
                         engine.close();
                         return Err(err);
@@ -910,6 +913,14 @@ impl DaxConnector {
         if self.owner.forked() {
             return;
         }
+        if let Some(h) = self
+            .http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            crate::fork::stops_listening(py, h.listener_fd());
+        }
         let release = crate::gil::release(py, || {
             let _one_closer = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
             // The control plane first: it stops accepting, and the port is
@@ -990,12 +1001,16 @@ impl Drop for DaxConnector {
             return;
         }
         // The control plane first (as in `close`).
-        drop(
-            self.http
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
+        let http = self
+            .http
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = &http {
+            // Dropped by Python (the GIL is held).
+            Python::with_gil(|py| crate::fork::stops_listening(py, h.listener_fd()));
+        }
+        drop(http);
         let engine = self
             .state
             .get_mut()
