@@ -17,7 +17,8 @@
 //! the flag set while outside the GIL parks for ever (it is a daemon thread
 //! at exit: the process ends under it, as CPython 3.14 ends such threads).
 //! The main thread (the one running the hook, and finalization after it)
-//! never parks.
+//! never parks, nor does a thread already in the window (a daxkv call
+//! made from a callback daxkv runs: the hook waits for the outer entry).
 //!
 //! ## The handshake (a Dekker pair, hence `SeqCst`)
 //!
@@ -84,6 +85,16 @@ thread_local! {
     static MINE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+/// Whether this thread is in the window already: a stretch inside a
+/// callback (`with_gil`) or inside another stretch. Such a thread never
+/// parks: the hook waits for its outer entry, so it must run on to the end
+/// of it (parking there held the exit up for the hook's whole bound, and
+/// parked the thread inside the outer call — a restore holding its
+/// locks).
+fn in_window() -> bool {
+    MINE.with(|m| m.get() > 0)
+}
+
 /// Count this thread into [`WINDOW`].
 fn window_add() {
     MINE.with(|m| m.set(m.get() + 1));
@@ -113,9 +124,13 @@ impl Drop for InWindow {
 /// Enter the window, or park for ever if the interpreter is finalizing
 /// (on any thread but the one finalizing it). Call without the GIL.
 fn enter_window() -> InWindow {
+    let nested = in_window();
     window_add();
     // ORDERING: SeqCst — pairs with the store in `at_exit`.
-    if FINALIZING.load(Ordering::SeqCst) && MAIN.get() != Some(&std::thread::current().id()) {
+    if !nested
+        && FINALIZING.load(Ordering::SeqCst)
+        && MAIN.get() != Some(&std::thread::current().id())
+    {
         // Out of the window before parking, so the hook's wait ends.
         window_sub();
         park_forever();
@@ -161,9 +176,13 @@ where
 /// the hook's flag store (both hold it), so no Dekker pair is needed here;
 /// `SeqCst` keeps one ordering for every access of the pair.
 pub(crate) fn held(py: Python<'_>) -> InWindow {
+    let nested = in_window();
     window_add();
     // ORDERING: SeqCst — pairs with the store in `at_exit`.
-    if FINALIZING.load(Ordering::SeqCst) && MAIN.get() != Some(&std::thread::current().id()) {
+    if !nested
+        && FINALIZING.load(Ordering::SeqCst)
+        && MAIN.get() != Some(&std::thread::current().id())
+    {
         // Out of the window before parking.
         window_sub();
         // Parking with the GIL held would stop the interpreter's exit.
