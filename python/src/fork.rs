@@ -7,9 +7,62 @@
 //! and `close()` / drop do nothing (the engine is leaked in the child:
 //! closing it would join threads that do not exist there, and touch the
 //! parent's slots).
+//!
+//! A call checks twice: first, and again once its arguments are converted
+//! and before it reaches the engine. The conversion runs the caller's
+//! Python code (a key's `to_string()`, a keys generator), which may fork:
+//! the child then goes on inside the parent's call, and a `put_batch`
+//! wrote its copy of the caller's buffer into the parent's slots.
+//!
+//! A child also inherits the sockets the parent's control planes listen
+//! on; it closes its copies at once ([`close_listeners_in_child`]), else
+//! the port stays bound after the parent's `close()` for as long as the
+//! child lives (a reopen fails with EADDRINUSE, a client hangs in the
+//! backlog).
+
+use std::os::fd::RawFd;
+use std::sync::{Mutex, PoisonError};
 
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::PyErr;
+use pyo3::{PyErr, Python};
+
+/// The control planes' listening sockets open in this process. Only
+/// touched with the GIL held (hence the `Python` tokens), so no other
+/// thread holds the lock when the forking thread (which holds the GIL)
+/// forks: the child's hook never waits on a lock of a thread that is gone.
+static LISTENERS: Mutex<Vec<RawFd>> = Mutex::new(Vec::new());
+
+/// A control plane started listening on `fd`.
+pub(crate) fn listening(_py: Python<'_>, fd: RawFd) {
+    LISTENERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(fd);
+}
+
+/// The control plane on `fd` is about to stop (its socket to be closed):
+/// a child forked after this must not close the number, which may by then
+/// name another file.
+pub(crate) fn stops_listening(_py: Python<'_>, fd: RawFd) {
+    LISTENERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .retain(|&f| f != fd);
+}
+
+/// In a forked child (the `os.register_at_fork` hook, with the GIL):
+/// close the copies of the parent's listening sockets (module doc). The
+/// servers' objects are leaked here (the faces' drop in a child), so
+/// nothing uses these numbers again.
+pub(crate) fn close_listeners_in_child(_py: Python<'_>) {
+    let fds = std::mem::take(&mut *LISTENERS.lock().unwrap_or_else(PoisonError::into_inner));
+    for fd in fds {
+        // SAFETY: `fd` is this child's copy of a listening socket that no
+        // object here will close or use (above); closing it only drops
+        // the child's reference to the socket.
+        unsafe { libc::close(fd) };
+    }
+}
 
 /// The process a face was opened in.
 #[derive(Debug, Clone, Copy)]

@@ -17,7 +17,8 @@
 //! the flag set while outside the GIL parks for ever (it is a daemon thread
 //! at exit: the process ends under it, as CPython 3.14 ends such threads).
 //! The main thread (the one running the hook, and finalization after it)
-//! never parks.
+//! never parks, nor does a thread already in the window (a daxkv call
+//! made from a callback daxkv runs: the hook waits for the outer entry).
 //!
 //! ## The handshake (a Dekker pair, hence `SeqCst`)
 //!
@@ -39,7 +40,8 @@
 //!
 //! A daxkv call that runs Python code under its own Rust frame with the
 //! GIL held (a key's `to_string()`, LMCache's `byte_array` property,
-//! `json.dumps`, a callback through [`with_gil`]) is the same door: that
+//! `json.dumps`, iterating a caller's keys or buffers — a generator —, a
+//! callback through [`with_gil`]) is the same door: that
 //! code may hand the GIL to another thread and take it back. Such a
 //! stretch is counted in the window too ([`held`], [`with_gil`]); the hook
 //! waits for it to end.
@@ -76,29 +78,61 @@ static MAIN: OnceLock<ThreadId> = OnceLock::new();
 /// How long [`at_exit`] waits for the threads in the window.
 const EXIT_WAIT: Duration = Duration::from_secs(5);
 
+thread_local! {
+    /// This thread's own entries in [`WINDOW`] (stretches nest: a callback
+    /// under [`with_gil`] may make another daxkv call). A forked child
+    /// keeps the forking thread's entries ([`_after_fork_in_child`]).
+    static MINE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread is in the window already: a stretch inside a
+/// callback (`with_gil`) or inside another stretch. Such a thread never
+/// parks: the hook waits for its outer entry, so it must run on to the end
+/// of it (parking there held the exit up for the hook's whole bound, and
+/// parked the thread inside the outer call — a restore holding its
+/// locks).
+fn in_window() -> bool {
+    MINE.with(|m| m.get() > 0)
+}
+
+/// Count this thread into [`WINDOW`].
+fn window_add() {
+    MINE.with(|m| m.set(m.get() + 1));
+    // ORDERING: SeqCst — the Dekker pair with `at_exit` (module doc):
+    // this increment is ordered before the caller's flag load.
+    WINDOW.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Count this thread out of [`WINDOW`].
+fn window_sub() {
+    MINE.with(|m| m.set(m.get() - 1));
+    // ORDERING: SeqCst — the hook's wait loads it; the thread's GIL work
+    // is done (module doc).
+    WINDOW.fetch_sub(1, Ordering::SeqCst);
+}
+
 /// Leaves the window on drop (also when the section panics).
 #[must_use = "the stretch ends when this is dropped"]
 pub(crate) struct InWindow;
 
 impl Drop for InWindow {
     fn drop(&mut self) {
-        // ORDERING: SeqCst — the hook's wait loads it; the thread's GIL
-        // work is done (module doc).
-        WINDOW.fetch_sub(1, Ordering::SeqCst);
+        window_sub();
     }
 }
 
 /// Enter the window, or park for ever if the interpreter is finalizing
 /// (on any thread but the one finalizing it). Call without the GIL.
 fn enter_window() -> InWindow {
-    // ORDERING: SeqCst — the Dekker pair with `at_exit` (module doc):
-    // this increment is ordered before the flag load below.
-    WINDOW.fetch_add(1, Ordering::SeqCst);
+    let nested = in_window();
+    window_add();
     // ORDERING: SeqCst — pairs with the store in `at_exit`.
-    if FINALIZING.load(Ordering::SeqCst) && MAIN.get() != Some(&std::thread::current().id()) {
-        // ORDERING: SeqCst — out of the window before parking, so the
-        // hook's wait ends.
-        WINDOW.fetch_sub(1, Ordering::SeqCst);
+    if !nested
+        && FINALIZING.load(Ordering::SeqCst)
+        && MAIN.get() != Some(&std::thread::current().id())
+    {
+        // Out of the window before parking, so the hook's wait ends.
+        window_sub();
         park_forever();
     }
     InWindow
@@ -142,12 +176,15 @@ where
 /// the hook's flag store (both hold it), so no Dekker pair is needed here;
 /// `SeqCst` keeps one ordering for every access of the pair.
 pub(crate) fn held(py: Python<'_>) -> InWindow {
-    // ORDERING: SeqCst — see above; pairs with `at_exit`.
-    WINDOW.fetch_add(1, Ordering::SeqCst);
+    let nested = in_window();
+    window_add();
     // ORDERING: SeqCst — pairs with the store in `at_exit`.
-    if FINALIZING.load(Ordering::SeqCst) && MAIN.get() != Some(&std::thread::current().id()) {
-        // ORDERING: SeqCst — out of the window before parking.
-        WINDOW.fetch_sub(1, Ordering::SeqCst);
+    if !nested
+        && FINALIZING.load(Ordering::SeqCst)
+        && MAIN.get() != Some(&std::thread::current().id())
+    {
+        // Out of the window before parking.
+        window_sub();
         // Parking with the GIL held would stop the interpreter's exit.
         #[allow(clippy::disallowed_methods)]
         py.allow_threads(|| -> () { park_forever() });
@@ -184,15 +221,22 @@ pub(crate) fn _at_exit(py: Python<'_>) {
     });
 }
 
-/// In a forked child: no thread is in the window (the threads that were,
-/// waiting for the GIL the forking thread held, do not exist here), but
+/// In a forked child: of the threads in the window only the forking one
+/// exists here (the others, waiting for the GIL it held, are gone), but
 /// the count was copied; left as it was, the child's exit hook would wait
-/// its full bound for threads that are gone.
+/// its full bound for threads that are gone. The forking thread keeps its
+/// own entries: it may have forked inside a stretch (a key's
+/// `to_string()`, a callback), whose end in the child takes its entry out
+/// again — a reset to 0 then went below zero (`usize::MAX`), and the
+/// child's exit hook waited its whole bound.
+/// Also closes the child's copies of the control planes' listening
+/// sockets (`fork` module doc).
 #[pyfunction]
-pub(crate) fn _after_fork_in_child() {
+pub(crate) fn _after_fork_in_child(py: Python<'_>) {
     // ORDERING: SeqCst — the child has one thread; the handshake's
     // ordering is kept for uniformity.
-    WINDOW.store(0, Ordering::SeqCst);
+    WINDOW.store(MINE.with(std::cell::Cell::get), Ordering::SeqCst);
+    crate::fork::close_listeners_in_child(py);
 }
 
 /// Threads in the window now (tests).

@@ -675,6 +675,9 @@ impl DaxL2Core {
     ) -> PyResult<Id> {
         self.owner.check("DaxL2Adapter")?;
         let (ks, kept, views) = keys_and_views(keys, objs, false)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxL2Adapter")?;
         let record = kept.iter().map(|k| k.clone_ref(py)).collect();
         let task = Task {
             kind: TaskKind::Store,
@@ -776,6 +779,9 @@ impl DaxL2Core {
     fn submit_lookup(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Id> {
         self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxL2Adapter")?;
         let task = Task {
             kind: TaskKind::Lookup,
             n: ks.len(),
@@ -845,6 +851,9 @@ impl DaxL2Core {
     fn submit_unlock(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxL2Adapter")?;
         crate::gil::release(py, || self.engine.submit_unlock(&ks));
         Ok(())
     }
@@ -859,6 +868,9 @@ impl DaxL2Core {
     ) -> PyResult<Id> {
         self.owner.check("DaxL2Adapter")?;
         let (ks, kept, views) = keys_and_views(keys, objs, true)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxL2Adapter")?;
         let task = Task {
             kind: TaskKind::Load,
             n: ks.len(),
@@ -924,6 +936,9 @@ impl DaxL2Core {
     fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxL2Adapter")?;
         Ok(crate::gil::release(py, || self.engine.exists(&ks)))
     }
 
@@ -932,6 +947,9 @@ impl DaxL2Core {
     fn delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxL2Adapter")?;
         Ok(crate::gil::release(py, || {
             let mut left = self.engine.delete(&ks);
             ks.iter()

@@ -232,6 +232,8 @@ pub(crate) fn notify_fd(fd: RawFd) {
 
 /// Digest LMCache's key strings (`str`, or `bytes`) as the Rust side does.
 fn digest_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    // Iterating `keys` may run Python code (a generator): `gil::held`.
+    let _stretch = crate::gil::held(keys.py());
     let mut out = Vec::new();
     for k in keys.try_iter()? {
         let k = k?;
@@ -289,6 +291,9 @@ pub(crate) fn json_to_py<'py>(
 /// Export every buffer (writable for destinations).
 fn export(bufs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
     let what = if writable { "destination" } else { "source" };
+    // Iterating `bufs` (a generator) or exporting one (a class with
+    // `__buffer__`) may run Python code: `gil::held`.
+    let _stretch = crate::gil::held(bufs.py());
     let mut out = Vec::new();
     for (i, b) in bufs.try_iter()?.enumerate() {
         let b = b?;
@@ -584,7 +589,10 @@ impl DaxConnector {
                 let (e, root) = (engine.clone(), cfg.sysfs_root.clone());
                 match crate::gil::release(py, || control::start_http(h, e, root, &control.l2_name))
                 {
-                    Ok(s) => Some(s),
+                    Ok(s) => {
+                        crate::fork::listening(py, s.listener_fd());
+                        Some(s)
+                    }
                     Err(err) => {
                         engine.close();
                         return Err(err);
@@ -676,6 +684,9 @@ impl DaxConnector {
         self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
         let views = export(bufs, false)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxConnector")?;
         if keys.len() != views.len() {
             return Err(PyValueError::new_err(format!(
                 "daxkv: submit_batch_set: {} keys but {} buffers",
@@ -745,6 +756,9 @@ impl DaxConnector {
         self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
         let views = export(bufs, true)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxConnector")?;
         if keys.len() != views.len() {
             return Err(PyValueError::new_err(format!(
                 "daxkv: submit_batch_get: {} keys but {} buffers",
@@ -799,6 +813,9 @@ impl DaxConnector {
     fn submit_batch_exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
         self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxConnector")?;
         let fid = self.fid();
         crate::gil::release(py, move || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
@@ -813,6 +830,9 @@ impl DaxConnector {
     fn submit_batch_delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
         self.owner.check("DaxConnector")?;
         let keys = digest_keys(keys)?;
+        // Again: the conversion above ran the caller's Python code, which
+        // may have forked (`fork` module doc).
+        self.owner.check("DaxConnector")?;
         let fid = self.fid();
         crate::gil::release(py, move || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
@@ -892,6 +912,14 @@ impl DaxConnector {
     fn close(&self, py: Python<'_>) {
         if self.owner.forked() {
             return;
+        }
+        if let Some(h) = self
+            .http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            crate::fork::stops_listening(py, h.listener_fd());
         }
         let release = crate::gil::release(py, || {
             let _one_closer = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
@@ -973,12 +1001,16 @@ impl Drop for DaxConnector {
             return;
         }
         // The control plane first (as in `close`).
-        drop(
-            self.http
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
+        let http = self
+            .http
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = &http {
+            // Dropped by Python (the GIL is held).
+            Python::with_gil(|py| crate::fork::stops_listening(py, h.listener_fd()));
+        }
+        drop(http);
         let engine = self
             .state
             .get_mut()

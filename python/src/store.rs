@@ -123,6 +123,8 @@ fn key_of(k: &Bound<'_, PyAny>) -> PyResult<Key> {
 }
 
 fn keys_of(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    // Iterating `keys` may run Python code (a generator): `gil::held`.
+    let _stretch = crate::gil::held(keys.py());
     keys.try_iter()?.map(|k| key_of(&k?)).collect()
 }
 
@@ -204,11 +206,17 @@ impl std::fmt::Display for AllocFailed {
 }
 
 impl PyDaxStore {
-    fn store(&self) -> Option<Arc<DaxStore>> {
-        self.store
+    /// The store, for a call about to use it. Checks the owner again: the
+    /// call's argument conversion before this ran the caller's Python code
+    /// (a key's `to_string()`, a generator), which may have forked (`fork`
+    /// module doc).
+    fn store(&self) -> PyResult<Option<Arc<DaxStore>>> {
+        self.owner.check("DaxStore")?;
+        Ok(self
+            .store
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .clone())
     }
 
     fn positions(&self) -> MutexGuard<'_, Positions> {
@@ -343,7 +351,7 @@ impl PyDaxStore {
     #[getter]
     fn closed(&self) -> PyResult<bool> {
         self.owner.check("DaxStore")?;
-        Ok(self.store().is_none_or(|s| s.core().is_closing()))
+        Ok(self.store()?.is_none_or(|s| s.core().is_closing()))
     }
 
     /// Committed? With `pin`, a hit also takes one lookup lock.
@@ -351,35 +359,35 @@ impl PyDaxStore {
     fn contains(&self, key: &Bound<'_, PyAny>, pin: bool) -> PyResult<bool> {
         self.owner.check("DaxStore")?;
         let k = key_of(key)?;
-        Ok(self.store().is_some_and(|s| s.contains(k, pin)))
+        Ok(self.store()?.is_some_and(|s| s.contains(k, pin)))
     }
 
     /// True while a put of `key` is in flight.
     fn has_inflight(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         self.owner.check("DaxStore")?;
         let k = key_of(key)?;
-        Ok(self.store().is_some_and(|s| s.exists_in_put_tasks(k)))
+        Ok(self.store()?.is_some_and(|s| s.exists_in_put_tasks(k)))
     }
 
     /// Lock + 1 if present; whether it is present.
     fn pin(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         self.owner.check("DaxStore")?;
         let k = key_of(key)?;
-        Ok(self.store().is_some_and(|s| s.pin(k)))
+        Ok(self.store()?.is_some_and(|s| s.pin(k)))
     }
 
     /// Lock − 1; whether the key still exists.
     fn unpin(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         self.owner.check("DaxStore")?;
         let k = key_of(key)?;
-        Ok(self.store().is_some_and(|s| s.unpin(k)))
+        Ok(self.store()?.is_some_and(|s| s.unpin(k)))
     }
 
     /// The key's lookup lock count (0 if absent).
     fn lock_count(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
         self.owner.check("DaxStore")?;
         let k = key_of(key)?;
-        Ok(self.store().map_or(0, |s| s.core().lock_count(k)))
+        Ok(self.store()?.map_or(0, |s| s.core().lock_count(k)))
     }
 
     /// Number of consecutive hits from the start; pins each if asked.
@@ -387,7 +395,7 @@ impl PyDaxStore {
     fn batched_contains(&self, keys: &Bound<'_, PyAny>, pin: bool) -> PyResult<usize> {
         self.owner.check("DaxStore")?;
         let keys = keys_of(keys)?;
-        Ok(self.store().map_or(0, |s| s.batched_contains(&keys, pin)))
+        Ok(self.store()?.map_or(0, |s| s.batched_contains(&keys, pin)))
     }
 
     /// Remove (`force`: also locked keys, and cancel an in-flight put).
@@ -402,7 +410,7 @@ impl PyDaxStore {
         self.owner.check("DaxStore")?;
         not_from_write_hook("remove")?;
         let keys = keys_of(keys)?;
-        let Some(store) = self.store() else {
+        let Some(store) = self.store()? else {
             return Ok(0);
         };
         let (n, dropped) = crate::gil::release(py, || {
@@ -445,13 +453,16 @@ impl PyDaxStore {
         let views = crate::export(bufs, false)?;
         let pos: Vec<Option<Arc<Py<PyAny>>>> = match positions {
             None => vec![None; keys.len()],
-            Some(p) => p
-                .try_iter()?
-                .map(|p| {
-                    let p = p?;
-                    Ok((!p.is_none()).then(|| Arc::new(p.unbind())))
-                })
-                .collect::<PyResult<_>>()?,
+            Some(p) => {
+                // Iterating may run Python code (a generator): `gil::held`.
+                let _stretch = crate::gil::held(py);
+                p.try_iter()?
+                    .map(|p| {
+                        let p = p?;
+                        Ok((!p.is_none()).then(|| Arc::new(p.unbind())))
+                    })
+                    .collect::<PyResult<_>>()?
+            }
         };
         if views.len() != keys.len() || tags.len() != keys.len() || pos.len() != keys.len() {
             return Err(PyValueError::new_err(format!(
@@ -478,7 +489,7 @@ impl PyDaxStore {
                 self.slot_bytes
             )));
         }
-        let Some(store) = self.store() else {
+        let Some(store) = self.store()? else {
             return Ok((vec![PUT_CLOSED; keys.len()], -1));
         };
         let spans: Vec<(usize, usize)> = views.iter().map(span).collect();
@@ -592,7 +603,7 @@ impl PyDaxStore {
         self.owner.check("DaxStore")?;
         not_from_write_hook("restore")?;
         let keys = keys_of(keys)?;
-        let Some(store) = self.store() else {
+        let Some(store) = self.store()? else {
             return Ok(Some(Vec::new()));
         };
         let alloc = alloc.clone().unbind();
@@ -677,7 +688,7 @@ impl PyDaxStore {
         self.owner.check("DaxStore")?;
         not_from_write_hook("status")?;
         let d = PyDict::new(py);
-        let Some(store) = self.store() else {
+        let Some(store) = self.store()? else {
             d.set_item("closing", true)?;
             d.set_item("is_healthy", false)?;
             return Ok(d);
@@ -707,7 +718,7 @@ impl PyDaxStore {
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.owner.check("DaxStore")?;
         not_from_write_hook("check_invariants")?;
-        let Some(store) = self.store() else {
+        let Some(store) = self.store()? else {
             return Ok(());
         };
         crate::gil::release(py, || store.core().check_invariants())

@@ -281,12 +281,20 @@ pub struct HttpServer {
     done: mpsc::Receiver<()>,
     thread: Option<JoinHandle<()>>,
     grace_period: Duration,
+    listener_fd: std::os::fd::RawFd,
 }
 
 impl HttpServer {
     /// The address it listens on (with the port picked for `:0`).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The listening socket's descriptor, open until the server stops: a
+    /// process forked meanwhile has a copy that keeps the port bound after
+    /// the server stops, unless it closes it (the Python package does).
+    pub fn listener_fd(&self) -> std::os::fd::RawFd {
+        self.listener_fd
     }
 
     /// Stop accepting, let requests in flight finish (up to
@@ -333,6 +341,7 @@ pub fn serve(
         source,
     })?;
     let addr = listener.local_addr().map_err(HttpError::Runtime)?;
+    let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     listener.set_nonblocking(true).map_err(HttpError::Runtime)?;
     let hosts = guard::Hosts::new(addr, &cfg.allow_hosts).map_err(HttpError::Config)?;
     // Timers: the read timeouts and the back-off after an accept error.
@@ -403,6 +412,7 @@ pub fn serve(
         done: done_rx,
         thread: Some(thread),
         grace_period: cfg.shutdown_grace,
+        listener_fd,
     })
 }
 

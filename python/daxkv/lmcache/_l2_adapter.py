@@ -301,7 +301,9 @@ class DaxL2Adapter(L2AdapterInterface):
                 except BaseException:
                     self._core.resignal("load")
                     raise
-                del self._loads_kept[task_id]
+                # Not `del`: a listener may have asked for this task again
+                # (re-entrant, the lock is an RLock) and taken it already.
+                self._loads_kept.pop(task_id, None)
             return bm
 
     # -- eviction, usage, status ------------------------------------------------
