@@ -200,7 +200,7 @@ fn memfds_untouched(m: &mut Memfds) -> u64 {
 
 /// Memory a memfd open or grow passed [`check_memfd`] for: counted
 /// against later checks until it drops, which its holder does once the
-/// memfd has its new size and is registered ([`register_memfd`]), so
+/// memfd has its new size and is registered (`register_memfd`), so
 /// that two checks at once cannot both pass on the same headroom.
 #[must_use = "the memory is counted as promised only while this lives"]
 #[derive(Debug)]
@@ -218,7 +218,7 @@ impl Drop for MemfdReservation {
 /// Refuse a memfd of `bytes` (or a grow by `bytes`) if it does not fit
 /// the memory the process may still use, less what the memfds already
 /// open may still take and what other opens and grows in flight were
-/// promised. The check and the promise are one step under [`MEMFDS`]'s
+/// promised. The check and the promise are one step under `MEMFDS`'s
 /// lock: checked and promised separately, two opens at once each fitted
 /// on their own and both opened
 /// (`tests/device_limits.rs::memfds_opened_at_once_are_checked_together`).

@@ -405,7 +405,7 @@ impl Engine {
     }
 
     /// The live (not closed, removed or failed) device of status index
-    /// `index` ([`Device::index`]: tombstones keep theirs). Not a position
+    /// `index` (`Device::index`: tombstones keep theirs). Not a position
     /// in the pool's list, which a removed device leaves: after a removal
     /// that position named the next device (`tests/hotplug.rs::
     /// a_device_index_names_the_status_index_after_a_removal`).
