@@ -118,10 +118,7 @@ impl View {
 
 impl Drop for View {
     fn drop(&mut self) {
-        // A view may be dropped inside a released section (a closed
-        // connector's refused submit): taking the GIL there is the exit
-        // door `gil` closes, so it goes through `gil::with_gil`.
-        crate::gil::with_gil(|_| {
+        Python::with_gil(|_| {
             // SAFETY: the struct was filled by PyObject_GetBuffer and is
             // released exactly once, here, with the GIL held.
             unsafe { ffi::PyBuffer_Release(&mut *self.buf) };
