@@ -21,10 +21,15 @@ struct Serve {
 
 impl Serve {
     fn start(args: &[&str]) -> Serve {
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .args(["--http", "127.0.0.1:0"])
-            .args(args)
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve").args(["--http", "127.0.0.1:0"]).args(args);
+        Serve::spawn(&mut cmd)
+    }
+
+    /// Spawn `cmd` (a `daxkv serve` command line) with piped output and
+    /// wait for the line that says where it serves.
+    fn spawn(cmd: &mut Command) -> Serve {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -246,9 +251,7 @@ fn a_bad_config_is_one_line_and_exit_1() {
 fn start_with_fd_limit(nofile: u64) -> Serve {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--http", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args(["serve", "--http", "127.0.0.1:0"]);
     // SAFETY: the closure runs in the forked child before exec and calls
     // setrlimit(2) only, which is async-signal-safe; it touches no lock or
     // allocation of the parent.
@@ -265,17 +268,7 @@ fn start_with_fd_limit(nofile: u64) -> Serve {
             }
         });
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("daxkv: serving on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    Serve { child, addr }
+    Serve::spawn(&mut cmd)
 }
 
 /// Idle connections until the server runs out of file descriptors: its
@@ -770,24 +763,9 @@ fn the_status_table_never_prints_control_characters() {
 /// panic in the shutdown's log line unwound into the server's drop.
 #[test]
 fn a_broken_stderr_does_not_turn_logged_errors_into_500s() {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--http", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("daxkv: serving on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let mut s = Serve::start(&[]);
     // The log's reader goes away.
-    drop(child.stderr.take());
-    let s = Serve { child, addr };
+    drop(s.child.stderr.take());
     let (st, _) = s.post(
         "/reconfigure/dax/l2/add",
         &json!({"device_path": "memfd:g", "size": "8MiB"}),

@@ -825,28 +825,29 @@ impl Engine {
     /// (an `add`'s answer stays as fast after thousands of tombstones);
     /// for a tombstone from the list; `None` past the end.
     pub fn device_status(&self, index: usize) -> Option<serde_json::Value> {
-        let inflight: Vec<usize> = self
-            .inner
-            .inflight
-            .iter()
-            // ORDERING: Relaxed — a statistic.
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect();
+        let inflight = self.inflight_counts();
+        let live = |d: &pool::Device| live_json(index, d, d.state(), &d.core().status(), &inflight);
         if let Some(d) = self.inner.pool.list().iter().find(|d| d.index() == index) {
-            let st = d.core().status();
-            return Some(live_json(index, d, d.state(), &st, &inflight));
+            return Some(live(d));
         }
         let entries = self.inner.pool.entries();
         let e = entries.get(index)?;
         Some(match e {
-            pool::Entry::Live(d) => {
-                let st = d.core().status();
-                live_json(index, d, d.state(), &st, &inflight)
-            }
+            pool::Entry::Live(d) => live(d),
             pool::Entry::Gone(_) => {
                 tombstone_json(index, &e.info(), self.inner.slot_bytes, &inflight)
             }
         })
+    }
+
+    /// Tasks in flight per kind (store, lookup, load).
+    fn inflight_counts(&self) -> Vec<usize> {
+        self.inner
+            .inflight
+            .iter()
+            // ORDERING: Relaxed — a statistic.
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// Status fields (docs/lmcache-dax-behavior.md §3.10), as a JSON value.
@@ -855,13 +856,7 @@ impl Engine {
         // ORDERING: Acquire — a snapshot for status; pairs with
         // `request_close`.
         let closing = self.inner.closing.load(Ordering::Acquire);
-        let inflight: Vec<usize> = self
-            .inner
-            .inflight
-            .iter()
-            // ORDERING: Relaxed — a statistic.
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect();
+        let inflight = self.inflight_counts();
         let mut devices = Vec::new();
         let (mut live, mut locked, mut borrowed) = (0, 0, 0);
         let mut healthy = !closing;
