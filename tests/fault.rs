@@ -105,6 +105,15 @@ fn store(e: &Engine, i: u32) -> bool {
     e.wait_store(id, T).ready().expect("store answered").success
 }
 
+/// A core over the tmpfs file at `p`, `SLOTS` slots of `SLOT` bytes.
+fn file_core(p: &std::path::Path) -> DaxCore {
+    DaxCore::open(&CoreConfig::new(
+        ArenaSpec::new(ArenaSource::Path(p.to_path_buf()), SLOTS * SLOT),
+        SLOT,
+    ))
+    .unwrap()
+}
+
 /// (a) Two devices: a tmpfs file (device 0) and a memfd (device 1), one
 /// key on each. The file is truncated under its mapping; a load of both
 /// keys: the process survives, device 0's key is a miss, device 1's key
@@ -184,11 +193,7 @@ fn a_truncated_device_file_fails_puts_and_loads_at_the_core() {
         return assert_survived(NAME, &run_child(NAME));
     }
     let (_dir, p) = shm_file();
-    let a = DaxCore::open(&CoreConfig::new(
-        ArenaSpec::new(ArenaSource::Path(p.clone()), SLOTS * SLOT),
-        SLOT,
-    ))
-    .unwrap();
+    let a = file_core(&p);
     let b = DaxCore::open(&CoreConfig::new(ArenaSpec::memfd(SLOTS * SLOT), SLOT)).unwrap();
     a.put(k(0), &payload(0), 0).unwrap();
     b.put(k(1), &payload(1), 0).unwrap();
@@ -395,11 +400,7 @@ fn a_sigbus_sent_by_kill_does_not_disarm_the_recovery() {
         return assert_survived(NAME, &run_child(NAME));
     }
     let (_dir, p) = shm_file();
-    let a = DaxCore::open(&CoreConfig::new(
-        ArenaSpec::new(ArenaSource::Path(p.clone()), SLOTS * SLOT),
-        SLOT,
-    ))
-    .unwrap();
+    let a = file_core(&p);
     // SAFETY: kill to this process.
     unsafe { libc::kill(libc::getpid(), libc::SIGBUS) };
     std::thread::sleep(Duration::from_millis(50));
