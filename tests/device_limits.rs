@@ -90,6 +90,23 @@ fn store_and_load(e: &Engine, i: u64) {
     assert_eq!(r.payload(0), Some(&data[..]), "key {i} read back");
 }
 
+/// Extend the file at `p` to `bytes`, then resize the device (`path`)
+/// to it over HTTP.
+fn extend_and_resize(
+    h: &daxkv::http::HttpServer,
+    p: &std::path::Path,
+    path: &str,
+    bytes: usize,
+) -> (u16, Value) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .set_len(bytes as u64)
+        .unwrap();
+    post(h, "resize", &json!({"device_path": path, "size": bytes}))
+}
+
 /// `add memfd` of twice the machine's RAM is refused over HTTP with a
 /// body that names the size and the limit; nothing is added. Fails on
 /// the old code: the add answered 200 (a sparse memfd, pages on touch).
@@ -264,33 +281,13 @@ fn a_file_grows_after_it_is_extended_up_to_max_size() {
         "{b}"
     );
     // Extend the file, then grow: works.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&p)
-        .unwrap()
-        .set_len(64 * SLOT as u64)
-        .unwrap();
-    let (s, b) = post(
-        &h,
-        "resize",
-        &json!({"device_path": path, "size": 64 * SLOT}),
-    );
+    let (s, b) = extend_and_resize(&h, &p, &path, 64 * SLOT);
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["new_size_bytes"], 64 * SLOT);
     store_and_load(&e, 2);
     store_and_load(&e, 1);
     // Past max_size: refused, and the body says why.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&p)
-        .unwrap()
-        .set_len(128 * SLOT as u64)
-        .unwrap();
-    let (s, b) = post(
-        &h,
-        "resize",
-        &json!({"device_path": path, "size": 128 * SLOT}),
-    );
+    let (s, b) = extend_and_resize(&h, &p, &path, 128 * SLOT);
     assert_eq!(s, 400, "{b}");
     let msg = b["error"].as_str().unwrap_or_default();
     assert!(
