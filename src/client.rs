@@ -93,6 +93,13 @@ pub enum ClientError {
     },
 }
 
+/// For a command-line client: end quietly (SIGPIPE) when the reader of
+/// stdout goes away (`daxkv status | head -1`) instead of panicking in
+/// `println!`. Not for a server: a peer closing a socket must not kill it.
+pub fn quiet_on_closed_stdout() {
+    crate::sys::default_sigpipe();
+}
+
 /// The authority (`host:port`) of a `--server` value: `host:port` or
 /// `http://host:port`, one trailing `/` allowed.
 pub fn parse_server(server: &str) -> Result<String, ClientError> {

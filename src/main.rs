@@ -340,7 +340,18 @@ fn bench_warnings(
 /// the error's debug form, with a backtrace when that variable is set).
 #[allow(clippy::too_many_lines)] // one arm per command
 fn main() -> std::process::ExitCode {
-    let result = match Cli::parse().cmd {
+    let cli = Cli::parse();
+    if matches!(
+        cli.cmd,
+        Cmd::Probe { .. }
+            | Cmd::Status { .. }
+            | Cmd::Add { .. }
+            | Cmd::Remove { .. }
+            | Cmd::Resize { .. }
+    ) {
+        daxkv::client::quiet_on_closed_stdout();
+    }
+    let result = match cli.cmd {
         Cmd::Probe {
             path,
             json,

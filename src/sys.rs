@@ -100,6 +100,16 @@ pub(crate) fn fs_magic_fd(file: &File) -> io::Result<i64> {
 #[allow(clippy::unnecessary_cast)]
 pub(crate) const TMPFS_MAGIC: i64 = libc::TMPFS_MAGIC as i64;
 
+/// Give SIGPIPE its default action back: the process ends quietly when
+/// the reader of its output goes away (`daxkv status | head -1`), as
+/// command-line tools do. Rust's runtime ignores SIGPIPE, which turns a
+/// closed pipe into a panic of `println!`.
+pub(crate) fn default_sigpipe() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler and touches no
+    // memory of ours; the previous action is not needed.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// The system page size (`sysconf(_SC_PAGESIZE)`), 4096 if it cannot be
 /// read.
 pub(crate) fn page_size() -> u64 {

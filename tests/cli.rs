@@ -330,3 +330,37 @@ fn a_status_of_many_tombstones_is_shown() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 12_002);
 }
+
+/// `daxkv status | head -1`: the reader of stdout goes away before the
+/// table is printed. The client ends quietly by SIGPIPE, as command-line
+/// tools do; before, Rust's ignored SIGPIPE turned the closed pipe into a
+/// panic ("failed printing to stdout", exit 101).
+#[test]
+fn a_closed_stdout_ends_the_client_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let addr = fake(|mut s| {
+        read_head(&mut s);
+        // Answer once the test has closed the client's stdout.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let b = r#"{"enabled":true,"backend":"dax","num_adapters":1,"adapters":[{"adapter_index":0,"backend":"dax","l2_adapter_index":0,"status":{"num_devices":0,"devices":[]}}]}"#;
+        let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", b.len());
+        let _ = s.write_all(b.as_bytes());
+    })
+    .to_string();
+    let mut child = Command::new(BIN)
+        .args(["status", "--timeout", "20", "--server", &addr])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {err}",
+        out.status
+    );
+}
