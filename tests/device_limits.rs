@@ -107,6 +107,17 @@ fn extend_and_resize(
     post(h, "resize", &json!({"device_path": path, "size": bytes}))
 }
 
+/// A tmpfs folder holding a device file `dev` of `bytes`.
+fn shm_file(bytes: usize) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
+    let p = dir.path().join("dev");
+    std::fs::File::create(&p)
+        .unwrap()
+        .set_len(bytes as u64)
+        .unwrap();
+    (dir, p)
+}
+
 /// `add memfd` of twice the machine's RAM is refused over HTTP with a
 /// body that names the size and the limit; nothing is added. Fails on
 /// the old code: the add answered 200 (a sparse memfd, pages on touch).
@@ -251,12 +262,7 @@ fn serve_with_tables_beyond_rlimit_data_exits_with_the_size() {
 /// answered a bare 400 "failed to remap DAX device".
 #[test]
 fn a_file_grows_after_it_is_extended_up_to_max_size() {
-    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
-    let p = dir.path().join("dev");
-    std::fs::File::create(&p)
-        .unwrap()
-        .set_len(16 * SLOT as u64)
-        .unwrap();
+    let (_dir, p) = shm_file(16 * SLOT);
     let path = p.display().to_string();
     let e =
         std::sync::Arc::new(Engine::open(vec![], SLOT, true, EngineOptions::default()).unwrap());
@@ -393,12 +399,7 @@ fn cli_add_takes_max_size() {
 /// size is a config error naming the field.
 #[test]
 fn a_configured_file_grows_up_to_max_size_gb() {
-    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
-    let p = dir.path().join("dev");
-    std::fs::File::create(&p)
-        .unwrap()
-        .set_len(16 * SLOT as u64)
-        .unwrap();
+    let (_dir, p) = shm_file(16 * SLOT);
     let gb = |slots: usize| (slots * SLOT) as f64 / f64::from(1u32 << 30);
     let json = |max: f64| {
         json!({

@@ -94,6 +94,14 @@ fn metric(text: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no sample {name}"))
 }
 
+/// A tmpfs folder holding a device file `dax.img` of `bytes`.
+fn shm_device(bytes: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
+    let dev = dir.path().join("dax.img");
+    std::fs::File::create(&dev).unwrap().set_len(bytes).unwrap();
+    (dir, dev)
+}
+
 /// The embedded default starts, answers /health, /metrics and both status
 /// routes, takes an add through the CLI, and stops cleanly on SIGTERM.
 #[test]
@@ -393,12 +401,7 @@ fn serve_refuses_browser_requests_and_admits_allowed_hosts() {
 /// next copy into or out of the file.
 #[test]
 fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {
-    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
-    let dev = dir.path().join("dax.img");
-    std::fs::File::create(&dev)
-        .unwrap()
-        .set_len(32 << 20)
-        .unwrap();
+    let (dir, dev) = shm_device(32 << 20);
     let cfg = dir.path().join("serve.json");
     std::fs::write(
         &cfg,
@@ -544,12 +547,7 @@ fn sigterm_during_a_hung_start_up_exits_and_never_listens() {
 #[test]
 fn bad_http_flags_fail_before_devices_are_mapped() {
     use std::os::unix::fs::MetadataExt;
-    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").unwrap();
-    let dev = dir.path().join("dax.img");
-    std::fs::File::create(&dev)
-        .unwrap()
-        .set_len(256 << 20)
-        .unwrap();
+    let (dir, dev) = shm_device(256 << 20);
     let cfg = dir.path().join("serve.json");
     std::fs::write(
         &cfg,

@@ -124,18 +124,27 @@ impl Drop for InWindow {
 /// Enter the window, or park for ever if the interpreter is finalizing
 /// (on any thread but the one finalizing it). Call without the GIL.
 fn enter_window() -> InWindow {
-    let nested = in_window();
-    window_add();
-    // ORDERING: SeqCst — pairs with the store in `at_exit`.
-    if !nested
-        && FINALIZING.load(Ordering::SeqCst)
-        && MAIN.get() != Some(&std::thread::current().id())
-    {
-        // Out of the window before parking, so the hook's wait ends.
-        window_sub();
+    if enter_or_must_park() {
         park_forever();
     }
     InWindow
+}
+
+/// Count this thread into [`WINDOW`]; or, when the interpreter may be
+/// finalizing and this is a fresh (not nested) entry on a thread other
+/// than the one finalizing it, count it back out and say it must park
+/// (out of the window first, so the hook's wait ends).
+fn enter_or_must_park() -> bool {
+    let nested = in_window();
+    window_add();
+    // ORDERING: SeqCst — pairs with the store in `at_exit`.
+    let park = !nested
+        && FINALIZING.load(Ordering::SeqCst)
+        && MAIN.get() != Some(&std::thread::current().id());
+    if park {
+        window_sub();
+    }
+    park
 }
 
 /// A daemon thread at interpreter exit: never come back to Python.
@@ -176,15 +185,7 @@ where
 /// the hook's flag store (both hold it), so no Dekker pair is needed here;
 /// `SeqCst` keeps one ordering for every access of the pair.
 pub(crate) fn held(py: Python<'_>) -> InWindow {
-    let nested = in_window();
-    window_add();
-    // ORDERING: SeqCst — pairs with the store in `at_exit`.
-    if !nested
-        && FINALIZING.load(Ordering::SeqCst)
-        && MAIN.get() != Some(&std::thread::current().id())
-    {
-        // Out of the window before parking.
-        window_sub();
+    if enter_or_must_park() {
         // Parking with the GIL held would stop the interpreter's exit.
         #[allow(clippy::disallowed_methods)]
         py.allow_threads(|| -> () { park_forever() });
