@@ -10,8 +10,8 @@ use criterion::measurement::WallTime;
 use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
 };
-use daxkv::arena::{Arena, ArenaGuard, ArenaSpec};
-use daxkv::copy::{self, Kernel};
+use daxkv::device::arena::{Arena, ArenaGuard, ArenaSpec};
+use daxkv::device::copy::{self, Kernel};
 
 const MAP: usize = 256 << 20;
 

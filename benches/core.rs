@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::{CoreConfig, DaxCore, Key};
 
 const ARENA: usize = 256 << 20;

@@ -12,9 +12,9 @@ use criterion::measurement::WallTime;
 use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
 };
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{DeviceId, DeviceSpec, Engine, EngineOptions, Signal};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 const T: Duration = Duration::from_secs(10);

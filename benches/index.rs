@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use dashmap::DashMap;
-use daxkv::index::{Index, Insert};
-use daxkv::slot::SlotId;
+use daxkv::device::index::{Index, Insert};
+use daxkv::device::slot::SlotId;
 use daxkv::Key;
 
 const N: usize = 1 << 16;

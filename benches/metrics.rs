@@ -3,7 +3,7 @@
 //! `daxkv::engine::Metrics`) next to `prometheus-client`'s `Counter`,
 //! `Family` and `Histogram` — alone and with two threads recording at
 //! once — plus the `Instant::now()` a task's duration costs and one scrape
-//! (`daxkv::metrics::encode`). The choice this measures is recorded in the
+//! (`daxkv::control::metrics::encode`). The choice this measures is recorded in the
 //! `daxkv::engine::Metrics` module doc and the README ("Metrics").
 #![allow(clippy::too_many_lines, clippy::many_single_char_names)]
 
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use crossbeam_utils::CachePadded;
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{DeviceSpec, Engine, EngineOptions, Metrics, TaskKind};
 use daxkv::CoreConfig;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -207,7 +207,7 @@ fn bench(c: &mut Criterion) {
         core: CoreConfig::new(ArenaSpec::memfd(64 * 4096), 4096),
     };
     let e = Engine::open(vec![dev], 4096, false, EngineOptions::default()).unwrap();
-    g.bench_function("encode", |b| b.iter(|| daxkv::metrics::encode(&e)));
+    g.bench_function("encode", |b| b.iter(|| daxkv::control::metrics::encode(&e)));
     g.finish();
 }
 

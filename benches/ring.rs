@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use daxkv::notify::EventFd;
-use daxkv::ring::Ring;
+use daxkv::plumbing::notify::EventFd;
+use daxkv::plumbing::ring::Ring;
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("ring/round_trip");
@@ -109,11 +109,13 @@ fn bench(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(1))
         .warm_up_time(Duration::from_millis(200));
     g.throughput(Throughput::Elements(16));
-    let (mut p, mut cons) = Ring::<daxkv::ring::Sqe>::heap(64).unwrap().split();
+    let (mut p, mut cons) = Ring::<daxkv::plumbing::ring::Sqe>::heap(64)
+        .unwrap()
+        .split();
     g.bench_function("batch16", |b| {
         b.iter(|| {
             for i in 0..16u32 {
-                p.push(daxkv::ring::Sqe {
+                p.push(daxkv::plumbing::ring::Sqe {
                     task: u64::from(i),
                     start: i,
                     len: 1,

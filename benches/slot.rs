@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use daxkv::slot::{Bitmap, Commit, SlotState};
+use daxkv::device::slot::{Bitmap, Commit, SlotState};
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("slot/claim_release");

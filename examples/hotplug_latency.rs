@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{DeviceId, DeviceSpec, DeviceState, Engine, EngineOptions, RemoveMode};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 const SLOT: usize = 256 << 10;

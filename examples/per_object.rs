@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release --example per_object -- [objects] [size_bytes]`
 
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::{CoreConfig, DaxCore, Key};
 
 fn main() {

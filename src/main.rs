@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use daxkv::client::Expect;
+use daxkv::cli::client::Expect;
 
 #[derive(Parser)]
 #[command(
@@ -117,7 +117,7 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// Read sysfs under this root (tests use a fake tree).
-        #[arg(long, hide = true, default_value = daxkv::probe::DEFAULT_SYSFS_ROOT)]
+        #[arg(long, hide = true, default_value = daxkv::host::probe::DEFAULT_SYSFS_ROOT)]
         sysfs_root: PathBuf,
     },
     /// Run the engine with its HTTP control plane until SIGINT / SIGTERM.
@@ -129,7 +129,7 @@ enum Cmd {
         #[arg(long)]
         config: Option<PathBuf>,
         /// Control-plane address (loopback; port 0 picks a free one).
-        #[arg(long, default_value = daxkv::serve::DEFAULT_HTTP)]
+        #[arg(long, default_value = daxkv::cli::serve::DEFAULT_HTTP)]
         http: std::net::SocketAddr,
         /// Require `Authorization: Bearer TOKEN` (every route but /health).
         #[arg(long, env = "DAXKV_TOKEN")]
@@ -216,11 +216,11 @@ enum Cmd {
 #[derive(clap::Args)]
 struct ServerArgs {
     /// The server's control-plane address: host:port or http://host:port.
-    #[arg(long, default_value = daxkv::serve::DEFAULT_HTTP)]
+    #[arg(long, default_value = daxkv::cli::serve::DEFAULT_HTTP)]
     server: String,
     /// Give up after this many seconds without a whole answer (an
     /// operation may still finish on the server).
-    #[arg(long, value_name = "SECONDS", default_value_t = daxkv::client::DEFAULT_TIMEOUT.as_secs(),
+    #[arg(long, value_name = "SECONDS", default_value_t = daxkv::cli::client::DEFAULT_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     timeout: u64,
     /// Bearer token, if the server wants one.
@@ -233,8 +233,8 @@ struct ServerArgs {
 
 /// Progress on stderr: a live one-line bar on a terminal; otherwise one
 /// line per size as it starts (the table rows go to stdout only, once).
-fn progress_printer(tty: bool) -> impl FnMut(daxkv::bench::Progress<'_>) {
-    use daxkv::bench::{human, human_amount, Progress};
+fn progress_printer(tty: bool) -> impl FnMut(daxkv::cli::bench::Progress<'_>) {
+    use daxkv::cli::bench::{human, human_amount, Progress};
     let started = std::time::Instant::now();
     let bar = |done: usize, total: usize| -> String {
         let width = 30;
@@ -349,7 +349,7 @@ fn main() -> std::process::ExitCode {
             | Cmd::Remove { .. }
             | Cmd::Resize { .. }
     ) {
-        daxkv::client::quiet_on_closed_stdout();
+        daxkv::cli::client::quiet_on_closed_stdout();
     }
     let result = match cli.cmd {
         Cmd::Probe {
@@ -365,15 +365,15 @@ fn main() -> std::process::ExitCode {
             allow_non_loopback,
             allow_host,
             traffic,
-        } => serve(&daxkv::serve::ServeConfig {
+        } => serve(&daxkv::cli::serve::ServeConfig {
             config,
-            http: daxkv::http::HttpConfig {
+            http: daxkv::control::http::HttpConfig {
                 addr: http,
                 token,
                 allow_prefixes: allow_prefix,
                 allow_non_loopback,
                 allow_hosts: allow_host,
-                ..daxkv::http::HttpConfig::default()
+                ..daxkv::control::http::HttpConfig::default()
             },
             traffic,
         }),
@@ -472,11 +472,11 @@ fn one_line(e: &anyhow::Error) -> String {
 
 /// `daxkv serve`: start, say where, wait for SIGINT / SIGTERM, stop. A
 /// signal during start-up ends the process before the port opens
-/// ([`daxkv::serve::ShutdownSignals`]).
-fn serve(cfg: &daxkv::serve::ServeConfig) -> anyhow::Result<()> {
+/// ([`daxkv::cli::serve::ShutdownSignals`]).
+fn serve(cfg: &daxkv::cli::serve::ServeConfig) -> anyhow::Result<()> {
     // Before any thread starts: every thread inherits the blocked mask, so
     // the signal reaches the signal thread and nothing dies of it.
-    let signals = daxkv::serve::ShutdownSignals::start().context("taking SIGINT / SIGTERM")?;
+    let signals = daxkv::cli::serve::ShutdownSignals::start().context("taking SIGINT / SIGTERM")?;
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -486,7 +486,7 @@ fn serve(cfg: &daxkv::serve::ServeConfig) -> anyhow::Result<()> {
         // aborted the process (SIGABRT instead of exit 0).
         .log_internal_errors(false)
         .try_init();
-    let prepared = daxkv::serve::Server::prepare(cfg)?;
+    let prepared = daxkv::cli::serve::Server::prepare(cfg)?;
     if !cfg.http.addr.ip().is_loopback() {
         // Reachable from other hosts: `Host` / `Origin` keep browsers out,
         // not a client that sends `Host: 127.0.0.1` itself.
@@ -542,7 +542,7 @@ fn client(
     body: Option<&serde_json::Value>,
     expect: Expect,
 ) -> anyhow::Result<()> {
-    let c = daxkv::client::Client::new(
+    let c = daxkv::cli::client::Client::new(
         &a.server,
         a.token.as_deref(),
         std::time::Duration::from_secs(a.timeout),
@@ -569,8 +569,8 @@ fn client(
         bail!("{method} {path}: {status}: {msg}");
     }
     let v = parsed.unwrap_or_default();
-    daxkv::client::check_answer(expect, &v).map_err(|why| {
-        daxkv::client::ClientError::NotDaxkv {
+    daxkv::cli::client::check_answer(expect, &v).map_err(|why| {
+        daxkv::cli::client::ClientError::NotDaxkv {
             server: c.authority().to_string(),
             status,
             why,
@@ -579,12 +579,12 @@ fn client(
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else if expect == Expect::Status {
-        print!("{}", daxkv::serve::status_table(&v));
+        print!("{}", daxkv::cli::serve::status_table(&v));
     } else {
         for (k, val) in v.as_object().into_iter().flatten() {
             if k != "device" {
                 // The key is the server's: escaped like the table's text.
-                println!("{:>20}: {val}", daxkv::serve::printable(k));
+                println!("{:>20}: {val}", daxkv::cli::serve::printable(k));
             }
         }
         // An add's device: where it is and what it is called (a `memfd:`
@@ -600,7 +600,7 @@ fn client(
 
 /// `daxkv probe`: the report on stdout; exit 0 whatever the path is.
 fn probe(path: &std::path::Path, json: bool, sysfs_root: &std::path::Path) -> anyhow::Result<()> {
-    let p = daxkv::probe::probe(path, sysfs_root);
+    let p = daxkv::host::probe::probe(path, sysfs_root);
     if json {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else {
@@ -638,15 +638,15 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             let sizes = sizes
                 .split(',')
                 .map(|s| {
-                    daxkv::bench::parse_size(s)
+                    daxkv::cli::bench::parse_size(s)
                         .with_context(|| format!("--sizes: {s:?} is not a size like 4K or 2MiB"))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let Some(total_bytes) = daxkv::bench::parse_size(&total_bytes) else {
+            let Some(total_bytes) = daxkv::cli::bench::parse_size(&total_bytes) else {
                 bail!("--total-bytes: {total_bytes:?} is not a size like 1GiB");
             };
-            let d = daxkv::bench::BenchConfig::default();
-            let cfg = daxkv::bench::BenchConfig {
+            let d = daxkv::cli::bench::BenchConfig::default();
+            let cfg = daxkv::cli::bench::BenchConfig {
                 sizes,
                 total_bytes,
                 max_objects,
@@ -674,7 +674,7 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             // Everything that can be checked is checked before the run: the
             // options, the paths, the memory, and the JSON file (created now,
             // so a typo in its directory does not cost a whole run).
-            daxkv::bench::preflight(&cfg)?;
+            daxkv::cli::bench::preflight(&cfg)?;
             let json_file = json
                 .as_ref()
                 .map(|p| {
@@ -685,7 +685,7 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                 })
                 .transpose()?;
             let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let result = daxkv::bench::run(&cfg, progress_printer(tty));
+            let result = daxkv::cli::bench::run(&cfg, progress_printer(tty));
             if tty {
                 eprint!("\r{:100}\r", "");
             }

@@ -17,8 +17,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::thread::{JoinHandle, ThreadId};
 
-use crate::core::{CoreConfig, DaxCore, PutOutcome, Reservation, SlotWriter};
-use crate::error::{OpenError, PutError};
+use crate::device::core::{CoreConfig, DaxCore, PutOutcome, Reservation, SlotWriter};
+use crate::device::error::{OpenError, PutError};
 use crate::key::Key;
 
 /// Attempts of evict-then-retry before a put reports `Full` with auto-evict.
@@ -889,7 +889,7 @@ fn put_evicting_tagged(
 pub const REGION_MIN_BYTES: usize = 1 << 20;
 
 /// A restore of at least this many bytes writes its outputs with streaming
-/// stores ([`crate::copy::from_dax_streaming`]): half the last-level cache
+/// stores ([`crate::device::copy::from_dax_streaming`]): half the last-level cache
 /// of the machines this was measured on (32 MiB). A batch that size evicts
 /// its own outputs anyway, and skipping the read-for-ownership of each
 /// output line took a 512 MiB restore from ~19 to ~33 GB/s there.
@@ -1083,7 +1083,7 @@ fn on_threads<R: Send>(threads: usize, name: &str, work: &(impl Fn() -> R + Sync
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slot::{Generation, SlotId};
+    use crate::device::slot::{Generation, SlotId};
 
     fn res(index: usize, slot: u32, len: usize, slot_bytes: usize) -> Reservation {
         Reservation {

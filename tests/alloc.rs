@@ -8,7 +8,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::{CoreConfig, DaxCore, Key, PutOutcome};
 
 struct Counting;

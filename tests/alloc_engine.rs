@@ -13,9 +13,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{DeviceSpec, Engine, EngineOptions};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 struct Counting;

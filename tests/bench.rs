@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use daxkv::bench::{run, BenchConfig, Progress};
+use daxkv::cli::bench::{run, BenchConfig, Progress};
 
 #[test]
 fn tiny_bench_is_complete_and_verified() {
@@ -96,7 +96,7 @@ fn tiny_bench_is_complete_and_verified() {
 }
 
 /// The library's JSON document of the tiny run above.
-fn check_library_json(report: &daxkv::bench::Report) {
+fn check_library_json(report: &daxkv::cli::bench::Report) {
     let j: serde_json::Value = serde_json::from_str(&report.json()).unwrap();
     assert!(j["machine"]["cpu"].is_string());
     assert!(j["machine"]["cores"].as_u64().unwrap() >= 1);
@@ -297,7 +297,7 @@ fn json_records_version_options_kernel_and_machine() {
         ["avx512", "avx2", "sse2", "portable"].contains(&kernel),
         "{kernel}"
     );
-    assert_eq!(kernel, daxkv::copy::selected().name());
+    assert_eq!(kernel, daxkv::device::copy::selected().name());
     assert!(!j["copy_kernel_description"].as_str().unwrap().is_empty());
     let cpu = j["machine"]["cpu"].as_str().unwrap();
     let model = std::fs::read_to_string("/proc/cpuinfo")

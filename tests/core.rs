@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use daxkv::arena::{ArenaSource, ArenaSpec};
+use daxkv::device::arena::{ArenaSource, ArenaSpec};
 use daxkv::{CoreConfig, DaxCore, Key, OpenError, PutError, PutFromPtrResult, PutOutcome};
 
 const SLOT: usize = 4096;

@@ -12,10 +12,10 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 use std::time::Duration;
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{DeviceSpec, Engine, EngineError, EngineOptions};
-use daxkv::memlimit::MemRoots;
+use daxkv::host::memlimit::MemRoots;
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key, OpenError};
 use serde_json::{json, Value};
 
@@ -39,23 +39,23 @@ fn mem_available() -> u64 {
     l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
-fn http(e: &std::sync::Arc<Engine>) -> daxkv::http::HttpServer {
-    let backend = std::sync::Arc::new(daxkv::reconfigure::DaxReconfigure::probing(
+fn http(e: &std::sync::Arc<Engine>) -> daxkv::control::http::HttpServer {
+    let backend = std::sync::Arc::new(daxkv::control::reconfigure::DaxReconfigure::probing(
         e.clone(),
         "/sys".into(),
     ));
-    let mut registry = daxkv::reconfigure::Registry::new();
+    let mut registry = daxkv::control::reconfigure::Registry::new();
     registry.register(backend);
-    daxkv::http::serve(
-        daxkv::http::HttpConfig::default(),
+    daxkv::control::http::serve(
+        daxkv::control::http::HttpConfig::default(),
         registry,
-        daxkv::http::HttpHooks::default(),
+        daxkv::control::http::HttpHooks::default(),
     )
     .unwrap()
 }
 
-fn post(h: &daxkv::http::HttpServer, op: &str, body: &Value) -> (u16, Value) {
-    let (s, text) = daxkv::serve::request(
+fn post(h: &daxkv::control::http::HttpServer, op: &str, body: &Value) -> (u16, Value) {
+    let (s, text) = daxkv::cli::serve::request(
         &h.local_addr().to_string(),
         "POST",
         &format!("/reconfigure/dax/l2/{op}"),
@@ -93,7 +93,7 @@ fn store_and_load(e: &Engine, i: u64) {
 /// Extend the file at `p` to `bytes`, then resize the device (`path`)
 /// to it over HTTP.
 fn extend_and_resize(
-    h: &daxkv::http::HttpServer,
+    h: &daxkv::control::http::HttpServer,
     p: &std::path::Path,
     path: &str,
     bytes: usize,
@@ -148,7 +148,7 @@ fn http_add_of_a_memfd_beyond_memory_names_the_size() {
 /// memory promised).
 #[test]
 fn memfds_are_checked_together() {
-    use daxkv::arena::Arena;
+    use daxkv::device::arena::Arena;
     let _s = serial();
     let size = usize::try_from(mem_available() / 10 * 6).unwrap();
     let first = Arena::open(&ArenaSpec::memfd(size)).unwrap();
@@ -324,7 +324,7 @@ fn a_file_grows_after_it_is_extended_up_to_max_size() {
 #[test]
 fn the_configured_memfd_device_grows() {
     let _s = serial();
-    let cfg = daxkv::config::EngineConfig::from_json(
+    let cfg = daxkv::control::config::EngineConfig::from_json(
         r#"{"slot_bytes": 4096, "devices": [{"device_path": "memfd", "max_dax_size_gb": 0.015625}],
             "hotplug_enabled": true, "prefault": false, "numa": "off"}"#,
     )
@@ -410,9 +410,9 @@ fn a_configured_file_grows_up_to_max_size_gb() {
         })
         .to_string()
     };
-    let err = daxkv::config::EngineConfig::from_json(&json(gb(8))).unwrap_err();
+    let err = daxkv::control::config::EngineConfig::from_json(&json(gb(8))).unwrap_err();
     assert_eq!(err.field, "devices[0].max_size_gb", "{err}");
-    let cfg = daxkv::config::EngineConfig::from_json(&json(gb(64))).unwrap();
+    let cfg = daxkv::control::config::EngineConfig::from_json(&json(gb(64))).unwrap();
     let e = Engine::open(cfg.device_specs(), SLOT, false, EngineOptions::default()).unwrap();
     store_and_load(&e, 1);
     let id = e.devices()[0].id;
@@ -442,7 +442,7 @@ fn a_configured_file_grows_up_to_max_size_gb() {
 /// the memory promised, within a few rounds).
 #[test]
 fn memfds_opened_at_once_are_checked_together() {
-    use daxkv::arena::Arena;
+    use daxkv::device::arena::Arena;
     let _s = serial();
     let d = tempfile::tempdir().unwrap();
     let roots = MemRoots {

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use daxkv::arena::{ArenaSource, ArenaSpec};
-use daxkv::buf::Buf;
+use daxkv::device::arena::{ArenaSource, ArenaSpec};
 use daxkv::engine::{DeviceId, DeviceSpec, DeviceState, Engine, EngineOptions, RemoveMode};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 const SLOT: usize = 4096;

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use daxkv::arena::{ArenaSource, ArenaSpec};
-use daxkv::buf::{Buf, RawBuf};
+use daxkv::device::arena::{ArenaSource, ArenaSpec};
 use daxkv::engine::{Answer, DeviceSpec, Engine, EngineOptions, Listener, Signal, TaskId};
+use daxkv::plumbing::buf::{Buf, RawBuf};
 use daxkv::{CoreConfig, Key};
 
 const SLOT: usize = 4096;
@@ -429,7 +429,7 @@ fn config_json_opens_and_pins_workers() {
             "num_store_workers":1,"num_lookup_workers":1,"num_load_workers":2,"cpus":[0],"spin_us":10}}"#,
         path.display()
     );
-    let cfg = daxkv::config::EngineConfig::from_json(&json).unwrap();
+    let cfg = daxkv::control::config::EngineConfig::from_json(&json).unwrap();
     let e = cfg.open().unwrap();
     assert_eq!(e.devices()[0].max_slots, 256);
     assert!(store(&e, &[5], 100));
@@ -455,7 +455,7 @@ fn config_json_opens_and_pins_workers() {
         }
     }
     assert!(pinned >= 4, "{pinned} pinned workers; want the engine's 4");
-    let bad = daxkv::config::EngineConfig::from_json(r#"{"slot_bytes":4096,"devices":[{"device_path":"/nonexistent/dax9.9","max_dax_size_gb":1}]}"#).unwrap();
+    let bad = daxkv::control::config::EngineConfig::from_json(r#"{"slot_bytes":4096,"devices":[{"device_path":"/nonexistent/dax9.9","max_dax_size_gb":1}]}"#).unwrap();
     let err = bad.open().unwrap_err();
     assert!(err.to_string().contains("/nonexistent/dax9.9"), "{err}");
 }

@@ -9,12 +9,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::{Buf, RawBuf};
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{
     Answer, DeviceSpec, Engine, EngineError, EngineOptions, Listener, Refused, Submitter, TaskId,
     TaskKind,
 };
+use daxkv::plumbing::buf::{Buf, RawBuf};
 use daxkv::{CoreConfig, Key};
 
 const SLOT: usize = 4096;

@@ -10,7 +10,7 @@ use std::os::fd::RawFd;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{DeviceSpec, Engine, EngineOptions};
 use daxkv::{CoreConfig, Key};
 

@@ -10,12 +10,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use daxkv::arena::{ArenaSource, ArenaSpec};
-use daxkv::buf::Buf;
+use daxkv::device::arena::{ArenaSource, ArenaSpec};
 use daxkv::engine::{
     DeviceId, DeviceSpec, Engine, EngineError, EngineOptions, Listener, Refused, TaskId,
     SPLIT_MIN_KEYS,
 };
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 const SLOT: usize = 4096;

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{Answer, DeviceSpec, Engine, EngineError, EngineOptions, TaskId};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 const SLOT: usize = 4096;

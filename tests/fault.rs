@@ -1,5 +1,5 @@
 //! A SIGBUS in a device copy fails that device, not the process
-//! (`daxkv::fault`): a tmpfs device file truncated under
+//! (`daxkv::device::fault`): a tmpfs device file truncated under
 //! stored keys, a poisoned memory line (`BUS_MCEERR_AR`) consumed by a
 //! copy, and the faults that must still kill the process (outside any
 //! copy, or in a copy but outside the device).
@@ -15,9 +15,9 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use daxkv::arena::{Arena, ArenaSource, ArenaSpec, CopyError};
-use daxkv::buf::Buf;
+use daxkv::device::arena::{Arena, ArenaSource, ArenaSpec, CopyError};
 use daxkv::engine::{DeviceId, DeviceSpec, DeviceState, Engine, EngineOptions};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, DaxCore, Key, PutError};
 
 const SLOT: usize = 4096;
@@ -120,7 +120,7 @@ fn file_core(p: &std::path::Path) -> DaxCore {
 /// loads with its bytes; device 0 is `failed`, its key is a lookup miss,
 /// and a new store goes to device 1.
 ///
-/// On the code before `daxkv::fault`: the child died of SIGBUS (signal 7)
+/// On the code before `daxkv::device::fault`: the child died of SIGBUS (signal 7)
 /// in the load worker's copy.
 #[test]
 fn a_truncated_device_file_fails_the_device_and_the_engine_serves_on() {
@@ -175,7 +175,7 @@ fn a_truncated_device_file_fails_the_device_and_the_engine_serves_on() {
     let id = e.submit_load(vec![k(2)], vec![vec![0u8; SLOT]]).unwrap();
     let r = e.wait_load(id, T).ready().expect("load answered");
     assert_eq!(r.payload(0), Some(&payload(2)[..]));
-    assert!(daxkv::fault::recovered_faults() >= 1);
+    assert!(daxkv::device::fault::recovered_faults() >= 1);
     e.close();
     println!("{SURVIVED}");
 }
@@ -185,7 +185,7 @@ fn a_truncated_device_file_fails_the_device_and_the_engine_serves_on() {
 /// lookups of the device's keys are misses, and another core's keys still
 /// load with their bytes.
 ///
-/// On the code before `daxkv::fault`: the child died of SIGBUS.
+/// On the code before `daxkv::device::fault`: the child died of SIGBUS.
 #[test]
 fn a_truncated_device_file_fails_puts_and_loads_at_the_core() {
     const NAME: &str = "a_truncated_device_file_fails_puts_and_loads_at_the_core";
@@ -229,7 +229,7 @@ fn poison_hook(base: *const u8) {
     // thread may send itself a signal with a positive `si_code`.
     let r = unsafe {
         words.write(libc::SIGBUS);
-        words.add(2).write(daxkv::fault::BUS_MCEERR_AR);
+        words.add(2).write(daxkv::device::fault::BUS_MCEERR_AR);
         info[2] = base as u64 + 100;
         libc::syscall(
             libc::SYS_rt_tgsigqueueinfo,
@@ -254,7 +254,7 @@ fn poison_hook(base: *const u8) {
 /// offline a page of the shared test host for good). The load is a miss,
 /// the device is failed, the other device's key loads with its bytes.
 ///
-/// On the code before `daxkv::fault`: the child died of SIGBUS.
+/// On the code before `daxkv::device::fault`: the child died of SIGBUS.
 #[test]
 fn a_poisoned_line_in_a_copy_fails_the_device_not_the_process() {
     const NAME: &str = "a_poisoned_line_in_a_copy_fails_the_device_not_the_process";
@@ -265,12 +265,12 @@ fn a_poisoned_line_in_a_copy_fails_the_device_not_the_process() {
     let b = DaxCore::open(&CoreConfig::new(ArenaSpec::memfd(SLOTS * SLOT), SLOT)).unwrap();
     a.put(k(0), &payload(0), 0).unwrap();
     b.put(k(1), &payload(1), 0).unwrap();
-    daxkv::fault::set_test_copy_hook(Some(poison_hook));
+    daxkv::device::fault::set_test_copy_hook(Some(poison_hook));
     ARMED.store(true, Ordering::SeqCst);
     let mut buf = vec![0u8; SLOT];
     assert_eq!(a.load_into(k(0), &mut buf), None, "a poisoned load misses");
     assert!(!ARMED.load(Ordering::SeqCst), "the hook fired");
-    daxkv::fault::set_test_copy_hook(None);
+    daxkv::device::fault::set_test_copy_hook(None);
     assert!(a.is_failed() && !b.is_failed());
     assert!(!a.exists(k(0), false));
     assert_eq!(a.put(k(3), &payload(3), 0), Err(PutError::DeviceFailed));

@@ -1,4 +1,4 @@
-//! Hotplug over a real HTTP socket on 127.0.0.1 (`daxkv::http` serving
+//! Hotplug over a real HTTP socket on 127.0.0.1 (`daxkv::control::http` serving
 //! the DAX reconfigure backend; validation cases that HTTP's schema
 //! answers with 422 call the backend directly): docs/lmcache-dax-behavior.md §8.1 items 2–8 and §8.3 items 2–3,
 //! with bytes verified after every migration and resize, plus the places
@@ -13,10 +13,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::control::reconfigure::{
+    DaxReconfigure, Owners, Reconfigurable, ReconfigureError, Registry,
+};
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{Answer, DeviceSpec, DeviceState, Engine, EngineOptions, Listener};
-use daxkv::reconfigure::{DaxReconfigure, Owners, Reconfigurable, ReconfigureError, Registry};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 use serde_json::{json, Value};
 
@@ -65,7 +67,7 @@ fn file_of(
         DeviceSpec {
             path,
             core: CoreConfig::new(
-                ArenaSpec::new(daxkv::arena::ArenaSource::Path(p), slots * SLOT),
+                ArenaSpec::new(daxkv::device::arena::ArenaSource::Path(p), slots * SLOT),
                 SLOT,
             ),
         },
@@ -76,7 +78,7 @@ fn file_of(
 /// server on 127.0.0.1.
 struct Ctl {
     backend: Arc<DaxReconfigure>,
-    http: daxkv::http::HttpServer,
+    http: daxkv::control::http::HttpServer,
 }
 
 impl Ctl {
@@ -96,7 +98,7 @@ impl Ctl {
         if let Some(size) = body.as_object_mut().and_then(|o| o.remove("size_bytes")) {
             body["size"] = size;
         }
-        let (status, text) = daxkv::serve::request(
+        let (status, text) = daxkv::cli::serve::request(
             &self.http.local_addr().to_string(),
             "POST",
             &format!("/reconfigure/dax/l2/{op}"),
@@ -121,10 +123,10 @@ fn control(e: &Arc<Engine>) -> Ctl {
     let backend = Arc::new(DaxReconfigure::new(e.clone(), |_, _, _| Ok(())));
     let mut registry = Registry::new();
     registry.register(backend.clone());
-    let http = daxkv::http::serve(
-        daxkv::http::HttpConfig::default(),
+    let http = daxkv::control::http::serve(
+        daxkv::control::http::HttpConfig::default(),
         registry,
-        daxkv::http::HttpHooks::default(),
+        daxkv::control::http::HttpHooks::default(),
     )
     .unwrap();
     Ctl { backend, http }
@@ -554,7 +556,7 @@ fn a_migration_that_fills_its_destination_leaves_no_duplicates_and_retries() {
     assert_eq!(out["moved_keys"], 5);
     all_load(&e, &ids, 2000);
     // The metrics count each outcome.
-    let m = e.metrics_text();
+    let m = daxkv::control::metrics::encode(&e);
     for line in [
         "daxkv_hotplug_operations_total{operation=\"remove\",outcome=\"failed\"} 1",
         "daxkv_hotplug_operations_total{operation=\"remove\",outcome=\"ok\"} 1",

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{Answer, DeviceId, DeviceSpec, Engine, EngineOptions, RemoveMode};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 const W: Duration = Duration::from_secs(30);

@@ -13,8 +13,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daxkv::http::{serve, HttpConfig, HttpError, HttpHooks, HttpServer};
-use daxkv::reconfigure::{Owners, Reconfigurable, ReconfigureError, Registry};
+use daxkv::control::http::{serve, HttpConfig, HttpError, HttpHooks, HttpServer};
+use daxkv::control::reconfigure::{Owners, Reconfigurable, ReconfigureError, Registry};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------- client

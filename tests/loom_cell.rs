@@ -12,7 +12,7 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use daxkv::cell::Mailbox;
+use daxkv::plumbing::cell::Mailbox;
 
 #[path = "common/loom.rs"]
 mod common;

@@ -11,7 +11,7 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use daxkv::arena::{ArenaSource, ArenaSpec};
+use daxkv::device::arena::{ArenaSource, ArenaSpec};
 use daxkv::{CoreConfig, DaxCore, Key, PutError, PutOutcome};
 
 #[path = "common/loom.rs"]

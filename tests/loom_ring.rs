@@ -8,7 +8,7 @@ use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use daxkv::ring::Ring;
+use daxkv::plumbing::ring::Ring;
 
 #[path = "common/loom.rs"]
 mod common;

@@ -10,7 +10,7 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use daxkv::slot::{Bitmap, Commit, SlotError, SlotState};
+use daxkv::device::slot::{Bitmap, Commit, SlotError, SlotState};
 
 #[path = "common/loom.rs"]
 mod common;
@@ -187,7 +187,7 @@ fn bitmap_hint_does_not_hide_a_release() {
             let b = b.clone();
             thread::spawn(move || b.claim().map(|s| s.0))
         };
-        b.release(daxkv::slot::SlotId(5));
+        b.release(daxkv::device::slot::SlotId(5));
         let got = c.join().unwrap();
         assert!(matches!(got, Some(5 | 64)), "claimed {got:?}");
         let want = if got == Some(5) { 64 } else { 5 };

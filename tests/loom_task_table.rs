@@ -23,7 +23,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use daxkv::engine::records::{pop_released, RecordSet};
-use daxkv::ring::{Cqe, Ring};
+use daxkv::plumbing::ring::{Cqe, Ring};
 
 #[path = "common/loom.rs"]
 mod common;
@@ -176,7 +176,7 @@ fn by_id_takers_and_the_pop_free_each_record_once() {
             ok: 0,
             keys_ok: 0,
         }; 1];
-        let mut pop = |cq_c: &mut daxkv::ring::Consumer<Cqe>| {
+        let mut pop = |cq_c: &mut daxkv::plumbing::ring::Consumer<Cqe>| {
             let (n, err) = pop_released(cq_c, &mut batch);
             assert!(err.is_none(), "{err:?}");
             for c in &batch[..n] {

@@ -1,5 +1,5 @@
 //! Engine metrics: real stores, lookups, loads, unlocks and deletes on a
-//! memfd device, then `daxkv::metrics::encode` parsed back and checked for
+//! memfd device, then `daxkv::control::metrics::encode` parsed back and checked for
 //! exact counter values, histogram shape, and text-format validity (every
 //! sample after its family's TYPE line, label values escaped and read back).
 // Counter values are small integers, exact in f64: compared exactly.
@@ -8,11 +8,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{
     DeviceSpec, Engine, EngineOptions, HotplugOp, HotplugOutcome, DURATION_BUCKETS,
 };
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 const SLOT: usize = 4096;
@@ -196,7 +196,7 @@ fn counters_histograms_and_text_format() {
     e.record_hotplug(HotplugOp::Add, HotplugOutcome::Ok);
     e.record_hotplug(HotplugOp::Resize, HotplugOutcome::Rejected);
 
-    let text = daxkv::metrics::encode(&e);
+    let text = daxkv::control::metrics::encode(&e);
     let s = parse(&text);
     let ops = |op| get(&s, "daxkv_ops_total", &[("op", op)]);
     let keys = |op, r| get(&s, "daxkv_keys_total", &[("op", op), ("result", r)]);
@@ -272,7 +272,10 @@ fn counters_histograms_and_text_format() {
     assert_eq!(st["metrics"]["bytes"]["load"], 2000);
     assert_eq!(st["metrics"]["duration_count"]["store"], 3);
     assert_eq!(st["metrics"]["hotplug"]["add"]["ok"], 2);
-    assert_eq!(e.metrics_text().lines().count(), text.lines().count());
+    assert_eq!(
+        daxkv::control::metrics::encode(&e).lines().count(),
+        text.lines().count()
+    );
 }
 
 #[test]
@@ -284,7 +287,7 @@ fn worker_panic_and_failed_keys_are_counted() {
     let e = open("memfd", opts);
     let id = e.submit_lookup_and_lock(vec![k(1), k(666)]).unwrap();
     assert_eq!(e.wait_lookup(id, T).ready().unwrap().count_ones(), 0);
-    let s = parse(&daxkv::metrics::encode(&e));
+    let s = parse(&daxkv::control::metrics::encode(&e));
     assert_eq!(get(&s, "daxkv_worker_panics_total", &[]), 1.0);
     assert_eq!(
         get(
@@ -303,11 +306,11 @@ fn worker_panic_and_failed_keys_are_counted() {
 #[test]
 fn handler_serves_the_text() {
     let e = std::sync::Arc::new(open("memfd", EngineOptions::default()));
-    let h = daxkv::metrics::handler(e.clone());
+    let h = daxkv::control::metrics::handler(e.clone());
     let text = h();
     parse(&text);
     assert!(text.contains("daxkv_ops_total{op=\"store\"} 0\n"));
-    assert!(daxkv::metrics::CONTENT_TYPE.contains("version=0.0.4"));
+    assert!(daxkv::control::metrics::CONTENT_TYPE.contains("version=0.0.4"));
 }
 
 /// `encode_labeled` puts the constant label on every sample (with and
@@ -320,9 +323,9 @@ fn constant_labels_reach_every_sample() {
         .submit_store(vec![k(1)], vec![Buf::from(vec![7u8; 100])])
         .unwrap();
     assert!(e.wait_store(id, T).ready().unwrap().success);
-    let plain = parse(&daxkv::metrics::encode(&e));
+    let plain = parse(&daxkv::control::metrics::encode(&e));
     let name = "l2 \"a\"\\b";
-    let text = daxkv::metrics::encode_labeled(&e, &[("l2_name", name)]);
+    let text = daxkv::control::metrics::encode_labeled(&e, &[("l2_name", name)]);
     let labeled = parse(&text);
     assert_eq!(plain.len(), labeled.len(), "one sample per sample");
     for (p, l) in plain.iter().zip(&labeled) {
@@ -337,11 +340,11 @@ fn constant_labels_reach_every_sample() {
     assert!(text.contains("daxkv_task_duration_seconds_bucket{l2_name="));
     // No labels: the text as it was.
     assert_eq!(
-        daxkv::metrics::with_const_labels("a 1\n# x\nb{c=\"d\"} 2\n", &[]),
+        daxkv::control::metrics::with_const_labels("a 1\n# x\nb{c=\"d\"} 2\n", &[]),
         "a 1\n# x\nb{c=\"d\"} 2\n"
     );
     assert_eq!(
-        daxkv::metrics::with_const_labels("a 1\nb{c=\"d\"} 2\nz{} 3\n", &[("l", "v")]),
+        daxkv::control::metrics::with_const_labels("a 1\nb{c=\"d\"} 2\nz{} 3\n", &[("l", "v")]),
         "a{l=\"v\"} 1\nb{l=\"v\",c=\"d\"} 2\nz{l=\"v\"} 3\n"
     );
 }
@@ -349,7 +352,7 @@ fn constant_labels_reach_every_sample() {
 #[test]
 #[should_panic(expected = "invalid Prometheus label name")]
 fn constant_label_names_are_checked() {
-    daxkv::metrics::with_const_labels("a 1\n", &[("l2-name", "x")]);
+    daxkv::control::metrics::with_const_labels("a 1\n", &[("l2-name", "x")]);
 }
 
 /// A controller that adds and removes devices for weeks: every removed
@@ -366,7 +369,7 @@ fn removed_devices_leave_metrics() {
     };
     let e = Engine::open(vec![dev], SLOT, true, EngineOptions::default()).unwrap();
     let device_lines = |e: &Engine| {
-        daxkv::metrics::encode(e)
+        daxkv::control::metrics::encode(e)
             .lines()
             .filter(|l| l.contains("device=\""))
             .count()

@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use daxkv::arena::ArenaSpec;
-use daxkv::config::EngineConfig;
+use daxkv::control::config::EngineConfig;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{DeviceSpec, Engine, EngineOptions};
-use daxkv::numa::affinity::ProcessCpus;
+use daxkv::host::numa::affinity::ProcessCpus;
 use daxkv::CoreConfig;
 
 const SLOT: usize = 4096;
@@ -155,7 +155,7 @@ fn a_process_wider_than_the_cpus_asked_for_places_workers_as_asked() {
     e.close();
 
     let all = ProcessCpus::current();
-    let listed = daxkv::numa::affinity::format_cpulist(&all.cpus);
+    let listed = daxkv::host::numa::affinity::format_cpulist(&all.cpus);
     let (e, workers) = open_from_pinned_thread(a, opts(1, vec![]));
     assert_eq!(workers.len(), 3);
     assert!(
@@ -244,7 +244,7 @@ fn a_config_naming_a_missing_node_or_cpu_is_refused() {
     assert!(cfg(r#""numa":1"#).is_ok());
     assert!(cfg(r#""cpus":[3,0]"#).is_ok());
     // The real host: one CPU past the online ones is refused.
-    if let Some((online, _)) = daxkv::numa::online_cpus(std::path::Path::new("/sys")) {
+    if let Some((online, _)) = daxkv::host::numa::online_cpus(std::path::Path::new("/sys")) {
         let past = online.last().unwrap() + 1;
         let e = EngineConfig::from_json(&format!(
             r#"{{"slot_bytes":4096,"devices":[],"hotplug_enabled":true,"cpus":[{past}]}}"#
@@ -339,7 +339,7 @@ fn serve_logs_where_every_worker_runs() {
     }
     assert!(!log.contains("WARN"), "{log}");
     // A CPU the host does not have: refused at start, naming it.
-    let past = daxkv::numa::online_cpus(std::path::Path::new("/sys"))
+    let past = daxkv::host::numa::online_cpus(std::path::Path::new("/sys"))
         .map_or(4095, |(c, _)| c.last().unwrap() + 1);
     write(&format!("[{b},{past}]"));
     let out = serve().wait_with_output().unwrap();

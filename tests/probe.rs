@@ -1,4 +1,4 @@
-//! `daxkv::probe` and `daxkv probe`: classification of device paths from
+//! `daxkv::host::probe` and `daxkv probe`: classification of device paths from
 //! `stat` and a FAKE sysfs tree (no DAX hardware needed), the add / resize
 //! gates and their messages, and the real binary's table and JSON.
 //!
@@ -12,8 +12,8 @@ use std::os::unix::fs::{symlink, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use daxkv::arena::{Arena, ArenaSource, ArenaSpec};
-use daxkv::probe::{check_add, check_grow, probe, DeviceClass, Probe};
+use daxkv::device::arena::{Arena, ArenaSource, ArenaSpec};
+use daxkv::host::probe::{check_add, check_grow, probe, DeviceClass, Probe};
 use daxkv::OpenError;
 
 const MIB: u64 = 1 << 20;

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::{CoreConfig, DaxStore, Key, PutOutcome, StoreConfig, StoreError};
 
 const MIB: usize = 1 << 20;

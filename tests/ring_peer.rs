@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use daxkv::ring::{Consumer, Producer, PushError, Ring, RingError, HEADER_BYTES};
+use daxkv::plumbing::ring::{Consumer, Producer, PushError, Ring, RingError, HEADER_BYTES};
 
 /// The shared layout, as the ring's module doc states it (a wire format: a
 /// peer written in another language relies on these offsets).

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use daxkv::serve::request;
+use daxkv::cli::serve::request;
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_daxkv");
@@ -397,7 +397,7 @@ fn serve_refuses_browser_requests_and_admits_allowed_hosts() {
 /// A device file truncated under a running `daxkv serve --traffic`: the
 /// server lives on, the device reads `failed` in the status, the workload
 /// goes on on the other device with no wrong bytes, and SIGINT still stops
-/// it with exit 0. Without `daxkv::fault` the server died of SIGBUS at the
+/// it with exit 0. Without `daxkv::device::fault` the server died of SIGBUS at the
 /// next copy into or out of the file.
 #[test]
 fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {

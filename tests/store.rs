@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use daxkv::arena::{ArenaSource, ArenaSpec};
+use daxkv::device::arena::{ArenaSource, ArenaSpec};
 use daxkv::{CoreConfig, DaxStore, Key, PutOutcome, StoreConfig, StoreError};
 
 const SLOT: usize = 4096;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::{CoreConfig, DaxCore, Key, PutOutcome};
 
 const SLOT: usize = 8192;

@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::{CoreConfig, CoreError, DaxCore, Key, PutError, PutFromPtrResult, PutOutcome, ReadSet};
 
 #[path = "common/stress.rs"]

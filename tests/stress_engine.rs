@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daxkv::arena::ArenaSpec;
-use daxkv::buf::Buf;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{DeviceId, DeviceSpec, Engine, EngineOptions, TaskId};
+use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
 #[path = "common/stress.rs"]

@@ -10,7 +10,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use bolero::{check, TypeGenerator};
-use daxkv::arena::ArenaSpec;
+use daxkv::device::arena::ArenaSpec;
 use daxkv::{CoreConfig, DaxCore, Key, PutError, PutOutcome, ReadSet};
 
 const SLOT: usize = 256;

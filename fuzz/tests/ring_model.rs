@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use bolero::{check, TypeGenerator};
-use daxkv::ring::{PushError, Ring, RingError};
+use daxkv::plumbing::ring::{PushError, Ring, RingError};
 
 #[derive(Clone, Copy, Debug, TypeGenerator)]
 enum Op {
@@ -107,7 +107,7 @@ enum PeerOp {
 /// had a tail moved back behind the accepted one answered `Ok` instead of
 /// `Corrupt`.
 fn run_hostile(ops: &[PeerOp]) {
-    use daxkv::ring::{layout, Consumer, HEADER_BYTES};
+    use daxkv::plumbing::ring::{layout, Consumer, HEADER_BYTES};
     use std::os::unix::fs::FileExt;
     const CAP: u32 = 8;
     let (ring, fd) = Ring::<u64>::memfd(CAP).unwrap();

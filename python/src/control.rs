@@ -21,9 +21,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use daxkv::control::http::{HttpConfig, HttpHooks, HttpServer};
+use daxkv::control::reconfigure::{DaxReconfigure, Registry};
 use daxkv::engine::Engine;
-use daxkv::http::{HttpConfig, HttpHooks, HttpServer};
-use daxkv::reconfigure::{DaxReconfigure, Registry};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -155,7 +155,7 @@ fn http_config(v: &Value) -> PyResult<HttpConfig> {
 
 /// The prometheus text of `engine` with the `l2_name` label.
 pub fn metrics_text(engine: &Engine, l2_name: &str) -> String {
-    daxkv::metrics::encode_labeled(engine, &[("l2_name", l2_name)])
+    daxkv::control::metrics::encode_labeled(engine, &[("l2_name", l2_name)])
 }
 
 /// Start the control plane for `engine` (reconfigure gated by the device
@@ -181,6 +181,6 @@ pub fn start_http(
         health: Some(health),
         owners: None,
     };
-    daxkv::http::serve(cfg, registry, hooks)
+    daxkv::control::http::serve(cfg, registry, hooks)
         .map_err(|e| PyRuntimeError::new_err(format!("daxkv: control plane: {e}")))
 }

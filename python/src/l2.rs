@@ -43,7 +43,7 @@
 //! Two destinations of one load that overlap would be written by two
 //! workers at once (two `&mut` to the same bytes): a load whose destinations
 //! overlap is refused with `ValueError` before anything is submitted
-//! (`daxkv::busy`; `test_l2_adapter.py::test_overlapping_load_destinations_refused`).
+//! (`daxkv::plumbing::busy`; `test_l2_adapter.py::test_overlapping_load_destinations_refused`).
 //! Across tasks the same record refuses a buffer another task in flight
 //! writes or reads (`test_review_l2.py`).
 //!
@@ -95,10 +95,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use daxkv::buf::{Buf, RawBuf};
-use daxkv::busy::{Busy, Clash, Held};
+use daxkv::control::reconfigure::{DaxReconfigure, Reconfigurable};
 use daxkv::engine::{Answer, Engine, EngineError, Listener, TaskId, TaskKind};
-use daxkv::reconfigure::{DaxReconfigure, Reconfigurable};
+use daxkv::plumbing::buf::{Buf, RawBuf};
+use daxkv::plumbing::busy::{Busy, Clash, Held};
 use daxkv::Key;
 use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -198,7 +198,7 @@ struct State {
     refused_stores: Vec<Id>,
     /// Set (first thing) by `close`: submits raise from then on.
     closed: bool,
-    /// The memory of the tasks in flight (`daxkv::busy`): a load into a
+    /// The memory of the tasks in flight (`daxkv::plumbing::busy`): a load into a
     /// buffer another task still reads or writes is refused.
     busy: Busy,
     /// Tags [`Busy`] entries with the submit they belong to.

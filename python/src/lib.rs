@@ -40,10 +40,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use daxkv::buf::{Buf, RawBuf};
-use daxkv::busy::{Busy, Clash, Held};
-use daxkv::config::EngineConfig;
+use daxkv::control::config::EngineConfig;
 use daxkv::engine::{Answer, Engine, EngineError, TaskId};
+use daxkv::plumbing::buf::{Buf, RawBuf};
+use daxkv::plumbing::busy::{Busy, Clash, Held};
 use daxkv::Key;
 use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -149,7 +149,7 @@ struct State {
     /// Exports whose tasks completed, to release with the GIL.
     release: Vec<View>,
     /// The memory of the tasks in flight: a submit whose buffers would
-    /// alias one in flight is refused (`daxkv::busy`).
+    /// alias one in flight is refused (`daxkv::plumbing::busy`).
     busy: Busy,
 }
 
@@ -199,7 +199,7 @@ pub struct DaxConnector {
     /// The `l2_name` label of `metrics_text` and the control plane.
     l2_name: String,
     /// The control plane, when `adapter_params` asked for one.
-    http: Mutex<Option<daxkv::http::HttpServer>>,
+    http: Mutex<Option<daxkv::control::http::HttpServer>>,
     /// Its address (kept after close, for error messages).
     http_addr: Option<std::net::SocketAddr>,
     /// Held by `close` from start to end: a second `close` returns when
@@ -604,7 +604,9 @@ impl DaxConnector {
         Ok(DaxConnector {
             slot_bytes,
             l2_name: control.l2_name,
-            http_addr: http.as_ref().map(daxkv::http::HttpServer::local_addr),
+            http_addr: http
+                .as_ref()
+                .map(daxkv::control::http::HttpServer::local_addr),
             http: Mutex::new(http),
             state: Mutex::new(State {
                 engine: Some(engine),

@@ -51,7 +51,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use daxkv::arena::{ArenaSource, ArenaSpec};
+use daxkv::device::arena::{ArenaSource, ArenaSpec};
 use daxkv::{
     CoreConfig, DaxStore, Key, OpenError, PutError, PutOutcome, RestoreError, SlotWriter,
     StoreConfig, StoreError,

@@ -3,7 +3,7 @@
 //! The control plane's operations on the device pool
 //! (docs/lmcache-dax-behavior.md §4.3–§4.5), typed: each returns a report
 //! or a [`HotplugError`] that says what blocked it; the generic
-//! reconfiguration layer ([`crate::reconfigure`]) turns those into LMCache's
+//! reconfiguration layer ([`crate::control::reconfigure`]) turns those into LMCache's
 //! status codes and payloads. Every operation runs under the pool's admin
 //! mutex (one control-plane change at a time, and no remap can become
 //! pending under a claim holder), while the data path keeps running: the
@@ -45,9 +45,9 @@ use std::sync::{Arc, MutexGuard};
 
 use super::pool::{next_writable, Device, DeviceSpec, DeviceState};
 use super::{DeviceId, DeviceInfo, Engine, EngineError, HotplugOp, HotplugOutcome};
-use crate::arena::{ArenaSource, ArenaSpec};
-use crate::core::{CoreConfig, PutOutcome};
-use crate::error::{OpenError, PutError};
+use crate::device::arena::{ArenaSource, ArenaSpec};
+use crate::device::core::{CoreConfig, PutOutcome};
+use crate::device::error::{OpenError, PutError};
 use crate::key::Key;
 
 /// How far a memfd device (hotplugged or configured) may grow by default
@@ -341,14 +341,13 @@ fn unblocked(dev: &Device) -> Result<(), HotplugError> {
 /// the drain timeout (a long borrowed read) blocks, unless `force`.
 fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
     match dev.core().quiesce() {
-        Err(crate::error::CoreError::Busy(crate::arena::GateError::Busy { guards, .. }))
-            if !force =>
-        {
-            Err(HotplugError::Blocked {
-                locked: 0,
-                borrowed: guards,
-            })
-        }
+        Err(crate::device::error::CoreError::Busy(crate::device::error::GateError::Busy {
+            guards,
+            ..
+        })) if !force => Err(HotplugError::Blocked {
+            locked: 0,
+            borrowed: guards,
+        }),
         // Done, closed, or (forced) still busy: go on.
         _ => Ok(()),
     }

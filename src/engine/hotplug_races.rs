@@ -8,9 +8,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::arena::ArenaSpec;
-use crate::buf::Buf;
-use crate::core::{CoreConfig, StallPoint};
+use crate::device::arena::ArenaSpec;
+use crate::device::core::{CoreConfig, StallPoint};
+use crate::plumbing::buf::Buf;
 
 const SLOT: usize = 4096;
 const W: Duration = Duration::from_secs(30);
@@ -221,7 +221,7 @@ fn a_forced_migration_drops_lookup_locks() {
 /// its locks, and not yet taken them on the target): there it runs
 /// `submit_unlock(k)` on another thread and waits for it, up to 500 ms.
 fn unlock_in_the_hand_over(
-    t: &crate::core::DaxCore,
+    t: &crate::device::core::DaxCore,
     s: Arc<pool::Device>,
     e: Arc<Engine>,
     k: Key,

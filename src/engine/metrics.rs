@@ -47,7 +47,7 @@
 //! `Histogram::observe` takes a `Mutex` — a lock on the data path, which
 //! the engine does not take (engine module doc). So the counters are the
 //! engine's own atomics and the text is encoded by hand at scrape time
-//! ([`crate::metrics`]); `prometheus-client` is only a dev-dependency, the
+//! ([`crate::control::metrics`]); `prometheus-client` is only a dev-dependency, the
 //! baseline of that bench.
 
 #![forbid(unsafe_code)]
@@ -58,7 +58,7 @@ use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
-use super::task::TaskKind;
+use super::answer::TaskKind;
 use super::Engine;
 
 /// Upper bounds (`le`, seconds) of the task-duration histogram buckets:
@@ -518,7 +518,7 @@ impl MetricsSnapshot {
 
 impl Engine {
     /// The engine's counters summed now (a scrape; cold path). Encoded as
-    /// Prometheus text by [`crate::metrics::encode`].
+    /// Prometheus text by the control plane (`control::metrics::encode`).
     pub fn metrics(&self) -> MetricsSnapshot {
         let mut m = self.inner.metrics.snapshot();
         // ORDERING: Relaxed — statistics.
@@ -533,12 +533,6 @@ impl Engine {
     /// with how it ended.
     pub fn record_hotplug(&self, op: HotplugOp, outcome: HotplugOutcome) {
         self.inner.metrics.record_hotplug(op, outcome);
-    }
-
-    /// The engine's metrics in the Prometheus text format
-    /// ([`crate::metrics::encode`]).
-    pub fn metrics_text(&self) -> String {
-        crate::metrics::encode(self)
     }
 }
 

@@ -38,14 +38,14 @@
 //! | `result.rs` | results ([`StoreResult`], [`Bitmap`], [`LoadResult`]), [`Answer`], collecting and waiting |
 //! | `mod.rs` (here) | the [`Engine`] facade: open, status, delete, unlock, close |
 //!
-//! Dependencies run one way: the JSON config ([`crate::config`]) builds
+//! Dependencies run one way: the JSON config ([`crate::control::config`]) builds
 //! engine options and device specs; the engine never reads the config.
 //!
 //! ## Tasks and parts
 //!
 //! A task lives in a fixed table of `task_slots` records, allocated at
 //! start-up with room for `task_keys` keys and reused
-//! ([`crate::cell::Mailbox`]: filled by the submitter, read by workers and
+//! ([`crate::plumbing::cell::Mailbox`]: filled by the submitter, read by workers and
 //! pollers with a reader count, taken by one collector). A submit takes any
 //! free record from a lock-free free set ([`records::RecordSet`]) and the
 //! task id names it: `id = (sequence << bits) | record`, so one result left
@@ -140,7 +140,9 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
+mod answer;
 pub mod claims;
+mod collect;
 mod hotplug;
 #[cfg(all(test, debug_assertions, not(daxkv_loom)))]
 mod hotplug_races;
@@ -148,11 +150,11 @@ mod metrics;
 mod options;
 mod pool;
 pub mod records;
-mod result;
 mod submit;
 mod task;
 mod worker;
 
+pub use answer::{Answer, Bitmap, Lens, LoadResult, StoreResult, TaskId, TaskKind};
 pub use hotplug::{
     check_memfd_name, is_memfd_name, HotplugError, RemoveMode, RemoveReport, ResizeReport,
     ShrinkMode, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
@@ -163,9 +165,8 @@ pub use metrics::{
 };
 pub use options::{EngineOptions, Signal};
 pub use pool::{DeviceId, DeviceInfo, DeviceSpec, DeviceState, RawDevice};
-pub use result::{Answer, Bitmap, Lens, LoadResult, StoreResult};
 pub use submit::{Refused, Submitter, SPLIT_MIN_KEYS};
-pub use task::{TaskId, TaskKind, MAX_TABLE_KEYS};
+pub use task::MAX_TABLE_KEYS;
 
 use pool::DevicePool;
 use records::ReadySet;
@@ -173,11 +174,11 @@ use task::TaskTable;
 pub use worker::WorkerPlacement;
 use worker::{start_pool, stop_pool, WorkerPool};
 
-use crate::numa::affinity::{CpuPlan, ProcessCpus};
+use crate::host::numa::affinity::{CpuPlan, ProcessCpus};
 
-use crate::error::OpenError;
+use crate::device::error::OpenError;
 use crate::key::Key;
-use crate::ring::{Consumer, Cqe};
+use crate::plumbing::ring::{Consumer, Cqe};
 
 /// Callbacks for keys stored, accessed and deleted
 /// (docs/lmcache-dax-behavior.md §1.1). Called on worker threads (or the
@@ -277,7 +278,7 @@ pub enum EngineError {
         /// The device.
         id: u32,
         /// Why (the core's error).
-        source: crate::error::CoreError,
+        source: crate::device::error::CoreError,
     },
     /// A device failed to open.
     #[error("device {index}: {source}")]
@@ -394,7 +395,7 @@ fn live_json(
     index: usize,
     d: &pool::Device,
     state: DeviceState,
-    st: &crate::core::CoreStatus,
+    st: &crate::device::core::CoreStatus,
     inflight: &[usize],
 ) -> serde_json::Value {
     serde_json::json!({
@@ -432,7 +433,7 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     /// Map the devices and start the worker pools. Any failure releases
-    /// everything opened so far. (`crate::config::EngineConfig::open` opens
+    /// everything opened so far. (`crate::control::config::EngineConfig::open` opens
     /// one from LMCache's adapter JSON.)
     pub fn open(
         devices: Vec<DeviceSpec>,
@@ -667,8 +668,8 @@ impl Engine {
                             return;
                         }
                     }
-                    Err(crate::arena::TryEnterError::Closed) => {}
-                    Err(crate::arena::TryEnterError::Busy) => {
+                    Err(crate::device::arena::TryEnterError::Closed) => {}
+                    Err(crate::device::arena::TryEnterError::Busy) => {
                         busy = Some(d.clone());
                         break;
                     }
@@ -770,8 +771,8 @@ impl Engine {
                 // claim, wait for the remap, and do the key again.
                 match d.core().try_session() {
                     Ok(_held) => hit |= d.core().delete(k, false),
-                    Err(crate::arena::TryEnterError::Closed) => {}
-                    Err(crate::arena::TryEnterError::Busy) => {
+                    Err(crate::device::arena::TryEnterError::Closed) => {}
+                    Err(crate::device::arena::TryEnterError::Busy) => {
                         busy = Some(d.clone());
                         break;
                     }

@@ -1,14 +1,14 @@
 //! # Engine options: worker pools, spinning, the task table, signalling
 //!
 //! Plain values with LMCache's defaults; the JSON config
-//! ([`crate::config`]) builds them, and so may an embedding server.
+//! ([`crate::control::config`]) builds them, and so may an embedding server.
 
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
 
+use crate::host::numa::PlacementSource;
 use crate::key::Key;
-use crate::numa::PlacementSource;
 
 /// Worker pool sizes and behaviour.
 #[derive(Clone, Debug)]
@@ -44,11 +44,11 @@ pub struct EngineOptions {
     /// allowed set (not just the opening thread's CPUs). CPUs outside the
     /// process's set are dropped with a warning
     /// ([`Engine::placement_warnings`](super::Engine::placement_warnings));
-    /// `crate::numa::affinity` has the policy.
+    /// `crate::host::numa::affinity` has the policy.
     pub cpus: Vec<usize>,
     /// Which data chose `cpus` (HMAT, distance, an explicit list, or
     /// none); status reports it as `numa.source`. Set by
-    /// [`EngineConfig::options`](crate::config::EngineConfig::options).
+    /// [`EngineConfig::options`](crate::control::config::EngineConfig::options).
     pub cpus_source: PlacementSource,
     /// The NUMA node whose CPUs `cpus` are, when placement chose one
     /// (status: `numa.node`).

@@ -22,9 +22,9 @@ use arc_swap::{ArcSwap, Guard};
 
 use super::claims::ClaimTable;
 use super::{Engine, EngineError};
-use crate::arena::{ArenaSource, DeviceIdentity, TryEnterError};
-use crate::core::{CoreConfig, DaxCore, Session};
-use crate::error::PutError;
+use crate::device::arena::{ArenaSource, DeviceIdentity, TryEnterError};
+use crate::device::core::{CoreConfig, DaxCore, Session};
+use crate::device::error::PutError;
 use crate::key::Key;
 
 /// A device id: from 0, never reused.
@@ -137,7 +137,7 @@ impl Device {
     }
 
     /// Its state now: `Failed` once a SIGBUS in one of its copies failed
-    /// its mapping (`crate::fault`), whatever the control plane set, unless
+    /// its mapping (`crate::device::fault`), whatever the control plane set, unless
     /// it is a tombstone.
     pub fn state(&self) -> DeviceState {
         // ORDERING: Acquire — pairs with `set_state`.
@@ -213,8 +213,8 @@ pub struct RawDevice(Arc<Device>);
 impl RawDevice {
     /// A guard over the whole mapping that bypasses the slot states
     /// (`None` once the device is closed). See
-    /// [`DaxCore::raw_guard`](crate::core::DaxCore::raw_guard).
-    pub fn raw_guard(&self) -> Option<crate::arena::ArenaGuard<'_>> {
+    /// [`DaxCore::raw_guard`](crate::device::core::DaxCore::raw_guard).
+    pub fn raw_guard(&self) -> Option<crate::device::arena::ArenaGuard<'_>> {
         self.0.core.raw_guard()
     }
 
@@ -850,7 +850,7 @@ pub(super) fn store_one(
 mod tests {
     use super::super::EngineOptions;
     use super::*;
-    use crate::arena::ArenaSpec;
+    use crate::device::arena::ArenaSpec;
     use std::time::Duration;
 
     /// Key claims met the arena gate: a store holding key K's claim entered

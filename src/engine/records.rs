@@ -1,6 +1,6 @@
 //! # Task records: the free set, and completions popped before records free
 //!
-//! The task table is a fixed array of records ([`crate::cell::Mailbox`]).
+//! The task table is a fixed array of records ([`crate::plumbing::cell::Mailbox`]).
 //! A submit takes *any* free record from [`RecordSet`] (one bit per record,
 //! set while the record holds a task in flight or a result not yet
 //! collected) and names it in the task id: `id = (sequence << bits) |
@@ -64,7 +64,7 @@
 
 #![forbid(unsafe_code)]
 
-use crate::ring::{Consumer, Cqe, RingError};
+use crate::plumbing::ring::{Consumer, Cqe, RingError};
 use crate::sync::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// The free set of task records. See the module documentation.

@@ -20,18 +20,16 @@
 // path is a task id either way.
 #![allow(clippy::result_large_err)]
 
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 
-use crossbeam_queue::ArrayQueue;
-
-use super::task::{TaskId, TaskKind};
+use super::answer::{TaskId, TaskKind};
 use super::worker::WorkerPool;
 use super::{Engine, EngineError, Inner};
-use crate::buf::{Buf, Dsts, RawBuf};
 use crate::key::Key;
-use crate::notify::EventFd;
-use crate::ring::{Producer, PushError, Ring, Sqe};
+use crate::plumbing::buf::{Buf, Dsts, RawBuf};
+use crate::plumbing::notify::EventFd;
+use crate::plumbing::ring::{Producer, PushError, Ring, Sqe};
 
 /// Smallest part when a store or load task is split across workers.
 pub const SPLIT_MIN_KEYS: usize = 8;
@@ -202,7 +200,7 @@ impl Engine {
         )
     }
 
-    /// Load into caller memory (see [`crate::buf`] for the lifetime rule).
+    /// Load into caller memory (see [`crate::plumbing::buf`] for the lifetime rule).
     pub fn submit_load_raw(
         &self,
         keys: Vec<Key>,
@@ -389,43 +387,6 @@ fn push_sqe(sq: &mut Producer<Sqe>, wake: &EventFd, mut e: Sqe) {
     }
     if sq.sync() {
         let _ = wake.notify();
-    }
-}
-
-/// The shared submission queue of one worker: bounded lock-free MPMC
-/// (`&self` submitters from any thread, one consuming worker; a push is a
-/// CAS and allocates nothing) with the ring's NEED_WAKEUP handshake.
-pub(super) struct SharedSq {
-    pub(super) q: ArrayQueue<Sqe>,
-    /// Set by the worker before it sleeps (see `worker_loop`).
-    pub(super) need_wakeup: AtomicBool,
-}
-
-impl SharedSq {
-    /// An empty queue of `cap` entries.
-    pub(super) fn new(cap: usize) -> SharedSq {
-        SharedSq {
-            q: ArrayQueue::new(cap),
-            need_wakeup: AtomicBool::new(false),
-        }
-    }
-
-    /// Push and wake the worker if it asked. The queue holds `task_slots`
-    /// entries, more than can be in flight, so it is never full for long.
-    fn push(&self, wake: &EventFd, mut e: Sqe) {
-        while let Err(back) = self.q.push(e) {
-            e = back;
-            let _ = wake.notify();
-            std::thread::yield_now();
-        }
-        // ORDERING: SeqCst fence — the Dekker pair of the worker's fence
-        // between setting `need_wakeup` and re-checking the queue (the
-        // ring module's sleep / wake argument).
-        fence(Ordering::SeqCst);
-        // ORDERING: Relaxed — ordered by the fence above.
-        if self.need_wakeup.load(Ordering::Relaxed) {
-            let _ = wake.notify();
-        }
     }
 }
 

@@ -23,12 +23,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
+use super::answer::{Answer, Bitmap, Lens, TaskKind};
 use super::records::{Collect, RecordSet};
-use super::result::{Answer, Bitmap, Lens};
-use crate::buf::{Buf, Lent};
-use crate::cell::Mailbox;
 use crate::key::Key;
-use crate::ring::CAPACITY_MAX;
+use crate::plumbing::buf::{Buf, Lent};
+use crate::plumbing::cell::Mailbox;
+use crate::plumbing::ring::CAPACITY_MAX;
 
 /// Keys of preallocated room in the whole task table (`task_slots` ×
 /// `task_keys`): 16 M keys, 256 MiB of destination descriptors.
@@ -38,38 +38,6 @@ pub const MAX_TABLE_KEYS: usize = 1 << 24;
 // CQ's no-overflow argument, `records` module doc): `task_slots` is at most
 // `MAX_TABLE_KEYS` (each record holds at least one key).
 const _: () = assert!(MAX_TABLE_KEYS <= CAPACITY_MAX as usize);
-
-/// A task id: unique per engine, increasing, shared by stores, lookups and
-/// loads. Its low bits name the task's record in the table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId(pub u64);
-
-/// What a task does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TaskKind {
-    /// `submit_store`: copy sources into the pool.
-    Store,
-    /// `submit_lookup_and_lock`: find keys and take a read lock on each hit.
-    Lookup,
-    /// `submit_load` / `submit_load_raw`: copy stored payloads out.
-    Load,
-}
-
-impl TaskKind {
-    /// The pool (and completion ring, and eventfd) index of this kind.
-    pub(super) fn idx(self) -> usize {
-        self as usize
-    }
-
-    /// Lower-case name, as in `status()`.
-    pub fn name(self) -> &'static str {
-        match self {
-            TaskKind::Store => "store",
-            TaskKind::Lookup => "lookup",
-            TaskKind::Load => "load",
-        }
-    }
-}
 
 /// One task-table record. Allocated at start-up (with room for
 /// `task_keys` keys) and reused: a submit fills it, workers and pollers

@@ -27,15 +27,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crossbeam_queue::ArrayQueue;
+
+use super::answer::TaskKind;
 use super::pool::{store_one, Device, Stored, SESSION_DEVICES, STORE_ROUNDS_MAX};
-use super::submit::SharedSq;
-use super::task::{TaskKind, TaskRec, TaskSlot};
+use super::task::{TaskRec, TaskSlot};
 use super::{panic_message, EngineError, Inner, Signal};
-use crate::core::Session;
+use crate::device::core::Session;
+use crate::host::numa::affinity::{format_cpulist, last_cpu};
 use crate::key::Key;
-use crate::notify::EventFd;
-use crate::numa::affinity::{format_cpulist, last_cpu};
-use crate::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe};
+use crate::plumbing::notify::EventFd;
+use crate::plumbing::ring::{Consumer, Cqe, Producer, PushError, Ring, Sqe};
+use crate::sync::spin_pause;
 
 /// Keys a worker's lookup scratch holds without growing.
 const SCRATCH_KEYS: usize = 4096;
@@ -93,7 +96,7 @@ pub(super) fn start_pool(
     let waiters = Arc::new(AtomicUsize::new(0));
     let cap = (inner.opts.task_slots as u32)
         .next_power_of_two()
-        .clamp(64, crate::ring::CAPACITY_MAX);
+        .clamp(64, crate::plumbing::ring::CAPACITY_MAX);
     let mut shareds = Vec::new();
     let mut parts = Vec::new();
     let mut inboxes = Vec::new();
@@ -305,11 +308,11 @@ struct Placed {
 /// the worker runs on where it is.
 fn place_self(name: &str, mask: Option<Vec<usize>>) -> Placed {
     let error = mask.as_deref().and_then(|m| {
-        crate::sys::set_thread_cpus(m)
+        crate::host::sys::set_thread_cpus(m)
             .err()
             .map(|e| format!("could not set its CPUs to {}: {e}", format_cpulist(m)))
     });
-    let cpus = crate::sys::thread_cpus().unwrap_or_default();
+    let cpus = crate::host::sys::thread_cpus().unwrap_or_default();
     if let Some(e) = &error {
         log_line!(
             "daxkv: worker placement: {name}: {e}; it runs on CPUs {}",
@@ -318,25 +321,47 @@ fn place_self(name: &str, mask: Option<Vec<usize>>) -> Placed {
     }
     Placed {
         name: name.to_string(),
-        tid: crate::sys::gettid(),
+        tid: crate::host::sys::gettid(),
         mask,
         cpus,
         error,
     }
 }
 
-/// One step of a bounded spin. Every 32nd step yields the CPU: when the
-/// scheduler has put the waiter and the thread it waits for on the same
-/// (v)CPU, a pure spin would hold that CPU for the whole spin window while
-/// the other thread cannot run (seen here: each task then cost about twice
-/// the spin time). A yield costs well under a microsecond when nothing else
-/// is runnable.
-pub(super) fn spin_pause(spins: &mut u32) {
-    *spins = spins.wrapping_add(1);
-    if spins.is_multiple_of(32) {
-        std::thread::yield_now();
-    } else {
-        std::hint::spin_loop();
+/// The shared submission queue of one worker: bounded lock-free MPMC
+/// (`&self` submitters from any thread, one consuming worker; a push is a
+/// CAS and allocates nothing) with the ring's NEED_WAKEUP handshake.
+pub(super) struct SharedSq {
+    pub(super) q: ArrayQueue<Sqe>,
+    /// Set by the worker before it sleeps (see `worker_loop`).
+    pub(super) need_wakeup: AtomicBool,
+}
+
+impl SharedSq {
+    /// An empty queue of `cap` entries.
+    pub(super) fn new(cap: usize) -> SharedSq {
+        SharedSq {
+            q: ArrayQueue::new(cap),
+            need_wakeup: AtomicBool::new(false),
+        }
+    }
+
+    /// Push and wake the worker if it asked. The queue holds `task_slots`
+    /// entries, more than can be in flight, so it is never full for long.
+    pub(super) fn push(&self, wake: &EventFd, mut e: Sqe) {
+        while let Err(back) = self.q.push(e) {
+            e = back;
+            let _ = wake.notify();
+            std::thread::yield_now();
+        }
+        // ORDERING: SeqCst fence — the Dekker pair of the worker's fence
+        // between setting `need_wakeup` and re-checking the queue (the
+        // ring module's sleep / wake argument).
+        fence(Ordering::SeqCst);
+        // ORDERING: Relaxed — ordered by the fence above.
+        if self.need_wakeup.load(Ordering::Relaxed) {
+            let _ = wake.notify();
+        }
     }
 }
 

@@ -394,9 +394,9 @@ impl<E: Pod> Ring<E> {
     pub fn memfd(capacity: u32) -> Result<(Arc<Ring<E>>, std::fs::File), RingError> {
         check_capacity(capacity)?;
         let len = Self::shared_bytes(capacity);
-        let file = crate::sys::memfd_create_sealable("daxkv-ring").map_err(|e| io_err(&e))?;
+        let file = crate::host::sys::memfd_create_sealable("daxkv-ring").map_err(|e| io_err(&e))?;
         file.set_len(len as u64).map_err(|e| io_err(&e))?;
-        crate::sys::add_seals(
+        crate::host::sys::add_seals(
             &file,
             libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
         )
@@ -432,7 +432,7 @@ impl<E: Pod> Ring<E> {
         use std::os::unix::fs::FileExt;
         // Seals first: once F_SEAL_SHRINK is on it never comes off, so the
         // length read after it is a lower bound for good.
-        let seals = crate::sys::seals(file).map_err(|e| io_err(&e))?;
+        let seals = crate::host::sys::seals(file).map_err(|e| io_err(&e))?;
         if seals & libc::F_SEAL_SHRINK == 0 {
             return Err(RingError::Unsealed {
                 seals: seals as u32,
@@ -989,9 +989,9 @@ mod tests {
         let e = Ring::<u64>::attach(&fd).unwrap_err();
         assert!(e.to_string().contains("entry size 16, expected 8"), "{e}");
         let sealed = |len: u64| {
-            let f = crate::sys::memfd_create_sealable("junk").unwrap();
+            let f = crate::host::sys::memfd_create_sealable("junk").unwrap();
             f.set_len(len).unwrap();
-            crate::sys::add_seals(&f, libc::F_SEAL_SHRINK).unwrap();
+            crate::host::sys::add_seals(&f, libc::F_SEAL_SHRINK).unwrap();
             f
         };
         assert!(matches!(
@@ -1002,7 +1002,7 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("smaller than the header"));
-        let unsealed = crate::sys::memfd_create("unsealed").unwrap();
+        let unsealed = crate::host::sys::memfd_create("unsealed").unwrap();
         unsealed.set_len(4096).unwrap();
         assert!(matches!(
             Ring::<Sqe>::attach(&unsealed),

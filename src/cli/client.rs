@@ -97,7 +97,7 @@ pub enum ClientError {
 /// stdout goes away (`daxkv status | head -1`) instead of panicking in
 /// `println!`. Not for a server: a peer closing a socket must not kill it.
 pub fn quiet_on_closed_stdout() {
-    crate::sys::default_sigpipe();
+    crate::host::sys::default_sigpipe();
 }
 
 /// The authority (`host:port`) of a `--server` value: `host:port` or

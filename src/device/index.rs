@@ -45,8 +45,8 @@
 
 use crate::sync::{fence, AtomicU64, AtomicU8, Ordering};
 
+use crate::device::slot::SlotId;
 use crate::key::Key;
-use crate::slot::SlotId;
 
 /// The longest probe run an insert may use from a key's home bucket. With a
 /// live load factor of 1/2 a run this long and full of live keys has
@@ -129,8 +129,8 @@ impl Index {
     pub fn try_with_slots(slots: usize) -> Option<Index> {
         let n = Index::buckets_for(slots);
         Some(Index {
-            buckets: crate::memlimit::try_boxed(n, || AtomicU64::new(0))?,
-            hints: crate::memlimit::try_boxed(n, || AtomicU8::new(0))?,
+            buckets: crate::host::memlimit::try_boxed(n, || AtomicU64::new(0))?,
+            hints: crate::host::memlimit::try_boxed(n, || AtomicU8::new(0))?,
         })
     }
 

@@ -15,7 +15,7 @@
 //! | [`DeviceClass::Unbound`] | char device, subsystem `dax`, no driver |
 //! | [`DeviceClass::Unknown`] | subsystem `dax` with another driver, or a `stat` that failed other than "not found" |
 //! | [`DeviceClass::Tmpfs`] | regular file whose `statfs` type is `TMPFS_MAGIC` (`/dev/shm`) |
-//! | [`DeviceClass::RegularFile`] | a regular file on another allowed file system ([`crate::fstype`]: ext4, xfs, hugetlbfs, …) |
+//! | [`DeviceClass::RegularFile`] | a regular file on another allowed file system ([`crate::host::fstype`]: ext4, xfs, hugetlbfs, …) |
 //! | [`DeviceClass::NotADevice`] | another char device (`/dev/null`: subsystem `mem`), a char device with no sysfs entry, a block device, a directory, a fifo, a socket, a regular file on a file system off the allow-list (sysfs, procfs, debugfs pseudo-files) |
 //! | [`DeviceClass::Absent`] | nothing at the path (or a dangling symbolic link) |
 //!
@@ -72,8 +72,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::arena::DEFAULT_DEVDAX_ALIGN_BYTES;
-use crate::sys;
+use crate::host::devdax;
+pub use crate::host::devdax::DEFAULT_DEVDAX_ALIGN_BYTES;
+use crate::host::sys;
 
 /// Where sysfs is mounted on a real machine.
 pub const DEFAULT_SYSFS_ROOT: &str = "/sys";
@@ -212,9 +213,9 @@ pub fn probe(path: &Path, sysfs_root: &Path) -> Probe {
                 p.class = DeviceClass::Tmpfs;
                 "on tmpfs".to_string()
             }
-            Ok(m) if crate::fstype::is_allowed(m) => {
+            Ok(m) if crate::host::fstype::is_allowed(m) => {
                 p.class = DeviceClass::RegularFile;
-                format!("on {}", crate::fstype::describe(m))
+                format!("on {}", crate::host::fstype::describe(m))
             }
             Ok(m) => {
                 // sysfs / procfs / debugfs pseudo-files are regular files
@@ -223,7 +224,7 @@ pub fn probe(path: &Path, sysfs_root: &Path) -> Probe {
                 p.detail = format!(
                     "a file on {}, not memory: only files on tmpfs, hugetlbfs or a disk \
                      file system are mapped",
-                    crate::fstype::describe(m)
+                    crate::host::fstype::describe(m)
                 );
                 return p;
             }
@@ -265,7 +266,7 @@ fn probe_char(p: &mut Probe, rdev: u64, root: &Path) {
     let (maj, min) = sys::major_minor(rdev);
     p.major = Some(maj);
     p.minor = Some(min);
-    let entry = root.join("dev/char").join(format!("{maj}:{min}"));
+    let entry = devdax::char_dir(root, rdev);
     if !entry.is_dir() {
         p.class = DeviceClass::NotADevice;
         p.detail = format!(
@@ -387,15 +388,9 @@ fn read_attr(dir: &Path, attrs: &[&str]) -> Option<u64> {
     attrs.iter().find_map(|a| read_u64(&dir.join(a)))
 }
 
-/// A sysfs number: decimal, or hex with `0x` (as `arena::devdax_attr`
-/// accepts).
+/// A sysfs number ([`devdax::parse_number`]).
 fn read_u64(file: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(file).ok()?;
-    let t = text.trim();
-    match t.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => t.parse().ok(),
-    }
+    devdax::parse_number(&std::fs::read_to_string(file).ok()?).ok()
 }
 
 /// Bytes in binary units, exact when they divide ("2 MiB"), else bytes.

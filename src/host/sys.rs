@@ -1,4 +1,8 @@
-//! Thin syscall wrappers (the only `unsafe` outside `arena` and `copy`).
+//! # Thin syscall wrappers
+//!
+//! `memfd_create` and seals, device numbers, `statfs`, thread affinity, the
+//! page size and `SIGPIPE`: each a safe function around one libc call. The
+//! host layer's only unsafe code (the layer rule, docs/design.md §3).
 
 use std::ffi::CString;
 use std::fs::File;

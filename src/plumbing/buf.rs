@@ -39,7 +39,7 @@ use std::sync::Arc;
 /// Safe code cannot get two live `&mut` to its bytes:
 ///
 /// ```compile_fail,E0499
-/// # use daxkv::buf::RawBuf;
+/// # use daxkv::plumbing::buf::RawBuf;
 /// let mut v = vec![0u8; 4];
 /// // SAFETY: `v` outlives `r` and is touched only through it.
 /// let mut r = unsafe { RawBuf::new(v.as_mut_ptr(), v.len()) };
@@ -157,7 +157,7 @@ impl Dsts {
 /// one `&mut` at a time:
 ///
 /// ```compile_fail,E0499
-/// # use daxkv::buf::{Dsts, Lent};
+/// # use daxkv::plumbing::buf::{Dsts, Lent};
 /// let mut lent = Lent::default();
 /// lent.lend(Dsts::Owned(vec![vec![0u8; 4]]));
 /// let mut part = lent.claim(0, 1).unwrap();
@@ -168,7 +168,7 @@ impl Dsts {
 /// ```
 ///
 /// ```
-/// # use daxkv::buf::{Dsts, Lent};
+/// # use daxkv::plumbing::buf::{Dsts, Lent};
 /// let mut lent = Lent::default();
 /// lent.lend(Dsts::Owned(vec![vec![0u8; 4]; 3]));
 /// let mut first = lent.claim(0, 2).unwrap();
@@ -183,7 +183,7 @@ impl Dsts {
 /// issue 8, defect 11, no longer compiles):
 ///
 /// ```compile_fail
-/// # use daxkv::buf::{Dsts, Lent};
+/// # use daxkv::plumbing::buf::{Dsts, Lent};
 /// let mut lent = Lent::default();
 /// lent.lend(Dsts::Owned(vec![vec![0u8; 4]]));
 /// let a = lent.bufs()[0].as_mut_slice();

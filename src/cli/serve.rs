@@ -3,7 +3,7 @@
 //! Opens the engine from a config file (LMCache's adapter JSON, or the
 //! same keys in TOML) or from the embedded default (one memfd device of
 //! 1 GiB in 2 MiB slots, hotplug on), registers its DAX backend with the
-//! HTTP control plane ([`crate::http`]) on loopback, logs what it mapped
+//! HTTP control plane ([`crate::control::http`]) on loopback, logs what it mapped
 //! and where its workers run, and with `traffic` runs the bench workload
 //! against its own engine (bytes verified) so hotplug can be watched under
 //! load in `/metrics`. [`Server::stop`] shuts down in order: traffic, HTTP,
@@ -23,12 +23,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::buf::Buf;
-use crate::config::EngineConfig;
+use crate::control::config::EngineConfig;
+use crate::control::http::{HttpConfig, HttpHooks, HttpServer};
+use crate::control::reconfigure::{DaxReconfigure, Registry};
 use crate::engine::{Answer, Engine};
-use crate::http::{HttpConfig, HttpHooks, HttpServer};
 use crate::key::Key;
-use crate::reconfigure::{DaxReconfigure, Registry};
+use crate::plumbing::buf::Buf;
 
 /// The default control-plane address.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8765";
@@ -67,7 +67,7 @@ pub enum ServeError {
     Engine(#[from] crate::engine::EngineError),
     /// The control plane did not start.
     #[error("http: {0}")]
-    Http(#[from] crate::http::HttpError),
+    Http(#[from] crate::control::http::HttpError),
 }
 
 /// The largest config file read: a real one is a few hundred bytes. A
@@ -265,7 +265,7 @@ impl Prepared {
             let (engine, stats) = (engine.clone(), stats.clone());
             let traffic = cfg.traffic;
             Arc::new(move || {
-                let mut text = crate::metrics::encode(&engine);
+                let mut text = crate::control::metrics::encode(&engine);
                 if traffic {
                     text.push_str(&traffic_metrics(&stats));
                 }
@@ -281,7 +281,7 @@ impl Prepared {
             health: Some(health),
             owners: None,
         };
-        let http = crate::http::serve(cfg.http.clone(), registry, hooks)?;
+        let http = crate::control::http::serve(cfg.http.clone(), registry, hooks)?;
         tracing::info!(addr = %http.local_addr(), "control plane listening");
         let traffic = cfg.traffic.then(|| start_traffic(engine.clone(), stats));
         Ok(Server {
@@ -352,7 +352,7 @@ fn log_engine(e: &Engine) {
         cpus = %st["numa"]["cpus"],
         placement = %st["numa"]["source"],
         node = %st["numa"]["node"],
-        process_cpus = %crate::numa::affinity::format_cpulist(
+        process_cpus = %crate::host::numa::affinity::format_cpulist(
             &serde_json::from_value::<Vec<usize>>(st["numa"]["process_cpus"].clone())
                 .unwrap_or_default()
         ),
@@ -363,7 +363,7 @@ fn log_engine(e: &Engine) {
         tracing::info!(
             worker = %w.name,
             tid = w.tid,
-            cpus = %crate::numa::affinity::format_cpulist(&w.cpus),
+            cpus = %crate::host::numa::affinity::format_cpulist(&w.cpus),
             last_cpu = %w.last_cpu.map_or_else(|| "?".to_string(), |c| c.to_string()),
             "worker placed"
         );
@@ -400,7 +400,7 @@ fn traffic_metrics(stats: &TrafficStats) -> String {
 /// Bytes of object `i` of round `r` (the bench's source pattern).
 fn pattern(r: u64, i: usize, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
-    crate::bench::fill(&mut v, (r << 20) as usize | i);
+    crate::cli::bench::fill(&mut v, (r << 20) as usize | i);
     v
 }
 
@@ -462,8 +462,8 @@ fn start_traffic(engine: Arc<Engine>, stats: Arc<TrafficStats>) -> Traffic {
 }
 
 /// One HTTP/1.1 request to `server` (`host:port`, or `http://host:port`):
-/// `(status, body)`, within [`crate::client::DEFAULT_TIMEOUT`] and
-/// [`crate::client::MAX_ANSWER_BYTES`]. See [`crate::client::Client`].
+/// `(status, body)`, within [`crate::cli::client::DEFAULT_TIMEOUT`] and
+/// [`crate::cli::client::MAX_ANSWER_BYTES`]. See [`crate::cli::client::Client`].
 pub fn request(
     server: &str,
     method: &str,
@@ -471,10 +471,10 @@ pub fn request(
     body: Option<&Value>,
     token: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
-    crate::client::Client::new(server, token, crate::client::DEFAULT_TIMEOUT)
+    crate::cli::client::Client::new(server, token, crate::cli::client::DEFAULT_TIMEOUT)
         .and_then(|c| c.request(method, path, body))
         .map_err(|e| match e {
-            crate::client::ClientError::Connect { error, .. } => error,
+            crate::cli::client::ClientError::Connect { error, .. } => error,
             e => std::io::Error::other(e.to_string()),
         })
 }
@@ -539,13 +539,13 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
 /// starts afterwards: call it first in `main`, so that
 /// [`wait_for_shutdown_signal`] takes them and no worker dies of them.
 pub fn block_shutdown_signals() -> std::io::Result<()> {
-    crate::sys::block_signals(&[libc::SIGINT, libc::SIGTERM])
+    crate::host::sys::block_signals(&[libc::SIGINT, libc::SIGTERM])
 }
 
 /// Wait for SIGINT or SIGTERM (blocked with [`block_shutdown_signals`]);
 /// returns its name.
 pub fn wait_for_shutdown_signal() -> std::io::Result<&'static str> {
-    let s = crate::sys::wait_signal(&[libc::SIGINT, libc::SIGTERM])?;
+    let s = crate::host::sys::wait_signal(&[libc::SIGINT, libc::SIGTERM])?;
     Ok(signal_name(s))
 }
 
@@ -593,7 +593,7 @@ impl ShutdownSignals {
         std::thread::Builder::new()
             .name("daxkv-signals".into())
             .spawn(move || loop {
-                let Ok(sig) = crate::sys::wait_signal(&[libc::SIGINT, libc::SIGTERM]) else {
+                let Ok(sig) = crate::host::sys::wait_signal(&[libc::SIGINT, libc::SIGTERM]) else {
                     continue;
                 };
                 let phase = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -1,6 +1,6 @@
 //! # The caller memory of an FFI face's tasks in flight
 //!
-//! The engine's [`RawBuf`](crate::buf::RawBuf) contract is that a
+//! The engine's [`RawBuf`](crate::plumbing::buf::RawBuf) contract is that a
 //! descriptor's bytes are reached only through it while its task runs.
 //! A foreign caller (the Python connector) can break that with nothing
 //! but safe calls of its own language: the same

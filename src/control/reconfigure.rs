@@ -174,7 +174,7 @@ impl DaxReconfigure {
     }
 
     /// The DAX backend of `engine` gated by the device probe
-    /// ([`crate::probe`]) read under `sysfs_root`: a kmem-bound, unbound,
+    /// ([`crate::host::probe`]) read under `sysfs_root`: a kmem-bound, unbound,
     /// too small or misaligned device is refused before it is mapped or
     /// grown, with the probe's reason.
     pub fn probing(
@@ -182,11 +182,11 @@ impl DaxReconfigure {
         sysfs_root: std::path::PathBuf,
     ) -> DaxReconfigure {
         DaxReconfigure::new(engine, move |path, bytes, grow| {
-            let p = crate::probe::probe(path, &sysfs_root);
+            let p = crate::host::probe::probe(path, &sysfs_root);
             if grow {
-                crate::probe::check_grow(&p, bytes as u64)
+                crate::host::probe::check_grow(&p, bytes as u64)
             } else {
-                crate::probe::check_add(&p, bytes as u64)
+                crate::host::probe::check_add(&p, bytes as u64)
             }
         })
     }

@@ -89,7 +89,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::reconfigure::{ReconfigureError, Registry};
+use crate::control::reconfigure::{ReconfigureError, Registry};
 use schema::{Accepted, Refusal};
 pub use size::{parse_size, MAX_SIZE_CHARS};
 
@@ -234,7 +234,7 @@ pub struct HttpHooks {
     /// `/health`'s verdict; `None` is always healthy.
     pub health: Option<HealthFn>,
     /// Other owners of a device path, handed to
-    /// [`Reconfigurable::reconfigure`](crate::reconfigure::Reconfigurable::reconfigure);
+    /// [`Reconfigurable::reconfigure`](crate::control::reconfigure::Reconfigurable::reconfigure);
     /// `None` reports none.
     pub owners: Option<OwnersFn>,
 }

@@ -75,15 +75,26 @@ const REFUSED: [(i64, &str); 16] = [
 /// The `f_type` of the file system holding `path` (`statfs`; nothing is
 /// opened).
 pub fn of_path(path: &std::path::Path) -> std::io::Result<i64> {
-    crate::sys::fs_magic(path)
+    crate::host::sys::fs_magic(path)
+}
+
+/// A regular file on a file system off the allow-list: the message of
+/// the device layer's `OpenError::FileSystem`, which carries these fields.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: a file on {fs} is not memory; a device file must be on tmpfs, hugetlbfs or a disk file system (ext4, xfs, btrfs, …), or be a device-DAX node")]
+pub struct NotMemory {
+    /// The path given.
+    pub path: std::path::PathBuf,
+    /// The file system's name and `f_type` ([`describe`]).
+    pub fs: String,
 }
 
 /// Refuse a regular file at `path` on a file system off the allow-list:
 /// the arena's own message (naming the path and the file system), for
 /// faces that check before they open (`daxkv bench`'s preflight).
-pub fn check_path(path: &std::path::Path) -> Result<(), crate::error::OpenError> {
+pub fn check_path(path: &std::path::Path) -> Result<(), NotMemory> {
     match of_path(path) {
-        Ok(m) if !is_allowed(m) => Err(crate::error::OpenError::FileSystem {
+        Ok(m) if !is_allowed(m) => Err(NotMemory {
             path: path.into(),
             fs: describe(m),
         }),

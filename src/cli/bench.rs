@@ -50,12 +50,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use crate::arena::{ArenaGuard, ArenaSource, ArenaSpec};
-use crate::buf::Buf;
-use crate::core::CoreConfig;
+use crate::device::arena::{ArenaGuard, ArenaSource, ArenaSpec};
+use crate::device::core::CoreConfig;
 use crate::engine::{DeviceSpec, Engine, EngineOptions, Signal, TaskId, WorkerPlacement};
 use crate::key::Key;
-use crate::notify::EventFd;
+use crate::plumbing::buf::Buf;
+use crate::plumbing::notify::EventFd;
 
 /// Keys per task.
 pub const TASK_KEYS: usize = 16;
@@ -189,7 +189,7 @@ impl RanOn {
     /// The read-back placement in words, saying which workers shared (or,
     /// unpinned, could share) the caller's CPU.
     pub fn line(&self) -> String {
-        use crate::numa::affinity::format_cpulist;
+        use crate::host::numa::affinity::format_cpulist;
         let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
         for w in &self.workers {
             let cpus = format_cpulist(&w.cpus);
@@ -248,15 +248,15 @@ struct Pinned {
 
 impl Pinned {
     fn new(cpu: usize) -> Option<Pinned> {
-        let old = crate::sys::thread_affinity().ok()?;
-        crate::sys::pin_thread(cpu).ok()?;
+        let old = crate::host::sys::thread_affinity().ok()?;
+        crate::host::sys::pin_thread(cpu).ok()?;
         Some(Pinned { old })
     }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        let _ = crate::sys::set_thread_affinity(&self.old);
+        let _ = crate::host::sys::set_thread_affinity(&self.old);
     }
 }
 
@@ -500,7 +500,7 @@ pub struct Report {
 pub enum BenchError {
     #[error("{0}")]
     /// A device could not be opened.
-    Open(#[from] crate::error::OpenError),
+    Open(#[from] crate::device::error::OpenError),
     /// Refused before anything ran (a check of the options or the machine).
     #[error("{0}")]
     Check(String),
@@ -535,12 +535,12 @@ fn machine() -> (String, usize, usize) {
 }
 
 /// The copy kernel in words.
-pub fn kernel_description(k: crate::copy::Kernel) -> &'static str {
+pub fn kernel_description(k: crate::device::copy::Kernel) -> &'static str {
     match k {
-        crate::copy::Kernel::Avx512 => "AVX-512 non-temporal stores",
-        crate::copy::Kernel::Avx2 => "AVX2 non-temporal stores",
-        crate::copy::Kernel::Sse2 => "SSE2 non-temporal stores",
-        crate::copy::Kernel::Portable => "portable copy (no streaming stores)",
+        crate::device::copy::Kernel::Avx512 => "AVX-512 non-temporal stores",
+        crate::device::copy::Kernel::Avx2 => "AVX2 non-temporal stores",
+        crate::device::copy::Kernel::Sse2 => "SSE2 non-temporal stores",
+        crate::device::copy::Kernel::Portable => "portable copy (no streaming stores)",
     }
 }
 
@@ -802,7 +802,7 @@ pub fn preflight(cfg: &BenchConfig) -> Result<(), BenchError> {
             PathKind::File { .. } => {
                 // sysfs / procfs pseudo-files: refused before anything runs
                 // (the arena's open refuses them too).
-                crate::fstype::check_path(p).map_err(|e| BenchError::Check(e.to_string()))?;
+                crate::host::fstype::check_path(p).map_err(|e| BenchError::Check(e.to_string()))?;
             }
             _ => {}
         }
@@ -925,7 +925,7 @@ fn raw_pass(
     };
     if threads == 1 && cpus.is_empty() {
         if ran_on.borrow().is_empty() {
-            *ran_on.borrow_mut() = vec![crate::sys::thread_cpus().unwrap_or_default()];
+            *ran_on.borrow_mut() = vec![crate::host::sys::thread_cpus().unwrap_or_default()];
         }
         let t = Instant::now();
         copy(0, dests)?;
@@ -947,9 +947,9 @@ fn raw_pass(
                     // Where the engine's worker `k` runs: the limit is
                     // measured on the same CPU as the work it bounds.
                     // A failure shows in the CPUs read back (`RanOn`).
-                    let _ = crate::sys::pin_thread(cpu);
+                    let _ = crate::host::sys::pin_thread(cpu);
                 }
-                let on = crate::sys::thread_cpus().unwrap_or_default();
+                let on = crate::host::sys::thread_cpus().unwrap_or_default();
                 barrier.wait();
                 let start = Instant::now();
                 copy(lo, part).map(|()| (start, Instant::now(), on))
@@ -1117,7 +1117,7 @@ pub fn run(
 ) -> Result<Report, BenchError> {
     preflight(cfg)?;
     let (cpu, cores, numa_nodes) = machine();
-    let kernel = crate::copy::selected();
+    let kernel = crate::device::copy::selected();
     // How each path is opened, decided once: a file this run creates stays
     // `CreateFile` for every size (a later, larger size grows it) and is
     // removed when the run ends; with `create`, an existing regular file
@@ -1163,8 +1163,8 @@ pub fn run(
         limits: Vec::new(),
         results: Vec::new(),
     };
-    let allowed = crate::sys::thread_affinity()
-        .map(|s| crate::sys::cpus_of(&s))
+    let allowed = crate::host::sys::thread_affinity()
+        .map(|s| crate::host::sys::cpus_of(&s))
         .unwrap_or_default();
     let placement = Placement::choose(cfg, &allowed);
     // Pinned for the run only: the caller's mask comes back on return.
@@ -1496,8 +1496,8 @@ fn run_size(
     // Read back before close: the CPU each worker last ran on is where it
     // ran the phases.
     let ran_on = RanOn {
-        caller: crate::sys::thread_cpus().unwrap_or_default(),
-        caller_last_cpu: crate::sys::current_cpu(),
+        caller: crate::host::sys::thread_cpus().unwrap_or_default(),
+        caller_last_cpu: crate::host::sys::current_cpu(),
         workers: engine.worker_placement(),
         raw_copies: raw_cpus.take(),
     };
@@ -1816,7 +1816,7 @@ impl Report {
 pub fn parse_size(s: &str) -> Option<usize> {
     // One grammar for every size the project reads: the control plane's
     // (docs/lmcache-dax-behavior.md §5.4, exact on integers).
-    crate::http::parse_size(s).and_then(|n| usize::try_from(n).ok())
+    crate::control::http::parse_size(s).and_then(|n| usize::try_from(n).ok())
 }
 
 #[cfg(test)]

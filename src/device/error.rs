@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Opening or mapping an arena (cold path).
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +34,7 @@ pub enum OpenError {
     },
     #[error("arena of {slots} slots is too large (at most {max} slots)")]
     /// The largest size the arena can grow to holds more slots than the
-    /// index can address ([`crate::index::SLOT_MAX`]).
+    /// index can address ([`crate::device::index::SLOT_MAX`]).
     TooManySlots {
         /// Slots at the arena's largest size.
         slots: usize,
@@ -60,14 +61,14 @@ pub enum OpenError {
         /// What it is instead (e.g. "block device", "fifo").
         kind: &'static str,
     },
-    #[error("{path}: a file on {fs} is not memory; a device file must be on tmpfs, hugetlbfs or a disk file system (ext4, xfs, btrfs, …), or be a device-DAX node")]
+    #[error("{}", crate::host::fstype::NotMemory { path: path.clone(), fs: fs.clone() })]
     /// A regular file on a file system that is not on the allow-list
-    /// ([`crate::fstype`]): sysfs, procfs, debugfs and other pseudo-files
+    /// ([`crate::host::fstype`]): sysfs, procfs, debugfs and other pseudo-files
     /// are never mapped.
     FileSystem {
         /// The path given.
         path: PathBuf,
-        /// The file system's name and `f_type` ([`crate::fstype::describe`]).
+        /// The file system's name and `f_type` ([`crate::host::fstype::describe`]).
         fs: String,
     },
     #[error(
@@ -146,7 +147,7 @@ pub enum OpenError {
     },
     #[error("{what}: cannot grow to {requested_bytes} bytes: the device's slot tables were sized when it was added for at most {max_bytes} bytes (max_size_bytes at add; by default a memfd's size × 4, a file's or device's length then); remove it and add it again with a larger max_size_bytes")]
     /// A remap asked for more than the arena's largest size
-    /// ([`crate::arena::ArenaSpec::max_size_bytes`], or what the device or
+    /// ([`crate::device::arena::ArenaSpec::max_size_bytes`], or what the device or
     /// file holds).
     BeyondCapacity {
         /// The arena's description.
@@ -159,10 +160,10 @@ pub enum OpenError {
     /// The arena is closed.
     #[error("arena is closed")]
     Closed,
-    #[error("{what} of {bytes} bytes exceeds the memory this process may still use: {limit_bytes} bytes ({limit})")]
+    #[error("{}", crate::host::memlimit::OverLimit { what: what.clone(), bytes: *bytes, limit_bytes: *limit_bytes, limit: limit.clone() })]
     /// A memfd or a device's slot tables would not fit the memory the
     /// process may use (`MemAvailable`, or its cgroup's limit minus usage;
-    /// [`crate::memlimit`]).
+    /// [`crate::host::memlimit`]).
     MemoryLimit {
         /// What was to be allocated ("memfd", "slot tables for N slots").
         what: String,
@@ -193,7 +194,7 @@ pub enum OpenError {
         file_bytes: u64,
     },
     #[error("{what}: cannot watch the mapping for SIGBUS: {max} mappings are already watched")]
-    /// The SIGBUS registry ([`crate::fault`]) has no free entry.
+    /// The SIGBUS registry ([`crate::device::fault`]) has no free entry.
     Watch {
         /// The arena's description.
         what: String,
@@ -218,7 +219,7 @@ pub enum PutError {
     #[error("no free slots available; eviction required")]
     Full,
     #[error("the index has no free bucket near this key's home (it is sized for the arena; this is a bug if the arena is not full)")]
-    /// The index found no free bucket within [`crate::index::PROBE_MAX`]
+    /// The index found no free bucket within [`crate::device::index::PROBE_MAX`]
     /// of the key's home; with the index sized at two buckets per slot this
     /// is practically unreachable unless the arena is full.
     IndexFull,
@@ -270,5 +271,41 @@ pub enum CoreError {
     /// The arena's users did not drain within its drain timeout (or a
     /// remap is already running); nothing changed.
     #[error("remap not done: {0}")]
-    Busy(crate::arena::GateError),
+    Busy(GateError),
+}
+
+impl From<crate::host::memlimit::OverLimit> for OpenError {
+    fn from(e: crate::host::memlimit::OverLimit) -> Self {
+        OpenError::MemoryLimit {
+            what: e.what,
+            bytes: e.bytes,
+            limit_bytes: e.limit_bytes,
+            limit: e.limit,
+        }
+    }
+}
+
+/// Why [`Arena::exclusive`](crate::device::arena::Arena::exclusive) ran nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GateError {
+    /// The arena is closing or closed.
+    #[error("the arena is closed")]
+    Closed,
+    /// Guards were still alive when the drain timeout ran out.
+    #[error("{guards} users still held the mapping after {waited:?}; nothing was changed")]
+    Busy {
+        /// Guards alive when it gave up.
+        guards: usize,
+        /// How long it waited.
+        waited: Duration,
+    },
+}
+
+impl From<crate::host::fstype::NotMemory> for OpenError {
+    fn from(e: crate::host::fstype::NotMemory) -> Self {
+        OpenError::FileSystem {
+            path: e.path,
+            fs: e.fs,
+        }
+    }
 }

@@ -25,8 +25,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::error::OpenError;
-
 /// The memfds this process has open (weakly: a closed one drops out), so
 /// that a new memfd is checked against the memory the earlier ones may
 /// still take when they are touched (their size less their resident
@@ -164,11 +162,26 @@ pub fn headroom(roots: &MemRoots) -> Option<Headroom> {
     best
 }
 
+/// An allocation that would not fit the memory the process may still
+/// use: the device layer's `OpenError::MemoryLimit` carries these fields.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} of {bytes} bytes exceeds the memory this process may still use: {limit_bytes} bytes ({limit})")]
+pub struct OverLimit {
+    /// What was to be allocated ("memfd", "slot tables for N slots").
+    pub what: String,
+    /// Bytes asked for.
+    pub bytes: usize,
+    /// Bytes the process may still take.
+    pub limit_bytes: u64,
+    /// Which limit that is.
+    pub limit: String,
+}
+
 /// Refuse `bytes` of `what` (a memfd, slot tables) if it exceeds the
 /// memory the process may still use ([`headroom`]).
-pub fn check(what: &str, bytes: usize, roots: &MemRoots) -> Result<(), OpenError> {
+pub fn check(what: &str, bytes: usize, roots: &MemRoots) -> Result<(), OverLimit> {
     match headroom(roots) {
-        Some(h) if bytes as u64 > h.bytes => Err(OpenError::MemoryLimit {
+        Some(h) if bytes as u64 > h.bytes => Err(OverLimit {
             what: what.to_string(),
             bytes,
             limit_bytes: h.bytes,
@@ -222,7 +235,7 @@ impl Drop for MemfdReservation {
 /// lock: checked and promised separately, two opens at once each fitted
 /// on their own and both opened
 /// (`tests/device_limits.rs::memfds_opened_at_once_are_checked_together`).
-pub fn check_memfd(bytes: usize, roots: &MemRoots) -> Result<MemfdReservation, OpenError> {
+pub fn check_memfd(bytes: usize, roots: &MemRoots) -> Result<MemfdReservation, OverLimit> {
     let Some(h) = headroom(roots) else {
         return Ok(MemfdReservation { bytes: 0 });
     };
@@ -230,7 +243,7 @@ pub fn check_memfd(bytes: usize, roots: &MemRoots) -> Result<MemfdReservation, O
     let promised = memfds_untouched(&mut m).saturating_add(m.pending);
     let left = h.bytes.saturating_sub(promised);
     if bytes as u64 > left {
-        return Err(OpenError::MemoryLimit {
+        return Err(OverLimit {
             what: "memfd".into(),
             bytes,
             limit_bytes: left,

@@ -24,7 +24,7 @@ pub const MAX_SIZE_CHARS: usize = 64;
 /// message that never echoes the input.
 ///
 /// ```
-/// use daxkv::http::parse_size;
+/// use daxkv::control::http::parse_size;
 /// assert_eq!(parse_size("2GiB"), Some(2_147_483_648));
 /// assert_eq!(parse_size(" 1.5 gib "), Some(1_610_612_736));
 /// assert_eq!(parse_size("4096"), Some(4096));

@@ -522,7 +522,7 @@ impl Bitmap {
     /// [`Bitmap::new`], or `None` if it cannot be allocated.
     pub fn try_new(bits: usize, available: usize) -> Option<Bitmap> {
         let n = bits.div_ceil(64).max(1);
-        let words = crate::memlimit::try_boxed(n, || AtomicU64::new(0))?;
+        let words = crate::host::memlimit::try_boxed(n, || AtomicU64::new(0))?;
         let b = Bitmap {
             words,
             hint: AtomicUsize::new(0),

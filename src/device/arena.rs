@@ -83,18 +83,16 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::copy;
-use crate::error::OpenError;
-use crate::fault;
-use crate::memlimit::{self, MemRoots};
-use crate::sys;
+use crate::device::copy;
+use crate::device::error::{GateError, OpenError};
+use crate::device::fault;
+use crate::host::devdax::{self, DEFAULT_DEVDAX_ALIGN_BYTES};
+use crate::host::memlimit::{self, MemRoots};
+use crate::host::sys;
 
 const COUNT_MASK: u64 = (1 << 48) - 1;
 const EXCLUSIVE: u64 = 1 << 62;
 const CLOSED: u64 = 1 << 63;
-
-/// Device-dax alignment assumed when sysfs has no `align` attribute.
-pub const DEFAULT_DEVDAX_ALIGN_BYTES: usize = 2 << 20;
 
 /// Distinct arenas one thread can hold guards on and still re-enter while
 /// a remap is pending (module doc, "Nested guards").
@@ -184,7 +182,7 @@ pub struct ArenaSpec {
     /// Where sysfs lives (a fake root in tests).
     pub sysfs_root: PathBuf,
     /// Where the memory limits a memfd is checked against are read
-    /// ([`crate::memlimit`]; fake trees in tests).
+    /// ([`crate::host::memlimit`]; fake trees in tests).
     pub mem_roots: MemRoots,
 }
 
@@ -290,22 +288,6 @@ impl DeviceIdentity {
     }
 }
 
-/// Read a device-dax attribute (`size`, `align`) from sysfs without opening
-/// the device (opening an unbound node can fork modprobe).
-pub fn devdax_attr(sysfs_root: &Path, rdev: u64, attr: &'static str) -> std::io::Result<u64> {
-    let (maj, min) = sys::major_minor(rdev);
-    let dir = sysfs_root.join(format!("dev/char/{maj}:{min}"));
-    let text = std::fs::read_to_string(dir.join(attr))
-        .or_else(|_| std::fs::read_to_string(dir.join("device").join(attr)))?;
-    let t = text.trim();
-    let v = if let Some(hex) = t.strip_prefix("0x") {
-        u64::from_str_radix(hex, 16)
-    } else {
-        t.parse()
-    };
-    v.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-}
-
 struct Mapped {
     map: Option<MmapRaw>,
     base: *mut u8,
@@ -383,7 +365,7 @@ fn map_fd(file: &File, len: usize, populate: bool, what: &str) -> Result<MmapRaw
 }
 
 /// Refuse a regular file that is not on an allowed file system
-/// ([`crate::fstype`]): `fstatfs` of the opened `file`, or `statfs` of
+/// ([`crate::host::fstype`]): `fstatfs` of the opened `file`, or `statfs` of
 /// `path` before anything is opened (`file` `None`).
 fn check_file_system(path: &Path, file: Option<&File>) -> Result<(), OpenError> {
     let magic = match file {
@@ -394,12 +376,12 @@ fn check_file_system(path: &Path, file: Option<&File>) -> Result<(), OpenError> 
         path: path.into(),
         source: e,
     })?;
-    if crate::fstype::is_allowed(magic) {
+    if crate::host::fstype::is_allowed(magic) {
         Ok(())
     } else {
         Err(OpenError::FileSystem {
             path: path.into(),
-            fs: crate::fstype::describe(magic),
+            fs: crate::host::fstype::describe(magic),
         })
     }
 }
@@ -477,7 +459,7 @@ fn map_anon(len: usize, populate: bool) -> Result<MmapRaw, OpenError> {
 
 impl Arena {
     /// Open and map per `spec`. Every refusal names the path and the problem.
-    /// The mapping is watched for SIGBUS ([`crate::fault`]): a fault in a
+    /// The mapping is watched for SIGBUS ([`crate::device::fault`]): a fault in a
     /// copy fails this arena ([`Arena::is_failed`]) instead of the process.
     pub fn open(spec: &ArenaSpec) -> Result<Arena, OpenError> {
         let mut arena = Arena::open_unwatched(spec)?;
@@ -616,7 +598,7 @@ impl Arena {
             // opened: mapping past its end would SIGBUS on first touch, and a
             // length that is not a multiple of `align` fails with EINVAL.
             let sysfs = |attr| {
-                devdax_attr(&spec.sysfs_root, md.rdev(), attr).map_err(|e| OpenError::Sysfs {
+                devdax::attr(&spec.sysfs_root, md.rdev(), attr).map_err(|e| OpenError::Sysfs {
                     path: path.into(),
                     attr,
                     sysfs: spec.sysfs_root.clone(),
@@ -624,7 +606,7 @@ impl Arena {
                 })
             };
             let device_bytes = sysfs("size")?;
-            let align = match devdax_attr(&spec.sysfs_root, md.rdev(), "align") {
+            let align = match devdax::attr(&spec.sysfs_root, md.rdev(), "align") {
                 Ok(a) if a > 0 => a as usize,
                 _ => DEFAULT_DEVDAX_ALIGN_BYTES,
             };
@@ -1018,22 +1000,6 @@ pub enum TryEnterError {
     Busy,
 }
 
-/// Why [`Arena::exclusive`] ran nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum GateError {
-    /// The arena is closing or closed.
-    #[error("the arena is closed")]
-    Closed,
-    /// Guards were still alive when the drain timeout ran out.
-    #[error("{guards} users still held the mapping after {waited:?}; nothing was changed")]
-    Busy {
-        /// Guards alive when it gave up.
-        guards: usize,
-        /// How long it waited.
-        waited: Duration,
-    },
-}
-
 /// The arena refused a guard because it is closing or closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Closed;
@@ -1149,7 +1115,7 @@ impl Exclusive<'_> {
 /// `unsafe` because two of them racing on one range would be a data race:
 ///
 /// ```compile_fail
-/// # use daxkv::arena::{Arena, ArenaSource, ArenaSpec};
+/// # use daxkv::device::arena::{Arena, ArenaSource, ArenaSpec};
 /// let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 4096)).unwrap();
 /// let g = a.enter().unwrap();
 /// g.write(0, &[1u8; 64]).unwrap(); // E0133: needs `unsafe` and its contract
@@ -1185,7 +1151,7 @@ pub enum CopyError {
     OutOfBounds(#[from] OutOfBounds),
     /// The device faulted (SIGBUS: its file was truncated under the
     /// mapping, or a memory line is poisoned) during this copy or an
-    /// earlier one, and is failed for good ([`crate::fault`]); the bytes
+    /// earlier one, and is failed for good ([`crate::device::fault`]); the bytes
     /// copied are not the device's.
     #[error("the device faulted (SIGBUS) and is marked failed")]
     DeviceFailed,

@@ -318,8 +318,7 @@ pub fn device_node(sysfs_root: &Path, path: &Path) -> Option<u32> {
     if !md.file_type().is_char_device() {
         return None;
     }
-    let (maj, min) = (libc::major(md.rdev()), libc::minor(md.rdev()));
-    let dir = sysfs_root.join(format!("dev/char/{maj}:{min}"));
+    let dir = crate::host::devdax::char_dir(sysfs_root, md.rdev());
     for attr in [
         "target_node",
         "numa_node",

@@ -441,9 +441,9 @@ mod tests {
         assert_eq!(last_cpu_of_stat(&line), Some(7));
         assert_eq!(last_cpu_of_stat("1 (x) S 1"), None);
         // This thread's own entry is readable and names a CPU it may use.
-        let me = crate::sys::gettid();
+        let me = crate::host::sys::gettid();
         let on = last_cpu(me).unwrap();
-        let mine = crate::sys::thread_cpus().unwrap();
+        let mine = crate::host::sys::thread_cpus().unwrap();
         assert!(mine.contains(&on), "{on} not in {mine:?}");
         assert_eq!(last_cpu(-5), None);
     }
@@ -539,7 +539,7 @@ mod tests {
     fn this_process_has_a_set_holding_every_cpu_of_this_thread() {
         let p = ProcessCpus::current();
         assert!(!p.cpus.is_empty(), "{p:?}");
-        for c in crate::sys::thread_cpus().unwrap() {
+        for c in crate::host::sys::thread_cpus().unwrap() {
             assert!(p.cpus.contains(&c), "{c} not in {p:?}");
         }
     }

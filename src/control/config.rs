@@ -33,10 +33,10 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::arena::{ArenaSource, ArenaSpec};
-use crate::core::CoreConfig;
+use crate::device::arena::{ArenaSource, ArenaSpec};
+use crate::device::core::CoreConfig;
 use crate::engine::{DeviceSpec, Engine, EngineError, EngineOptions};
-use crate::numa::Placement;
+use crate::host::numa::Placement;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -419,7 +419,10 @@ impl EngineConfig {
         // A node or CPU the host lacks is an error here, naming what it has
         // (numa::Placement::check says why not a fallback).
         placement
-            .check(&crate::numa::Topology::from_sysfs(&sysfs_root), &sysfs_root)
+            .check(
+                &crate::host::numa::Topology::from_sysfs(&sysfs_root),
+                &sysfs_root,
+            )
             .map_err(|e| err(e.field, e.rule))?;
         Ok(EngineConfig {
             signal,
@@ -472,7 +475,7 @@ impl EngineConfig {
 
     /// Engine options, with the worker CPUs resolved from the placement.
     pub fn options(&self) -> EngineOptions {
-        let topo = crate::numa::Topology::from_sysfs(&self.sysfs_root);
+        let topo = crate::host::numa::Topology::from_sysfs(&self.sysfs_root);
         let first = self.devices.first().map(|d| PathBuf::from(&d.device_path));
         let placed = self
             .placement
@@ -556,8 +559,8 @@ mod tests {
     /// list is "explicit", no device is "none".
     #[test]
     fn placement_source_reaches_status() {
-        let root = crate::numa::tests::fake_sysfs();
-        crate::numa::tests::add_access(root.path(), 2, 1, &[0]);
+        let root = crate::host::numa::tests::fake_sysfs();
+        crate::host::numa::tests::add_access(root.path(), 2, 1, &[0]);
         let json = format!(
             r#"{{"slot_bytes":4096,"devices":[],"hotplug_enabled":true,"numa":2,"sysfs_root":{}}}"#,
             serde_json::to_string(root.path()).unwrap()
@@ -565,7 +568,11 @@ mod tests {
         let o = parse(&json).unwrap().options();
         assert_eq!(
             (o.cpus.clone(), o.cpus_source, o.cpus_node),
-            (vec![0, 1], crate::numa::PlacementSource::Hmat, Some(0))
+            (
+                vec![0, 1],
+                crate::host::numa::PlacementSource::Hmat,
+                Some(0)
+            )
         );
         let dev = DeviceSpec {
             path: "memfd".into(),
@@ -585,13 +592,13 @@ mod tests {
         let o = parse(r#"{"slot_bytes":1,"devices":[],"hotplug_enabled":true,"cpus":[1,0]}"#)
             .unwrap()
             .options();
-        assert_eq!(o.cpus_source, crate::numa::PlacementSource::Explicit);
+        assert_eq!(o.cpus_source, crate::host::numa::PlacementSource::Explicit);
         let o = parse(r#"{"slot_bytes":1,"devices":[],"hotplug_enabled":true}"#)
             .unwrap()
             .options();
         assert_eq!(
             (o.cpus.is_empty(), o.cpus_source, o.cpus_node),
-            (true, crate::numa::PlacementSource::None, None)
+            (true, crate::host::numa::PlacementSource::None, None)
         );
     }
 

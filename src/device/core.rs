@@ -78,16 +78,16 @@ use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::arena::{
-    Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity, GateError, TryEnterError,
+use crate::device::arena::{
+    Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity, TryEnterError,
 };
-use crate::error::{CoreError, OpenError, PutError};
-use crate::index::{Entry, Index, Insert, SLOT_MAX};
-use crate::key::Key;
-use crate::slot::{
+use crate::device::error::{CoreError, GateError, OpenError, PutError};
+use crate::device::index::{Entry, Index, Insert, SLOT_MAX};
+use crate::device::slot::{
     Bitmap, Commit, Generation, SlotError, SlotId, SlotState, State, Transition, PENDING_FREE,
     REFERENCED, WRITING,
 };
+use crate::key::Key;
 
 /// Stall points of the test-only fault hook (`DaxCore::inject_stall`).
 const STALL_AFTER_FIND: u8 = 0;
@@ -337,7 +337,7 @@ const _: () = assert!(std::mem::size_of::<SlotMeta>() == 32);
 /// Status fields (docs/lmcache-dax-behavior.md §2.4 `report_status`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreStatus {
-    /// Not closing or closed, and not failed by a fault (`crate::fault`).
+    /// Not closing or closed, and not failed by a fault (`crate::device::fault`).
     pub is_healthy: bool,
     /// The arena's description: its path, `"memfd"` or `"anonymous"`.
     pub device_path: String,
@@ -465,7 +465,7 @@ impl DaxCore {
         // use, then allocated fallibly, so a too-large device is an error
         // that names the size, never an abort of the whole process.
         let table_bytes = DaxCore::table_bytes(capacity_slots);
-        crate::memlimit::check(
+        crate::host::memlimit::check(
             &format!("slot tables for {capacity_slots} slots"),
             table_bytes,
             &cfg.arena.mem_roots,
@@ -474,7 +474,7 @@ impl DaxCore {
             slots: capacity_slots,
             bytes: table_bytes,
         };
-        let slots = crate::memlimit::try_boxed(capacity_slots, SlotMeta::default)
+        let slots = crate::host::memlimit::try_boxed(capacity_slots, SlotMeta::default)
             .ok_or_else(alloc_failed)?;
         let bitmap = Bitmap::try_new(capacity_slots, max_slots).ok_or_else(alloc_failed)?;
         let index = Index::try_with_slots(capacity_slots).ok_or_else(alloc_failed)?;
@@ -536,7 +536,7 @@ impl DaxCore {
     }
 
     /// True once a SIGBUS in a copy (the device file truncated under its
-    /// mapping, a poisoned memory line) failed the device (`crate::fault`):
+    /// mapping, a poisoned memory line) failed the device (`crate::device::fault`):
     /// its keys read as misses and puts fail with
     /// [`PutError::DeviceFailed`], for good.
     pub fn is_failed(&self) -> bool {
@@ -1619,7 +1619,7 @@ mod tests {
 
     /// Anonymous memory, so these tests also run under Miri.
     fn core(slots: usize) -> DaxCore {
-        let arena = ArenaSpec::new(crate::arena::ArenaSource::Anonymous, slots * 4096);
+        let arena = ArenaSpec::new(crate::device::arena::ArenaSource::Anonymous, slots * 4096);
         DaxCore::open(&CoreConfig::new(arena, 4096)).unwrap()
     }
 
