@@ -4,27 +4,15 @@
 //! chunks in CXL / DAX memory (device-dax, fsdax or tmpfs files, memfds, or
 //! anonymous memory for tests).
 //!
-//! The crate is grouped by layer, bottom to top; a module imports only from
-//! its own layer and the layers below (docs/design.md §3, checked by
-//! `tests/layers.rs`):
-//!
-//! | layer | modules | owns |
-//! |---|---|---|
-//! | root | [`key`], [`sync`] | the 128-bit key digest; the std / loom atomics switch |
-//! | [`host`] | `sys`, [`host::devdax`], [`host::numa`], [`host::memlimit`], [`host::fstype`], [`host::probe`] | what the machine, its devices and its kernel say |
-//! | [`plumbing`] | [`plumbing::ring`], [`plumbing::notify`], [`plumbing::cell`], [`plumbing::buf`], [`plumbing::busy`] | how work and completions move between threads |
-//! | [`device`] | [`device::arena`], [`device::fault`], [`device::copy`], [`device::slot`], [`device::index`], [`device::core`], [`device::error`] | the code that touches DAX memory: [`DaxCore`] |
-//! | root | [`store`] | [`DaxStore`]: the synchronous facade (LMCache's non-MP backend) |
-//! | [`engine`] | options, submit, task, worker, pool, claims, hotplug, metrics, … | [`Engine`]: worker pools, task table, device pool |
-//! | [`control`] | [`control::config`], [`control::metrics`], [`control::reconfigure`], [`control::http`] | what an operator drives at run time |
-//! | [`cli`] | [`cli::bench`](mod@cli::bench), [`cli::serve`], [`cli::client`] | what the `daxkv` commands do |
-//!
-//! Unsafe code lives in `host::sys`, the `plumbing` modules but `busy`,
-//! and `device::{arena, copy, fault}`; `device::core` and `cli::bench` are
-//! `#![deny(unsafe_code)]` with single blocks allowed where they copy into
-//! or out of the mapping (the arena's copies are `unsafe fn`s whose
-//! contract, exclusive use of the range, only the slot protocol in `core`
-//! can vouch for); every other module is `#![forbid(unsafe_code)]`.
+//! The crate is grouped by layer, bottom to top: [`key`] and [`sync`],
+//! [`host`] (what the machine and its kernel say), [`plumbing`] (rings,
+//! eventfds, cells, buffers), [`device`] (the code that touches DAX memory:
+//! [`DaxCore`]), [`store`] ([`DaxStore`], the synchronous facade),
+//! [`engine`] ([`Engine`]: worker pools, task table, device pool),
+//! [`control`] (config, metrics, reconfiguration, HTTP) and [`cli`] (what
+//! the `daxkv` commands do). Each folder's module doc lists its modules.
+//! What a layer may import and where unsafe code may live is the layer
+//! rule of docs/design.md §3, checked by `tests/layers.rs`.
 
 #![deny(missing_docs)]
 

@@ -5,14 +5,12 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`sys`] | syscall wrappers: `memfd_create`, seals, device numbers, thread affinity |
+//! | `sys` | syscall wrappers: `memfd_create`, seals, device numbers, thread affinity |
 //! | [`devdax`] | device-DAX facts from sysfs (`size`, `align`) |
 //! | [`numa`] | device NUMA node, topology and nearest CPUs from sysfs; pinning threads |
 //! | [`memlimit`] | memory a memfd or slot table may take (MemAvailable, cgroup limits) |
 //! | [`fstype`] | the file systems a device file may live on (no sysfs / procfs pseudo-files) |
 //! | [`probe`] | what a device path is (devdax, kmem, unbound, file, …) from `stat` and sysfs, never opening it; the add / resize gates |
-//!
-//! Unsafe code: `sys` only (the layer rule, docs/design.md §3).
 
 pub mod devdax;
 pub mod fstype;
