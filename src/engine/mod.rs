@@ -29,13 +29,15 @@
 //! |---|---|
 //! | [`options`](EngineOptions) | worker counts, spinning, table size, signalling |
 //! | `submit.rs` | `submit_*`, [`Submitter`], [`Refused`] (inputs handed back) |
-//! | `task.rs` | the task table: [`TaskId`], records, who frees a record |
+//! | `task.rs` | the task table: records, ids, who frees a record |
 //! | [`records`] | the free set of records, and why the store rings never overflow |
 //! | `worker.rs` | worker pools, the worker loop, running a part, publishing |
 //! | `pool.rs` | devices, their states, placement of a key ([`DeviceInfo`]) |
 //! | [`claims`] | the key-ownership stripes placement decides under |
 //! | [`metrics`](Metrics) | counters and duration histograms recorded on the data path |
-//! | `result.rs` | results ([`StoreResult`], [`Bitmap`], [`LoadResult`]), [`Answer`], collecting and waiting |
+//! | `hotplug.rs` | adding, removing, draining and resizing devices at run time |
+//! | `answer.rs` | what a caller holds: [`TaskId`], results ([`StoreResult`], [`Bitmap`], [`LoadResult`]), [`Answer`] |
+//! | `collect.rs` | taking results: by id, all finished stores, waiting |
 //! | `mod.rs` (here) | the [`Engine`] facade: open, status, delete, unlock, close |
 //!
 //! Dependencies run one way: the JSON config ([`crate::control::config`]) builds
