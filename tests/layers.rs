@@ -19,6 +19,7 @@
 //! imports.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -307,9 +308,9 @@ fn paths(f: &File) -> Vec<Vec<String>> {
                     let mut segs = p.into_iter().peekable();
                     match segs.next().as_deref() {
                         Some("crate") => {}
-                        Some("self") => base = here.clone(),
+                        Some("self") => base.clone_from(&here),
                         Some("super") => {
-                            base = here.clone();
+                            base.clone_from(&here);
                             base.pop();
                             while segs.peek().is_some_and(|s| s == "super") {
                                 segs.next();
@@ -568,7 +569,7 @@ fn src_follows_the_layer_rule() {
         ),
     ] {
         if !list.is_empty() {
-            report += &format!("{what}:\n  {}\n", list.join("\n  "));
+            writeln!(report, "{what}:\n  {}", list.join("\n  ")).unwrap();
         }
     }
     assert!(report.is_empty(), "{report}");
@@ -653,9 +654,10 @@ fn the_checker_finds_each_kind_of_breach() {
 
 #[test]
 fn the_tokenizer_skips_literals_and_comments() {
-    let t = tokens(
-        r####"let a = r#"crate::x "quoted""#; let b = b'"'; let c = '\''; /* crate::y /* nested */ */ fn f<'a>() {} crate::z"####,
-    );
+    let t = tokens(concat!(
+        "let a = r#\"crate::x \"quoted\"\"#; let b = b'\"'; let c = '\\'';",
+        " /* crate::y /* nested */ */ fn f<'a>() {} crate::z",
+    ));
     let idents: Vec<String> = t
         .iter()
         .filter_map(|t| match t {
