@@ -45,7 +45,7 @@
 //! overlap is refused with `ValueError` before anything is submitted
 //! (`daxkv::plumbing::busy`; `test_l2_adapter.py::test_overlapping_load_destinations_refused`).
 //! Across tasks the same record refuses a buffer another task in flight
-//! writes or reads (`test_review_l2.py`).
+//! writes or reads (`test_l2_races.py`).
 //!
 //! ## Locks and the GIL (the interleaving that would deadlock)
 //!

@@ -145,7 +145,7 @@ pub mod claims;
 mod collect;
 mod hotplug;
 #[cfg(all(test, debug_assertions, not(daxkv_loom)))]
-mod hotplug_races;
+mod hotplug_interleavings;
 mod metrics;
 mod options;
 mod pool;
@@ -640,8 +640,8 @@ impl Engine {
     /// → B's lock gone; a plain delete removes the key B holds.
     /// ```
     ///
-    /// `tests/hotplug_races.rs::unlock_racing_forced_migrations_*` hunts
-    /// both, `hotplug_races::an_unlock_never_lands_inside_a_move` pins the
+    /// `tests/hotplug_concurrent.rs::unlock_racing_forced_migrations_*` hunts
+    /// both, `hotplug_interleavings::an_unlock_never_lands_inside_a_move` pins the
     /// first, `tests/loom_claims.rs` models the hand-over.
     pub fn submit_unlock(&self, keys: &[Key]) {
         for &k in keys {

@@ -353,7 +353,7 @@ impl DevicePool {
     /// list without its device: a device is listed once, live or gone. Read
     /// apart, a listing between the two saw it twice, and `status()` (which
     /// numbers devices by position) gave every later device the next one's
-    /// index (`tests/hotplug_races.rs::
+    /// index (`tests/hotplug_concurrent.rs::
     /// a_listing_during_a_remove_shows_each_device_once`).
     pub(super) fn entries(&self) -> Vec<Entry> {
         let graves = self
