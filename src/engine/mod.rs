@@ -752,7 +752,7 @@ impl Engine {
             // claim from copy to source delete) finishes first, so the
             // delete finds the one copy and cannot be undone by the move.
             // The device list is read under the claim (a key moved to a
-            // device added meanwhile is found there; review finding).
+            // device added meanwhile is found there).
             // A key whose store is in flight is skipped, like a locked
             // one (docs/key-ownership.md, "Delete": LMCache's eviction
             // retries it next cycle); any other holder (a move, an unlock)
