@@ -250,7 +250,7 @@ fn copy_of(fd: &File, flags: libc::c_uint, len: u64) -> File {
     f
 }
 
-/// Defect 10: a ring handed to us in an unsealed memfd (the peer could
+/// A ring handed to us in an unsealed memfd (the peer could
 /// shrink it later) is refused with an error that says why.
 #[test]
 fn attach_refuses_an_unsealed_memfd() {

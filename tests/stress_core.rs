@@ -836,20 +836,20 @@ fn one_key_churn(test: &str, weights: [u64; 7]) {
     );
 }
 
-/// Defect 2: delete(K) finds K's bucket, K is deleted and re-put into the
-/// same slot in another bucket meanwhile, the first delete detaches the new
-/// generation and fails to unlink it: a live slot with no key, and K
-/// answers AlreadyPresent forever.
+/// delete(K) finds K's bucket, K is deleted and re-put into the same slot
+/// in another bucket meanwhile: the first delete must not detach the new
+/// generation and fail to unlink it (a live slot with no key, and K
+/// answering AlreadyPresent forever).
 #[test]
 fn one_key_delete_reput_never_wedges() {
     // put, failing writer, delete, forced delete, load, reserve, lock
     one_key_churn("one_key_delete_reput_never_wedges", [6, 0, 4, 2, 2, 1, 1]);
 }
 
-/// Defect 3: a forced delete detaches an in-flight store whose copy then
-/// fails; the writer frees the slot, K is re-put into the same slot and
-/// bucket, and the deleter's stale removal takes the new copy's bucket
-/// (then panics unlinking a generation that moved on).
+/// A forced delete detaches an in-flight store whose copy then fails; the
+/// writer frees the slot, K is re-put into the same slot and bucket. A
+/// stale removal by the deleter would take the new copy's bucket (then
+/// panic unlinking a generation that moved on).
 #[test]
 fn forced_delete_racing_a_failing_writer() {
     // put, failing writer, delete, forced delete, load, reserve, lock
@@ -930,9 +930,9 @@ fn hint_worker(core: &DaxCore, t: u64, mut rng: Rng, deadline: Instant, stats: &
     }
 }
 
-/// Defect 8: a claimer that found word 0 full moves the hint to word 1
-/// after a release in word 0 (which saw hint 0 and left it) freed a bit:
-/// that slot is never found again. Checked each round: with N of M slots
+/// A claimer that found word 0 full moves the hint to word 1 after a
+/// release in word 0 (which saw hint 0 and left it) freed a bit: that slot
+/// must still be found. Checked each round: with N of M slots
 /// free, exactly N more puts succeed, the first into the lowest free slot.
 #[test]
 fn freed_slots_below_the_hint_stay_findable() {
