@@ -206,8 +206,8 @@ fn cpus_outside_the_process_set_warn_and_fall_back() {
 }
 
 /// A config naming a NUMA node or CPU this host does not have is refused
-/// with an error naming it and what exists (before: accepted, and the
-/// workers ran unpinned without a word).
+/// with an error naming it and what exists (not accepted with the
+/// workers run unpinned without a word).
 #[test]
 fn a_config_naming_a_missing_node_or_cpu_is_refused() {
     let root = tempfile::tempdir().unwrap();

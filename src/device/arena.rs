@@ -1404,9 +1404,8 @@ mod tests {
 
     /// A closed arena gives its SIGBUS registry entry back at once:
     /// more arenas than the registry holds can be opened and closed while
-    /// every closed one is still alive (a tombstone). Checked once with
-    /// the release in `close` removed: the 1025th open failed with
-    /// `OpenError::Watch`.
+    /// every closed one is still alive (a tombstone). With the release in
+    /// `close` removed, the 1025th open fails with `OpenError::Watch`.
     #[test]
     #[cfg_attr(miri, ignore = "1088 mappings: too slow under Miri")]
     fn a_closed_arena_frees_its_registry_entry() {

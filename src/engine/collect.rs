@@ -340,8 +340,8 @@ mod tests {
     /// the take would let the refilled record's completion meet a ring
     /// still holding the old entry (`records` module doc). Here the
     /// completion rings are held (as by a popper that won the `try_lock`)
-    /// while four results are taken by id. Checked once with the take
-    /// freeing the record at once: 0 records in use, the submit accepted.
+    /// while four results are taken by id. With the take freeing the
+    /// record at once this fails: 0 records in use, the submit accepted.
     #[test]
     fn a_store_taken_by_id_keeps_its_record_until_its_entry_is_popped() {
         const SLOT: usize = 4096;
