@@ -138,8 +138,7 @@ impl From<PutError> for StoreError {
 type Job = Box<dyn FnOnce() + Send>;
 
 /// Run one `put_async` job on the calling thread. A panicking
-/// `on_complete` (or put) is logged and the caller keeps serving (issue 8,
-/// defect 5).
+/// `on_complete` (or put) is logged and the caller keeps serving.
 fn run_job(job: Job) {
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
         let msg = p
@@ -409,7 +408,7 @@ impl DaxStore {
         check_lengths("batched_get", keys, bufs)?;
         if self.is_closing() {
             // An error, not an empty vector that a caller indexing by
-            // position would panic on (issue 9).
+            // position would panic on.
             return Err(StoreError::Closed);
         }
         let mut out = vec![None; keys.len()];
@@ -455,7 +454,7 @@ impl DaxStore {
         check_lengths("batched_restore", keys, bufs)?;
         if self.is_closing() {
             // An error, not an empty vector that a caller indexing by
-            // position would panic on (issue 9).
+            // position would panic on.
             return Err(StoreError::Closed);
         }
         let mut out = vec![None; keys.len()];

@@ -206,8 +206,7 @@ fn shm_dir() -> tempfile::TempDir {
 }
 
 /// A user error is one clear line and a non-zero exit, also with
-/// `RUST_BACKTRACE=1` (it used to print anyhow's debug form with a
-/// backtrace).
+/// `RUST_BACKTRACE=1` (not anyhow's debug form with a backtrace).
 #[test]
 fn a_user_error_is_one_line_even_with_backtraces_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -622,9 +621,9 @@ fn one_worker_per_pool_runs_pinned_unless_told_not_to() {
 
 /// `--path` of a sysfs or procfs pseudo-file is refused
 /// before anything runs, naming the path and the file system. Read-only
-/// files, so a regression cannot write into kernel state. On the code
-/// before the allow-list the bench went on to "preparing" and failed at
-/// the open with an error that did not name the file system.
+/// files, so a broken check cannot write into kernel state. Without the
+/// allow-list the bench would go on to "preparing" and fail at the open
+/// with an error that does not name the file system.
 #[test]
 fn a_pseudo_file_path_is_refused() {
     let mut tried = 0;

@@ -257,7 +257,7 @@ fn server_values_that_are_not_host_port_say_why() {
 /// A hostile server (or a port taken by something else) puts terminal
 /// control sequences in what the CLI prints as text: a device's state and
 /// path in the status table, a key of an operation's answer. Nothing of it
-/// reaches the terminal raw. Before the fix all three did.
+/// reaches the terminal raw.
 #[test]
 fn a_hostile_answer_prints_no_control_characters() {
     let answers: [fn(TcpStream); 2] = [
@@ -297,9 +297,9 @@ fn a_hostile_answer_prints_no_control_characters() {
 /// A server that has run for weeks: every removed device stays in the
 /// status as a tombstone (ids are never reused), ~390 bytes each, so
 /// 12 000 add / remove cycles make a 4.7 MB status. `daxkv status` shows
-/// it. Before the fix the 4 MiB cap on the whole answer refused it as
-/// "not a daxkv server?" (seen against a real `daxkv serve` after 11 500
-/// cycles); the head stays capped small, the body may be 64 MiB.
+/// it. A 4 MiB cap on the whole answer would refuse it as "not a daxkv
+/// server?" (against a real `daxkv serve`, after 11 500 cycles); the head
+/// stays capped small, the body may be 64 MiB.
 #[test]
 fn a_status_of_many_tombstones_is_shown() {
     let addr = fake(|mut s| {

@@ -119,8 +119,8 @@ fn shm_file(bytes: usize) -> (tempfile::TempDir, std::path::PathBuf) {
 }
 
 /// `add memfd` of twice the machine's RAM is refused over HTTP with a
-/// body that names the size and the limit; nothing is added. Fails on
-/// the old code: the add answered 200 (a sparse memfd, pages on touch).
+/// body that names the size and the limit; nothing is added (not a 200
+/// for a sparse memfd whose pages come on touch).
 #[test]
 fn http_add_of_a_memfd_beyond_memory_names_the_size() {
     const BIG_SLOT: usize = 1 << 20;
@@ -211,8 +211,8 @@ fn a_configured_memfd_over_the_cgroup_limit_is_refused() {
 /// `daxkv serve` with a 64 GiB sparse tmpfs file in 4 KiB slots (16 Mi
 /// slots, ~800 MiB of tables) under `prlimit --data` of 512 MiB exits
 /// with an error naming the slot count and the bytes, instead of
-/// aborting. Fails on the old code: killed by SIGABRT ("memory
-/// allocation of … bytes failed").
+/// aborting: killed by SIGABRT ("memory allocation of … bytes failed")
+/// when the tables are allocated infallibly.
 #[test]
 fn serve_with_tables_beyond_rlimit_data_exits_with_the_size() {
     if Command::new("prlimit").arg("--version").output().is_err() {
@@ -258,8 +258,8 @@ fn serve_with_tables_beyond_rlimit_data_exits_with_the_size() {
 
 /// A file device added with `max_size` grows after the file is
 /// extended, up to that limit; past it the refusal says why in the HTTP
-/// body; past the file's length too. Fails on the old code: the grow
-/// answered a bare 400 "failed to remap DAX device".
+/// body; past the file's length too (not a bare 400 "failed to remap DAX
+/// device").
 #[test]
 fn a_file_grows_after_it_is_extended_up_to_max_size() {
     let (_dir, p) = shm_file(16 * SLOT);
@@ -319,8 +319,8 @@ fn a_file_grows_after_it_is_extended_up_to_max_size() {
 
 /// The default (configured) memfd device can grow: through the engine
 /// API and over HTTP, up to 4 × its size; past that the refusal says
-/// why. Fails on the old code: a configured memfd's tables had no room
-/// ("cannot grow … largest … 65536 bytes", a bare 400 over HTTP).
+/// why. Tables sized with no room for growth would refuse it ("cannot
+/// grow … largest … 65536 bytes", a bare 400 over HTTP).
 #[test]
 fn the_configured_memfd_device_grows() {
     let _s = serial();

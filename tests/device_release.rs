@@ -112,8 +112,8 @@ fn file_device(dir: &std::path::Path, name: &str, slots: usize) -> (String, Devi
 
 /// A removed tmpfs-file device closes its fd and unmaps at once when no
 /// guard is held: after the file is unlinked its RAM is free (no fd, no
-/// mapping keeps the inode). Fails on the old code: the tombstone kept
-/// the core and its fd (`fd still open after remove`).
+/// mapping keeps the inode). A tombstone that kept the core and its fd
+/// fails this (`fd still open after remove`).
 #[test]
 fn a_removed_file_device_closes_its_fd_and_mapping() {
     let _s = serial();
@@ -143,7 +143,7 @@ fn a_removed_file_device_closes_its_fd_and_mapping() {
 
 /// A guard held across a (forced) remove keeps the mapping valid: its
 /// bytes still read back; once it drops, the fd and the mapping go.
-/// Fails on the old code at the last step (`fd still open`).
+/// A tombstone that kept the core fails the last step (`fd still open`).
 #[test]
 fn a_guard_held_across_remove_keeps_the_mapping_until_it_drops() {
     let _s = serial();
@@ -178,8 +178,8 @@ fn a_guard_held_across_remove_keeps_the_mapping_until_it_drops() {
 }
 
 /// `Engine::close` gives the devices' fds and mappings back when it
-/// returns, while the engine handle lives on. Fails on the old code
-/// (the fds stayed until the last handle dropped).
+/// returns, while the engine handle lives on, not when the last handle
+/// drops.
 #[test]
 fn close_releases_device_fds_while_the_handle_lives() {
     let _s = serial();
@@ -197,8 +197,8 @@ fn close_releases_device_fds_while_the_handle_lives() {
 
 /// Many add / store / remove cycles of memfd devices leave the memfd fd
 /// count where it was and RSS bounded (each device's tables are ~1.6
-/// MiB, its memfd 32 MiB with 1 MiB written). Fails on the old code:
-/// every cycle kept one memfd fd and the tables (`memfd fds grew`).
+/// MiB, its memfd 32 MiB with 1 MiB written). A removed device that kept
+/// its memfd fd and tables fails this (`memfd fds grew`).
 #[test]
 fn add_remove_cycles_leave_fds_and_rss_bounded() {
     const CYCLES: u64 = 120;

@@ -557,7 +557,7 @@ fn completion_signals_are_coalesced_when_asked() {
 /// handed out, its poller counts as a waiter for good, so a completion it
 /// polls for is signalled although no `wait_*` caller is parked (and the
 /// handout itself writes the fd once, for results that finished before
-/// it). Checked once with the handout not counted: `poll` timed out.
+/// it). With the handout not counted, `poll` times out.
 #[test]
 fn when_waiting_signals_an_fd_poller() {
     let e = engine_with(

@@ -1,7 +1,7 @@
-//! Issue 8, defect 13: `close` with another thread parked in `wait_lookup`
-//! closes the eventfds before it returns and wakes the waiter, which
-//! returns at once. Before the fix the waiter held the pools (which own the
-//! fds), so the fds stayed open until its timeout ended.
+//! `close` with another thread parked in `wait_lookup` closes the eventfds
+//! before it returns and wakes the waiter, which returns at once. A waiter
+//! that held the pools (which own the fds) while it slept would keep the
+//! fds open until its timeout ended.
 //!
 //! Its own test binary (one process, one test), so no other test reuses
 //! the closed fd numbers before they are checked.

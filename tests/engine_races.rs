@@ -1,6 +1,8 @@
-//! Engine regressions of issue 8 (defects 4, 5, 6, 7 and 12): each test
-//! failed on the tree before its fix. Real threads, memfd / tmpfs devices
-//! and eventfds. A test that could hang on a broken tree runs the blocking
+//! Engine races: completions against a full ring, uncollected results
+//! against later submits, panicking and closing listeners, adding a device
+//! already mapped, one copy per key, a long part against a remap. Each
+//! test fails when the rule it names is taken out. Real threads, memfd /
+//! tmpfs devices and eventfds. A test that could hang on a broken tree runs the blocking
 //! part on a helper thread and fails on a watchdog instead of hanging (the
 //! watchdog is a hang guard, not a timing assertion).
 
@@ -45,7 +47,7 @@ fn within_watchdog<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send +
         .unwrap_or_else(|e| panic!("{what}: hung or panicked ({e})"))
 }
 
-// ----- defect 4: store completions dropped when the CQ fills -----
+// ----- store completions when the CQ fills -----
 
 /// One store worker, a 64-record table (so a 64-entry completion ring),
 /// every record completed and uncollected (the ring is full), then one pop
@@ -138,12 +140,12 @@ fn store_completions_are_never_dropped() {
     }
 }
 
-// ----- defect 12: one uncollected result refuses every N-th submit -----
+// ----- an uncollected result and later submits -----
 
 /// With 8 records and one lookup result left uncollected, the table has 7
 /// free records: a long run of submit-then-collect must never be refused.
-/// Before the fix the record was `id mod 8`, so every 8th submit met the
-/// uncollected record and was refused as "table full".
+/// With the record `id mod 8`, every 8th submit would meet the
+/// uncollected record and be refused as "table full".
 #[test]
 fn an_uncollected_result_does_not_refuse_later_submits() {
     let opts = EngineOptions {
@@ -181,7 +183,7 @@ fn an_uncollected_result_does_not_refuse_later_submits() {
     assert!(e.wait_lookup(again, T).ready().is_some());
 }
 
-// ----- defect 5: listeners -----
+// ----- listeners -----
 
 struct PanicOnStore;
 impl Listener for PanicOnStore {
@@ -192,8 +194,9 @@ impl Listener for PanicOnStore {
 
 /// A listener that panics is isolated like a task panic: the store is still
 /// reported (its keys were stored), later tasks on that worker run, and
-/// `close` returns. Before the fix the panic killed the store worker: the
-/// completion never came and `close` spun forever on the in-flight count.
+/// `close` returns. A panic that killed the store worker would leave the
+/// completion never coming and `close` spinning forever on the in-flight
+/// count.
 #[test]
 fn a_panicking_listener_does_not_kill_its_worker() {
     // The whole body under the watchdog: on a broken tree dropping the
@@ -229,8 +232,8 @@ fn listener_panic_scenario() {
 /// A listener that closes its own engine (from the worker running the
 /// task) gets a clear outcome: closing is requested (new submits refused),
 /// the task is still reported, and the owner's `close` then finishes.
-/// Before the fix `close` on the worker waited for the in-flight count
-/// that its own task held: a deadlock.
+/// A `close` on the worker that waited for the in-flight count its own
+/// task holds would deadlock.
 #[test]
 fn close_from_a_listener_does_not_deadlock() {
     within_watchdog(
@@ -280,7 +283,7 @@ fn close_from_listener_scenario() {
     assert_eq!(e.event_fds(), [-1; 3], "fully closed");
 }
 
-// ----- defect 6: add_device of a device already mapped -----
+// ----- add_device of a device already mapped -----
 
 fn file_dev(path: &std::path::Path, slots: usize) -> DeviceSpec {
     DeviceSpec {
@@ -294,8 +297,8 @@ fn file_dev(path: &std::path::Path, slots: usize) -> DeviceSpec {
 
 /// Adding a file the pool already maps: same size → the existing id
 /// (idempotent, no second core); another size → a conflict naming both
-/// sizes. Two threads adding one new file at once get one device. Before
-/// the fix each call mapped the file again under a new id.
+/// sizes. Two threads adding one new file at once get one device, not one
+/// mapping of the file per call under a new id each.
 #[test]
 fn add_device_of_a_mapped_file_is_idempotent_or_a_conflict() {
     let dir = tempfile::tempdir_in("/dev/shm")
@@ -341,14 +344,14 @@ fn add_device_of_a_mapped_file_is_idempotent_or_a_conflict() {
     assert_eq!(e.devices().len(), 2);
 }
 
-// ----- defect 7: one copy per key in the pool -----
+// ----- one copy per key in the pool -----
 
 /// Two devices, four store workers (more than the CPUs, with CPU hogs, so a
 /// worker is preempted between deciding and storing), the same keys in
 /// every part of one task and in four tasks back to back: every key ends up
-/// on exactly one device. Before the fix two workers could both find the
-/// key on no device, then each put it on its own least-used device
-/// (observed: 1 key of 9600 in a run here; 22 of 88 in the issue's run).
+/// on exactly one device. Without the key claim two workers can both find
+/// the key on no device, then each put it on its own least-used device
+/// (observed: 1 key of 9600 in one run, 22 of 88 in another).
 /// Sets the flag when dropped (stops the CPU hogs on any exit).
 struct StopOnDrop(Arc<AtomicBool>);
 impl Drop for StopOnDrop {
@@ -430,14 +433,14 @@ fn a_key_is_stored_on_exactly_one_device() {
     assert_eq!(twice, 0, "{twice} keys stored on two devices");
 }
 
-// ----- a long part lets a remap in between keys (review finding) -----
+// ----- a long part lets a remap in between keys -----
 
-/// A store or load part held its arena sessions for its whole length, so a
-/// remap of the device waited for the part (and gave up with `Busy` after
-/// the drain timeout for a part longer than that). Now a part lets a
-/// pending remap in between keys: the remap here returns while the one
-/// long task is still running. Checked once with the between-keys check
-/// removed: the remap returned only after the task completed.
+/// A store or load part that held its arena sessions for its whole length
+/// would make a remap of the device wait for the part (and give up with
+/// `Busy` after the drain timeout for a part longer than that). A part
+/// lets a pending remap in between keys: the remap here returns while the
+/// one long task is still running. With the between-keys check removed,
+/// the remap returns only after the task completes.
 #[test]
 fn a_long_part_lets_a_remap_in_between_keys() {
     const N: usize = 12_000;

@@ -893,7 +893,7 @@ fn traffic_survives_every_hotplug_operation() {
 /// `add` of a sysfs or procfs pseudo-file over HTTP:
 /// refused by the arena's open even with no probe gate in front (the
 /// probing gate refuses it too, as `not_a_device`), with nothing added;
-/// a tmpfs file is still added. Read-only files, so a regression cannot
+/// a tmpfs file is still added. Read-only files, so a broken check cannot
 /// write into kernel state.
 #[test]
 fn add_of_a_pseudo_file_is_refused() {
@@ -948,9 +948,9 @@ fn add_of_a_pseudo_file_is_refused() {
 /// sizes and the way out; further anonymous devices are `memfd:NAME`,
 /// named by the caller or (`memfd:`) by daxkv in the answer; remove,
 /// drain and resize reach each by that name or by its index, and the
-/// configured `memfd` stays reachable throughout. Before the fix each
-/// `add memfd` made another device named `memfd`, after which remove of
-/// `memfd` was 409 (ambiguous) for ever.
+/// configured `memfd` stays reachable throughout. If each `add memfd`
+/// made another device named `memfd`, remove of `memfd` would be 409
+/// (ambiguous) for ever.
 #[test]
 fn anonymous_devices_are_named_and_adding_one_twice_is_idempotent() {
     let (e, r) = open(vec![memfd(8)]);
@@ -1149,9 +1149,9 @@ fn returns<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static
 /// An evicting remove tells the listeners; one that changes another
 /// device's state from `on_keys_deleted` (the `Listener` doc promises
 /// calls outside any engine state) must not wait for the remove's own
-/// admin mutex. Before the fix the listener ran under it: the remove
-/// never returned, and every later control-plane call hung behind it
-/// (checked once: "remove did not return (deadlock?)").
+/// admin mutex. A listener run under it would keep the remove from ever
+/// returning, and every later control-plane call would hang behind it
+/// ("remove did not return (deadlock?)").
 #[test]
 fn a_listener_may_change_device_state_from_an_evicting_remove() {
     let (e, _r) = open(vec![memfd(8), memfd(8)]);
@@ -1193,7 +1193,8 @@ fn a_listener_may_change_device_state_from_an_evicting_remove() {
 /// forced evicting shrink: the shrink returns, the close finishes (it
 /// takes the admin mutex to close the devices), and later control-plane
 /// calls answer (refused: the engine is closed) instead of hanging.
-/// Before the fix: "shrink did not return (deadlock?)".
+/// With the listener under the admin mutex: "shrink did not return
+/// (deadlock?)".
 #[test]
 fn a_listener_may_close_the_engine_from_an_evicting_shrink() {
     let (e, _r) = open(vec![DeviceSpec {

@@ -1,6 +1,6 @@
 //! The house rules for unsafe code and atomics, checked over `src/`:
-//! every atomic operation has an `// ORDERING:` note just above it (issue 8,
-//! item 14: several had none), and every `unsafe` block a `// SAFETY:` note
+//! every atomic operation has an `// ORDERING:` note just above it, and
+//! every `unsafe` block a `// SAFETY:` note
 //! (clippy's `undocumented_unsafe_blocks` checks blocks; this also covers
 //! `unsafe impl`). Test modules (`mod tests` onwards) are exempt.
 

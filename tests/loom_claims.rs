@@ -1,4 +1,4 @@
-//! Loom: the pool's one-copy-per-key rule (issue 8, defect 7) with two
+//! Loom: the pool's one-copy-per-key rule with two
 //! store workers and two devices.
 //!
 //! `RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_claims`
@@ -15,10 +15,10 @@
 //! Checked: the key ends on exactly one device, whatever the interleaving;
 //! a second stripe key stored meanwhile is not held up for good.
 //!
-//! Fails with the fix reverted (checked once each): with the claim taken
-//! and released but its CAS Relaxed and its release store Relaxed, loom
-//! finds the schedule where the second worker does not see the first's put
-//! ("stored on both devices"); with no claim at all, likewise.
+//! Fails without the rule: with the claim taken and released but its CAS
+//! Relaxed and its release store Relaxed, loom finds the schedule where
+//! the second worker does not see the first's put ("stored on both
+//! devices"); with no claim at all, likewise.
 #![cfg(daxkv_loom)]
 
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -92,10 +92,10 @@ impl Held {
     }
 
     /// `Engine::submit_unlock` for one key: under its claim, one lock on
-    /// the device that holds it. (Checked once with the unlock of before,
-    /// no claim and one lock off every device: loom finds "locked for
-    /// ever: [Some(1), None]", and with that check off, "a plain delete
-    /// removed a key the reader holds".)
+    /// the device that holds it. (With an unlock that takes no claim and
+    /// one lock off every device, loom finds "locked for ever: [Some(1),
+    /// None]", and with that check off, "a plain delete removed a key the
+    /// reader holds".)
     fn unlock(&self) {
         let _claim = self.claims.claim(Key::from_u128(7));
         for d in &self.dev {

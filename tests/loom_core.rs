@@ -1,5 +1,5 @@
 //! Loom: the protocols of `DaxCore` that span the index and the slot state
-//! word (issue 8's defects 2 and 3 lived exactly there): delete racing
+//! word (where a delete and a writer can both claim one bucket): delete racing
 //! delete + re-put of one key with slot reuse in another bucket, and a
 //! forced delete racing a failing writer and a re-put. Every interleaving
 //! up to the preemption bound, over a real (anonymous) mapping.
@@ -40,7 +40,7 @@ fn home_mid(fp: u64) -> Key {
 }
 
 /// Every slot is free or accounted for; a key that is absent can be stored
-/// again (defect 2 left it answering `AlreadyPresent` forever).
+/// again (not wedged, answering `AlreadyPresent` forever).
 fn settle_and_check(c: &DaxCore, k: Key, others: usize) {
     c.check_invariants().unwrap();
     let present = c.exists(k, false);
@@ -52,14 +52,14 @@ fn settle_and_check(c: &DaxCore, k: Key, others: usize) {
     }
 }
 
-/// Defect 2: deleter A races deleter B, which then re-puts the key. The
+/// Deleter A races deleter B, which then re-puts the key. The
 /// re-put reuses the key's slot (the only free one) in an earlier bucket
-/// (a tombstone in the same run). Fails with the old `delete_in` (detach
-/// the generation seen after `find`, then remove the bucket `find`
-/// returned): loom finds "A finds bucket 1 → B deletes and re-puts into
+/// (a tombstone in the same run). Fails with a `delete_in` that detaches
+/// the generation seen after `find`, then removes the bucket `find`
+/// returned: loom finds "A finds bucket 1 → B deletes and re-puts into
 /// slot 2 / bucket 0 → A detaches the new copy and fails to remove bucket
-/// 1", leaving a live slot with no key and the key wedged (checked once:
-/// "2 committed slots but 3 index entries").
+/// 1", leaving a live slot with no key and the key wedged ("2 committed
+/// slots but 3 index entries").
 #[test]
 fn delete_races_delete_and_reput_in_another_bucket() {
     model(|| {
@@ -86,12 +86,12 @@ fn delete_races_delete_and_reput_in_another_bucket() {
     });
 }
 
-/// Defect 3: a forced delete races a writer whose copy fails and a third
-/// thread re-putting the key. Fails with the old code (the failing writer
-/// removed its bucket and freed the slot while the canceling deleter went
-/// on to remove "its" bucket, which by then was the re-put copy's, then
-/// panicked on `unlink`). Checked once with the old `delete_in` restored:
-/// the model panics ("only the remover changes an OWNED bucket").
+/// A forced delete races a writer whose copy fails and a third thread
+/// re-putting the key. Fails when both sides remove: the failing writer
+/// removes its bucket and frees the slot while the canceling deleter goes
+/// on to remove "its" bucket, which by then is the re-put copy's, and
+/// panics on `unlink`; with such a `delete_in` the model panics ("only the
+/// remover changes an OWNED bucket").
 #[test]
 fn forced_delete_races_failing_writer_and_reput() {
     model(|| {

@@ -75,13 +75,13 @@ fn no_lost_wakeup() {
     });
 }
 
-/// `is_orphaned` never gives up on a ring with an entry in it (issue 8,
-/// part of defect 14): the producer's drop publishes, then sets CLOSED
+/// `is_orphaned` never gives up on a ring with an entry in it: the
+/// producer's drop publishes, then sets CLOSED
 /// (Release); the consumer reads CLOSED (Acquire), then `tail`. With both
 /// made Relaxed, loom finds the run where the consumer sees CLOSED but a
-/// stale tail, calls the ring orphaned and loses the entry (checked once
-/// when the fix landed). The old `Arc::strong_count` test had the same
-/// hole, out of loom's sight (std's `Arc`).
+/// stale tail, calls the ring orphaned and loses the entry. An
+/// `Arc::strong_count` test would have the same hole, out of loom's sight
+/// (std's `Arc`).
 #[test]
 fn orphan_check_sees_the_last_publish() {
     model(|| {

@@ -170,10 +170,10 @@ fn bitmap_claims_are_exclusive() {
     });
 }
 
-/// Defect 8 of issue 8: a claimer that skipped a full word raises the hint
+/// A claimer that skipped a full word raises the hint
 /// past it while a release frees a bit in that word and reads the old hint;
 /// the freed bit must still be found. Fails with `raise_hint`'s re-read of
-/// the skipped words removed (checked once: loom finds the interleaving
+/// the skipped words removed (loom finds the interleaving
 /// "claimer reads word 0 full → release of slot 5 reads hint 0 → claimer
 /// raises the hint to 1", after which `claim` returns 65).
 #[test]

@@ -1,5 +1,5 @@
 //! Loom: the task table's record free set with a store completion ring,
-//! a popper racing a worker (issue 8, defects 4 and 12).
+//! a popper racing a worker.
 //!
 //! `RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_task_table`
 //!
@@ -13,9 +13,9 @@
 //! Checked: a completion always finds room (none dropped), every task is
 //! collected exactly once, and a record is never handed out twice.
 //!
-//! Fails with the fix reverted (checked once): with `pop_released` not
-//! syncing (the collector's `sync` moved after its loop, as before the
-//! fix), loom finds the schedule where a record freed by the collector is
+//! Fails without the rule: with `pop_released` not syncing (the
+//! collector's `sync` moved after its loop), loom finds the schedule where
+//! a record freed by the collector is
 //! refilled and its completion meets a full ring ("completion dropped").
 #![cfg(daxkv_loom)]
 
@@ -77,8 +77,8 @@ fn completions_always_fit_and_records_free_once() {
                 seen[t] = true;
                 set.release((c.task & 0xff) as u32);
             }
-            // Where the collector used to hand the space back (harmless
-            // now: `pop_released` already did).
+            // A second hand-back after the loop (harmless: `pop_released`
+            // already did).
             cq_c.sync();
             got += n as u64;
             if n == 0 {
@@ -91,7 +91,7 @@ fn completions_always_fit_and_records_free_once() {
 }
 
 /// Store results taken by id (`Engine::wait_store`) racing the global pop
-/// (issue 9). A by-id taker empties a record without popping its
+/// A by-id taker empties a record without popping its
 /// completion; if it freed the record then, the refilled record's next
 /// completion could meet a ring still holding the old entry. The record
 /// is freed by whoever finishes second of "result taken" and "completion
@@ -109,7 +109,7 @@ fn completions_always_fit_and_records_free_once() {
 /// is freed once per task (`RecordSet::release` asserts) and free at the
 /// end.
 ///
-/// Fails with the fix reverted (checked once): with the taker freeing the
+/// Fails without the rule: with the taker freeing the
 /// record at its take (ignoring `Collect`), loom finds "completion
 /// dropped".
 #[test]

@@ -358,9 +358,9 @@ fn constant_label_names_are_checked() {
 /// A controller that adds and removes devices for weeks: every removed
 /// device stays a tombstone in `status()` (ids are never reused), but
 /// its series leave `/metrics` (as a gone disk's do in node_exporter):
-/// before the fix each kept 10 series for ever (`slots_used`,
-/// `slots_total` and the 8-state set), so that 3000 cycles made a 1.9 MB
-/// scrape of 30 000 dead series and it grew with every cycle.
+/// were they kept, each would hold 10 series for ever (`slots_used`, `slots_total`
+/// and the 8-state set), so that 3000 cycles would make a 1.9 MB scrape of
+/// 30 000 dead series, growing with every cycle.
 #[test]
 fn removed_devices_leave_metrics() {
     let dev = DeviceSpec {

@@ -101,8 +101,8 @@ fn opts(workers: usize, cpus: Vec<usize>) -> EngineOptions {
 }
 
 /// The opener is pinned to CPU `a`; the engine asks for `a` and `b`:
-/// worker `w` of every pool runs on the `w`-th of them (before the fix
-/// every worker stayed on `a`, the opener's CPU, and nothing said so), and
+/// worker `w` of every pool runs on the `w`-th of them (not every worker
+/// left on `a`, the opener's CPU, with nothing saying so), and
 /// `status()` reports the CPUs each worker read back.
 #[test]
 fn an_opener_narrower_than_the_cpus_asked_for_does_not_confine_the_workers() {
@@ -141,8 +141,8 @@ fn an_opener_narrower_than_the_cpus_asked_for_does_not_confine_the_workers() {
 
 /// The process may use more CPUs than asked for: asked for `b` alone,
 /// every worker runs on `b` alone; asked for nothing, every worker may run
-/// on any CPU of the process, not just the opener's (before the fix they
-/// inherited the opener's one CPU).
+/// on any CPU of the process, not just the opener's (they do not inherit
+/// the opener's one CPU).
 #[test]
 fn a_process_wider_than_the_cpus_asked_for_places_workers_as_asked() {
     let _one = ONE_AT_A_TIME
@@ -206,8 +206,8 @@ fn cpus_outside_the_process_set_warn_and_fall_back() {
 }
 
 /// A config naming a NUMA node or CPU this host does not have is refused
-/// with an error naming it and what exists (before: accepted, and the
-/// workers ran unpinned without a word).
+/// with an error naming it and what exists (not accepted with the
+/// workers run unpinned without a word).
 #[test]
 fn a_config_naming_a_missing_node_or_cpu_is_refused() {
     let root = tempfile::tempdir().unwrap();

@@ -525,13 +525,13 @@ fn binary_usage_errors_exit_nonzero() {
 /// anything is mapped (by `statfs` of the path, then `fstatfs` of the
 /// opened descriptor), with an error naming the path and the file system;
 /// the engine's open refuses them the same way. Read-only and harmless
-/// files are used, so a regression cannot write into kernel state. A tmpfs
-/// file is still accepted.
+/// files are used, so a broken check cannot write into kernel state. A
+/// tmpfs file is still accepted.
 ///
-/// On the code before the allow-list: the probe called them
-/// `regular_file` (and `add` would open them read-write and map them
-/// shared); the arena failed later, with `EACCES` / a too-small file, not
-/// naming the file system.
+/// Without the allow-list the probe would call them `regular_file` (and
+/// `add` would open them read-write and map them shared); the arena would
+/// fail later, with `EACCES` / a too-small file, not naming the file
+/// system.
 #[test]
 fn sysfs_and_procfs_pseudo_files_are_refused() {
     use daxkv::engine::{DeviceSpec, Engine, EngineOptions};

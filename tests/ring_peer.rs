@@ -85,9 +85,10 @@ fn seed() -> u64 {
     common::seed_from("DAXKV_SEED")
 }
 
-/// Defect 10: a peer that moves `tail` backwards below what the consumer
-/// already popped used to be served ~2^32 never-published entries
-/// (`available` checked `tail - released` but returned `tail - head`).
+/// A peer that moves `tail` backwards below what the consumer already
+/// popped gets `Corrupt`, not ~2^32 never-published entries (what an
+/// `available` that checked `tail - released` but returned `tail - head`
+/// would serve).
 #[test]
 fn tail_moved_backwards_is_corrupt() {
     let (ring, fd) = Ring::<u64>::memfd(8).unwrap();
@@ -201,10 +202,10 @@ fn in_child(test: &str) -> bool {
     false
 }
 
-/// Defect 10: a peer that shrinks the memfd under a mapped ring used to
-/// kill this process with SIGBUS at the next entry access. The ring's
-/// memfd is sealed against shrinking and growing: the truncate fails and
-/// the ring keeps working.
+/// A peer that shrinks the memfd under a mapped ring would kill this
+/// process with SIGBUS at the next entry access. The ring's memfd is
+/// sealed against shrinking and growing: the truncate fails and the ring
+/// keeps working.
 #[test]
 fn a_peer_cannot_shrink_a_shared_ring() {
     if !in_child("a_peer_cannot_shrink_a_shared_ring") {
@@ -249,7 +250,7 @@ fn copy_of(fd: &File, flags: libc::c_uint, len: u64) -> File {
     f
 }
 
-/// Defect 10: a ring handed to us in an unsealed memfd (the peer could
+/// A ring handed to us in an unsealed memfd (the peer could
 /// shrink it later) is refused with an error that says why.
 #[test]
 fn attach_refuses_an_unsealed_memfd() {
@@ -291,11 +292,11 @@ fn attach_refuses_a_short_sealed_memfd() {
     assert!(e.to_string().contains("cannot hold 16 entries"), "{e}");
 }
 
-/// Part of defect 14: `is_orphaned` is true only once the producer half is
+/// `is_orphaned` is true only once the producer half is
 /// gone (it says so in the shared header on drop, after its last publish)
 /// and everything it published was popped. A producer in another mapping
-/// (another process) counts: the old `Arc::strong_count` test called a ring
-/// orphaned while its peer was still producing.
+/// (another process) counts: an `Arc::strong_count` test would call a ring
+/// orphaned while its peer is still producing.
 #[test]
 fn is_orphaned_follows_the_producer_not_the_arc() {
     let (mine, fd) = Ring::<u64>::memfd(8).unwrap();

@@ -482,9 +482,9 @@ fn exit_of(child: &mut Child, what: &str) -> std::process::ExitStatus {
 
 /// SIGTERM while start-up is stuck (the config is a FIFO no one writes:
 /// the read never ends) stops the process with one clear line, and the
-/// port never opens. Before the fix the signal waited, blocked, until
-/// start-up finished: the process hung for ever (only SIGKILL ended it),
-/// and an interrupted start still opened the port.
+/// port never opens. A signal that waited, blocked, until start-up
+/// finished would hang the process for ever (only SIGKILL ending it), and
+/// an interrupted start would still open the port.
 #[test]
 fn sigterm_during_a_hung_start_up_exits_and_never_listens() {
     use std::os::unix::fs::OpenOptionsExt;
@@ -542,8 +542,8 @@ fn sigterm_during_a_hung_start_up_exits_and_never_listens() {
 
 /// A bad HTTP flag (token, address, allow-list) fails before any device
 /// is mapped: the config's 256 MiB tmpfs device is never pre-faulted (no
-/// block of it is allocated). Before the fix the flags were checked after
-/// the devices were mapped and pre-faulted.
+/// block of it is allocated), rather than checking the flags after the
+/// devices are mapped and pre-faulted.
 #[test]
 fn bad_http_flags_fail_before_devices_are_mapped() {
     use std::os::unix::fs::MetadataExt;
@@ -591,8 +591,8 @@ fn bad_http_flags_fail_before_devices_are_mapped() {
 }
 
 /// Each start-up error is printed once: a missing device, a device file
-/// too small. Before the fix the cause was repeated two or three times on
-/// the line ("engine: device 0: X: device 0: X: X").
+/// too small; the cause is not repeated two or three times on the line
+/// ("engine: device 0: X: device 0: X: X").
 #[test]
 fn start_up_errors_are_printed_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -634,8 +634,8 @@ fn start_up_errors_are_printed_once() {
 /// The CLI names anonymous devices: `add memfd` at its size is the
 /// configured device (no second one), at another size a 409 that says
 /// what to do; `memfd:NAME` adds more; `memfd:` lets the server name it;
-/// remove and resize take the name or `--index`. Before the fix `add
-/// memfd` made a second `memfd`, and `remove memfd` was 409 for ever.
+/// remove and resize take the name or `--index`. Were `add memfd` to make
+/// a second `memfd`, `remove memfd` would be 409 for ever.
 #[test]
 fn the_cli_names_anonymous_devices() {
     let s = Serve::start(&[]);
@@ -708,8 +708,7 @@ fn the_cli_names_anonymous_devices() {
 /// reach the control plane adds a file named with terminal control
 /// sequences (clear the screen, set the window title, a carriage return
 /// that overwrites the line). `daxkv status` shows it escaped, never raw
-/// to the operator's terminal. Before the fix the table printed it as it
-/// was.
+/// to the operator's terminal.
 #[test]
 fn the_status_table_never_prints_control_characters() {
     let dir = tempfile::tempdir().unwrap();
@@ -731,7 +730,7 @@ fn the_status_table_never_prints_control_characters() {
         "raw control characters in the table: {table:?}"
     );
     // The columns line up under their heads (serde_json's `Value` ignores
-    // a width: before the fix every row was packed to the left).
+    // a width: printed through it, every row would be packed to the left).
     let lines: Vec<&str> = table.lines().collect();
     let head = lines[1];
     let path_col = head.find("path").unwrap();
@@ -754,11 +753,11 @@ fn the_status_table_never_prints_control_characters() {
 /// (the `tee` is killed, a log collector restarts): stderr is a broken
 /// pipe. A control-plane error that the engine also logs (a resize past
 /// the device's `max_size`) still answers with its reason, and the device
-/// and the server go on. Before the fix the log line's `eprintln!`
-/// panicked on the broken pipe: 500 `internal error` instead of the 400
-/// that says why; and SIGTERM aborted the process (SIGABRT, not exit 0):
-/// the subscriber reports a line it cannot write with `eprintln!`, whose
-/// panic in the shutdown's log line unwound into the server's drop.
+/// and the server go on. A log line written with `eprintln!` would panic
+/// on the broken pipe: 500 `internal error` instead of the 400 that says
+/// why; and SIGTERM would abort the process (SIGABRT, not exit 0) if the
+/// subscriber reported a line it cannot write with `eprintln!`, whose
+/// panic in the shutdown's log line would unwind into the server's drop.
 #[test]
 fn a_broken_stderr_does_not_turn_logged_errors_into_500s() {
     let mut s = Serve::start(&[]);
@@ -803,9 +802,9 @@ fn a_broken_stderr_does_not_turn_logged_errors_into_500s() {
 /// `--config` given something that is not a config: a device file (the
 /// arguments swapped: `--config /dev/shm/kv`, 64 GiB), or an endless
 /// stream (`/dev/zero`). Exit 1 at once, naming the limit, without
-/// reading it into memory. Before the fix the whole file was read: a
-/// 64 GiB tmpfs device into RAM (here, under a 2 GiB address-space
-/// limit, "out of memory"; on a host, the OOM killer's choice).
+/// reading it into memory. Reading the whole file would take a 64 GiB
+/// tmpfs device into RAM (here, under a 2 GiB address-space limit, "out
+/// of memory"; on a host, the OOM killer's choice).
 #[test]
 fn a_config_that_is_a_device_or_a_stream_is_refused_unread() {
     use std::os::unix::process::CommandExt;

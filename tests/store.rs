@@ -355,7 +355,7 @@ fn multithreaded_put_get_smoke() {
     s.core().check_invariants().unwrap();
 }
 
-// ----- issue 8, defect 5 (the `DaxStore` part): callbacks on put workers -----
+// ----- callbacks on put workers -----
 
 /// Run `f` on a helper thread; fail (instead of hanging) if it does not
 /// finish within 30 s (a hang guard, not a timing assertion).
@@ -369,8 +369,8 @@ fn within_watchdog<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send +
 }
 
 /// An `on_complete` that drops the last `Arc<DaxStore>` closes the store on
-/// its own put worker: the close must not join that worker (before the fix
-/// std panicked joining a thread with itself, killing the worker mid-close).
+/// its own put worker: the close must not join that worker (std panics
+/// joining a thread with itself, which would kill the worker mid-close).
 #[test]
 fn put_async_callback_dropping_the_last_store_closes_it() {
     let mut c = cfg(4);
@@ -396,9 +396,9 @@ fn put_async_callback_dropping_the_last_store_closes_it() {
     assert!(closed && core_seen.load(Ordering::SeqCst));
 }
 
-/// A panicking `on_complete` is logged; the put worker keeps serving
-/// (before the fix the panic killed the only worker and later async puts
-/// were never run).
+/// A panicking `on_complete` is logged; the put worker keeps serving (a
+/// panic that killed the only worker would leave later async puts never
+/// run).
 #[test]
 fn a_panicking_on_complete_keeps_the_put_worker() {
     let s = Arc::new(store(4)); // one async put worker
@@ -435,7 +435,7 @@ fn close_from_on_complete_returns() {
     ));
 }
 
-// ----- restore_into (issue 12: the non-MP backend's Rust restore) -----
+// ----- restore_into (the non-MP backend's Rust restore) -----
 
 /// A store of `slots` slots of `slot` bytes, restores on 2 threads in
 /// regions of at most `region` bytes.
@@ -823,9 +823,9 @@ fn queue_behind_a_gate(
 /// Two closers race while accepted `put_async` jobs are queued: the
 /// second `close` must wait for the first (not return at once and close
 /// the core under the queue), and every accepted job completes with `Ok`
-/// before either returns. Before the fix the second close returned at
-/// once and closed the core: "jobs done when the second close returned:
-/// 0 of 201", then every queued put ended `Err(Closed)`.
+/// before either returns. A second close that returned at once and
+/// closed the core would fail with "jobs done when the second close
+/// returned: 0 of 201", then every queued put would end `Err(Closed)`.
 #[test]
 fn a_second_close_waits_for_the_first_and_accepted_puts_complete() {
     const N: u32 = 200;
@@ -854,7 +854,7 @@ fn a_second_close_waits_for_the_first_and_accepted_puts_complete() {
         })
     };
     // Give the second closer time to reach `close` (a schedule aid: the
-    // assertions below hold on any schedule with the fix).
+    // assertions below hold on any schedule).
     std::thread::sleep(Duration::from_millis(50));
     gate_tx.send(()).unwrap();
     let done_at_second = within_watchdog("the second close", move || second.join().unwrap());
@@ -881,8 +881,7 @@ fn a_second_close_waits_for_the_first_and_accepted_puts_complete() {
 
 /// `close` from an `on_complete` with jobs queued behind it (one worker:
 /// only this worker could run them) runs them before the core closes:
-/// every accepted job completes `Ok`. Before the fix: they ended
-/// `Err(Closed)`.
+/// every accepted job completes `Ok`, none `Err(Closed)`.
 #[test]
 fn close_from_on_complete_runs_the_puts_queued_behind_it() {
     const N: u32 = 50;

@@ -1,22 +1,22 @@
-//! Hunting stress at the `DaxCore` level (issue 8, "stress tests that
-//! hunt"): few keys so that collisions, slot reuse and generation reuse
-//! happen constantly, every operation of the public API mixed, two devices
+//! Hunting stress at the `DaxCore` level: few keys so that collisions,
+//! slot reuse and generation reuse happen constantly, every operation of
+//! the public API mixed, two devices
 //! with one of them remapped in a loop, and every payload stamped
 //! `[key id][nonce]..[checksum]` and checked on every load.
 //!
 //! | test | hunts |
 //! |---|---|
-//! | `two_cores_every_op_with_remaps` | defect 1 (a guard on one core while entering another that remaps: use after unmap), and everything else in passing |
-//! | `one_key_delete_reput_never_wedges` | defect 2 (racing deletes leak a slot and wedge the key) |
-//! | `forced_delete_racing_a_failing_writer` | defect 3 (forced delete vs a failing copy: panic, slot leaked outside the index) |
-//! | `freed_slots_below_the_hint_stay_findable` | defect 8 (a release racing the bitmap hint hides a free slot) |
+//! | `two_cores_every_op_with_remaps` | a guard on one core while entering another that remaps (use after unmap), and everything else in passing |
+//! | `one_key_delete_reput_never_wedges` | racing deletes and re-puts leaking a slot or wedging the key |
+//! | `forced_delete_racing_a_failing_writer` | a forced delete against a failing copy (a panic, a slot leaked outside the index) |
+//! | `freed_slots_below_the_hint_stay_findable` | a release racing the bitmap hint, hiding a free slot |
 //!
-//! Defect 9 (24-bit generation wrap) needs a reader stalled between its
-//! lookup and its borrow CAS for exactly 2^24 reservations of the slot; the
-//! public API gives no way to stall a reader there, so these tests only
-//! catch it if the scheduler happens to (every load is checked byte for
-//! byte, so it would show as another key's bytes). A deterministic test
-//! needs a test-only pause hook in the core.
+//! A 24-bit generation wrap needs a reader stalled between its lookup and
+//! its borrow CAS for exactly 2^24 reservations of the slot; the public
+//! API gives no way to stall a reader there, so these tests only catch it
+//! if the scheduler happens to (every load is checked byte for byte, so it
+//! would show as another key's bytes). The deterministic test is the
+//! core's unit test `a_stalled_reader_never_reads_a_wrapped_incarnation`.
 //!
 //! Races that need one thread stopped inside a window of a few
 //! nanoseconds (between an index lookup and the slot-word load; between
@@ -57,7 +57,8 @@ const SLOT: usize = 4096;
 /// high words (so distinct index fingerprints) and tiny low words, which the
 /// index's multiply-shift reduction sends to bucket 0. Their entries and
 /// tombstones then interleave in one probe run, so a re-put lands in
-/// another bucket than the copy before it (defect 2 needs that). Should the
+/// another bucket than the copy before it (a racing delete and re-put
+/// needs that to leak). Should the
 /// index hash change, they are plain keys and the tests stay valid.
 const SAME_HOME: u64 = 16;
 
@@ -214,14 +215,14 @@ fn check_quiet(tag: &str, core: &DaxCore, ids: impl Iterator<Item = u64>) -> usi
             assert!(
                 !core.contains_live(k),
                 "{tag}: key {id} is absent (exists false, load misses) but still in the \
-                 index: every put of it answers AlreadyPresent (defect 2)"
+                 index: every put of it answers AlreadyPresent"
             );
         }
     }
     assert_eq!(
         core.live_slot_count(),
         present,
-        "{tag}: {} live slots but {present} keys present: a slot leaked (defect 2 / 3)",
+        "{tag}: {} live slots but {present} keys present: a slot leaked",
         core.live_slot_count()
     );
     assert_eq!(core.snapshot_keys().len(), present, "{tag}: snapshot_keys");
@@ -572,7 +573,7 @@ fn mix_worker(cores: [&DaxCore; 2], mut rng: Rng, deadline: Instant, stats: &Sta
 /// Grow core B to its maximum and shrink it back (when no live slot is in
 /// the way) until `deadline`, often back to back: the longer B spends in
 /// its exclusive section, the more often a thread holding a guard on A
-/// tries to enter it (defect 1).
+/// tries to enter it.
 fn remapper(b: &DaxCore, mut rng: Rng, deadline: Instant, stats: &Stats) {
     let pause = |rng: &mut Rng| {
         if rng.one_in(2) {
@@ -641,7 +642,7 @@ fn two_cores_every_op_with_remaps() {
 }
 
 // ---------------------------------------------------------------------------
-// One key, deleted and re-put from every thread (defects 2 and 3).
+// One key, deleted and re-put from every thread.
 // ---------------------------------------------------------------------------
 
 const ONE_KEY_OPS: &[&str] = &[
@@ -663,7 +664,7 @@ const ONE_KEY_OPS: &[&str] = &[
 /// Round `n`'s hot key is `n % ONE_KEYS`; in three rounds of four the
 /// others are stored and deleted now and then (one op in 8), so the hot
 /// key's run holds other keys' entries and tombstones and a re-put can land
-/// in the same slot but another bucket, which defect 2 needs.
+/// in the same slot but another bucket, which a leaking delete needs.
 const ONE_KEYS: u64 = 7;
 /// Worker threads of the one-key tests; a fifth stalls them at random
 /// moments (`common::stall`), so that one is often stopped inside an
@@ -819,7 +820,7 @@ fn one_key_churn(test: &str, weights: [u64; 7]) {
                 assert_eq!(
                     core.put(k, &payload(hot, n, 64), hot as u32),
                     Ok(PutOutcome::Stored),
-                    "{tag}: the hot key is absent but cannot be stored (defect 2)"
+                    "{tag}: the hot key is absent but cannot be stored"
                 );
                 assert!(core.exists(k, false), "{tag}: stored, then missing");
             }
@@ -835,20 +836,20 @@ fn one_key_churn(test: &str, weights: [u64; 7]) {
     );
 }
 
-/// Defect 2: delete(K) finds K's bucket, K is deleted and re-put into the
-/// same slot in another bucket meanwhile, the first delete detaches the new
-/// generation and fails to unlink it: a live slot with no key, and K
-/// answers AlreadyPresent forever.
+/// delete(K) finds K's bucket, K is deleted and re-put into the same slot
+/// in another bucket meanwhile: the first delete must not detach the new
+/// generation and fail to unlink it (a live slot with no key, and K
+/// answering AlreadyPresent forever).
 #[test]
 fn one_key_delete_reput_never_wedges() {
     // put, failing writer, delete, forced delete, load, reserve, lock
     one_key_churn("one_key_delete_reput_never_wedges", [6, 0, 4, 2, 2, 1, 1]);
 }
 
-/// Defect 3: a forced delete detaches an in-flight store whose copy then
-/// fails; the writer frees the slot, K is re-put into the same slot and
-/// bucket, and the deleter's stale removal takes the new copy's bucket
-/// (then panics unlinking a generation that moved on).
+/// A forced delete detaches an in-flight store whose copy then fails; the
+/// writer frees the slot, K is re-put into the same slot and bucket. A
+/// stale removal by the deleter would take the new copy's bucket (then
+/// panic unlinking a generation that moved on).
 #[test]
 fn forced_delete_racing_a_failing_writer() {
     // put, failing writer, delete, forced delete, load, reserve, lock
@@ -859,7 +860,7 @@ fn forced_delete_racing_a_failing_writer() {
 }
 
 // ---------------------------------------------------------------------------
-// The free bitmap's hint (defect 8).
+// The free bitmap's hint.
 // ---------------------------------------------------------------------------
 
 const HINT_SLOTS: usize = 128;
@@ -915,7 +916,7 @@ fn hint_worker(core: &DaxCore, t: u64, mut rng: Rng, deadline: Instant, stats: &
                 r,
                 Ok(PutOutcome::Stored),
                 "racer key {id}: at most {} of {HINT_SLOTS} slots taken, put answered {r:?} \
-                 (a freed slot hidden below the bitmap hint: defect 8)",
+                 (a freed slot hidden below the bitmap hint)",
                 BALLAST_N + 2 * RACERS
             );
             present[j] = true;
@@ -929,9 +930,9 @@ fn hint_worker(core: &DaxCore, t: u64, mut rng: Rng, deadline: Instant, stats: &
     }
 }
 
-/// Defect 8: a claimer that found word 0 full moves the hint to word 1
-/// after a release in word 0 (which saw hint 0 and left it) freed a bit:
-/// that slot is never found again. Checked each round: with N of M slots
+/// A claimer that found word 0 full moves the hint to word 1 after a
+/// release in word 0 (which saw hint 0 and left it) freed a bit: that slot
+/// must still be found. Checked each round: with N of M slots
 /// free, exactly N more puts succeed, the first into the lowest free slot.
 #[test]
 fn freed_slots_below_the_hint_stay_findable() {
@@ -996,13 +997,13 @@ fn freed_slots_below_the_hint_stay_findable() {
                 stored, free,
                 "{tag}: {free} of {HINT_SLOTS} slots free but {stored} puts succeeded before \
                  Full (the first took slot {first_slot:?}): a freed slot is hidden below the \
-                 bitmap hint (defect 8)"
+                 bitmap hint"
             );
             assert_eq!(
                 first_slot,
                 Some(BALLAST_N as u32),
                 "{tag}: the first put took slot {first_slot:?} while slot {BALLAST_N} was free \
-                 (lowest-first broken: defect 8)"
+                 (lowest-first broken)"
             );
             let fillers: Vec<Key> = (FILLER..FILLER + stored as u64).map(key).collect();
             assert!(core.delete_many(&fillers, false).into_iter().all(|d| d));

@@ -3,7 +3,7 @@
 //! in one task, in back-to-back tasks and across devices), and one device
 //! remapped (grown and shrunk) in a loop while everything runs.
 //!
-//! What it hunts (issue 8): a thread holding a session on one device while
+//! What it hunts: a thread holding a session on one device while
 //! entering another that is being remapped (use after unmap), a store
 //! completion dropped when the completion ring fills, a key stored on two
 //! devices, slots leaked by racing deletes, and records left taken.

@@ -101,11 +101,10 @@ enum PeerOp {
 /// entries up to it are served, with whatever bytes the peer left in them;
 /// plain header fields and `head` scribbles change nothing.
 ///
-/// Reverting the window check (`available` checking only `tail - released`
-/// and returning `tail - head`, the defect-10 code) fails this model at
-/// once: checked when the fix landed, the first failing input (22 steps)
-/// had a tail moved back behind the accepted one answered `Ok` instead of
-/// `Corrupt`.
+/// Without the window check (`available` checking only `tail - released`
+/// and returning `tail - head`) this model fails at once: the first
+/// failing input (22 steps) has a tail moved back behind the accepted one
+/// answered `Ok` instead of `Corrupt`.
 fn run_hostile(ops: &[PeerOp]) {
     use daxkv::plumbing::ring::{layout, Consumer, HEADER_BYTES};
     use std::os::unix::fs::FileExt;

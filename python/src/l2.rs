@@ -45,7 +45,7 @@
 //! overlap is refused with `ValueError` before anything is submitted
 //! (`daxkv::plumbing::busy`; `test_l2_adapter.py::test_overlapping_load_destinations_refused`).
 //! Across tasks the same record refuses a buffer another task in flight
-//! writes or reads (`test_review_l2.py`).
+//! writes or reads (`test_l2_races.py`).
 //!
 //! ## Locks and the GIL (the interleaving that would deadlock)
 //!
@@ -437,7 +437,7 @@ impl DaxL2Core {
         let kind = task.kind;
         // No buffer of this task may be written while another task in
         // flight uses it, nor be read while another writes it (two
-        // workers on the same bytes: undefined behaviour; review finding).
+        // workers on the same bytes: undefined behaviour).
         let ranges: Vec<(usize, usize)> = task.views.iter().map(|v| (v.addr(), v.len())).collect();
         st.busy_tag += 1;
         let tag = st.busy_tag;
@@ -1072,7 +1072,7 @@ impl DaxL2Core {
         let rel = crate::gil::release(py, || {
             // A second `close` returns when the first has finished (the
             // engine closed, the exports released), not before: a caller
-            // may free its memory once close returns (review finding).
+            // may free its memory once close returns.
             let _one_closer = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
             {
                 let mut st = self.lock();

@@ -171,8 +171,8 @@ thread_local! {
 
 /// Refuse a call from inside the test write hook that would take the
 /// `positions` lock: a put with positions holds it around the hook, and the
-/// lock is not reentrant, so the thread would wait for itself (review
-/// finding). The hook is test-only; its error fails that put's item.
+/// lock is not reentrant, so the thread would wait for itself. The hook is
+/// test-only; its error fails that put's item.
 fn not_from_write_hook(what: &str) -> PyResult<()> {
     if IN_WRITE_HOOK.with(std::cell::Cell::get) {
         return Err(PyRuntimeError::new_err(format!(

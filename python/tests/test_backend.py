@@ -1,4 +1,4 @@
-"""``daxkv.lmcache.DaxBackend`` (LMCache non-MP, issue 12) inside the real
+"""``daxkv.lmcache.DaxBackend`` (LMCache non-MP) inside the real
 LMCache 0.5.6.
 
 LMCache's own ``storage_plugin_launcher`` builds the backend from an
@@ -945,10 +945,9 @@ def test_async_put_runs_through_the_loop_and_close_waits_for_it(env: Env, monkey
 def test_a_key_removed_and_stored_again_during_a_restore(dx: Env, monkeypatch) -> None:
     """The restore returns the incarnation it reserved, bytes and cached
     positions, even when the key is removed and stored again (with other
-    bytes and positions) while the outputs are being allocated. (Checked
-    once against a store that read the positions after the allocation
-    instead of with the reservation: it returned the old bytes with the new
-    positions.)"""
+    bytes and positions) while the outputs are being allocated. (A store
+    that read the positions after the allocation instead of with the
+    reservation would return the old bytes with the new positions.)"""
     b = dx.launch(slots=2)
     old, new = kv(dx.lcb, 1), kv(dx.lcb, 2)
     old.metadata.cached_positions = torch.arange(CHUNK)

@@ -334,7 +334,7 @@ def test_aliasing_buffers_are_refused_and_leave_nothing_held(make_connector):
 def test_a_pseudo_file_device_path_is_refused(path, fs):
     # A sysfs / procfs pseudo-file is never mapped; the
     # error names the path and the file system (read-only files, so a
-    # regression cannot write into kernel state).
+    # broken check cannot write into kernel state).
     if not os.path.isfile(path):
         pytest.skip(f"{path}: not on this machine")
     with pytest.raises((ValueError, RuntimeError)) as e:

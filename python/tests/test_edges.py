@@ -163,8 +163,8 @@ def _run_exit(python: str, script: str) -> subprocess.CompletedProcess:
 def test_exit_with_daemon_threads_inside_daxkv_exits_0(python: str, face: str) -> None:
     """A script whose daemon threads are inside daxkv calls (GIL released)
     when the interpreter exits, with nothing closed, exits 0 without a core
-    (it died with SIGABRT, "FATAL: exception not rethrown", exit 134).
-    Three runs each: the race is hit on most runs without the fix."""
+    (not SIGABRT, "FATAL: exception not rethrown", exit 134). Three runs
+    each: without the exit handshake the race is hit on most runs."""
     for run in range(3):
         p = _run_exit(python, EXIT_SCRIPTS[face])
         assert "exiting with daemon threads" in p.stdout, p.stderr[-2000:]
@@ -394,8 +394,8 @@ def test_fork_after_open_backend_store(dax_file: str) -> None:
 @pytest.mark.parametrize("count", [10**8, 2**32, 1025])
 def test_huge_worker_counts_are_value_errors(field: str, count: int) -> None:
     """A worker count over the fixed limit is refused before anything is
-    allocated or spawned (it ended in "memory allocation failed", an
-    abort; 1025 opened 1025 threads), naming the field and the limit."""
+    allocated or spawned (unchecked, it ends in "memory allocation failed",
+    an abort; 1025 opens 1025 threads), naming the field and the limit."""
     params = {"slot_bytes": SLOT, "device_path": "memfd", "max_dax_size_gb": 16 * SLOT / 2**30}
     with pytest.raises(ValueError, match=rf"{field}: must be at most 1024 workers per pool \(got {count}\)"):
         daxkv.DaxConnector(**params, **{field: count})

@@ -192,8 +192,8 @@ def test_a_raising_listener_does_not_lose_the_store_result(plugin) -> None:
     """The store controller's loop (poll the fd, consume it, pop; an
     exception is logged and the loop goes on): the pop that meets the
     raising listener raises, the fd is signalled again, and the next pop
-    returns the result, so the controller releases the task's L1 locks.
-    Before: the result was popped from the core, then lost."""
+    returns the result, so the controller releases the task's L1 locks
+    (the result is not popped from the core, then lost)."""
     a = plugin()
     lis = RaisesOnce()
     a.register_listener(lis)

@@ -1678,7 +1678,7 @@ impl Report {
         s
     }
 
-    /// The `--json` document (names fixed by the bench issue; fields may be
+    /// The `--json` document (its names are a stable interface; fields may be
     /// added, never renamed). Non-finite numbers are `null`.
     #[allow(clippy::too_many_lines)] // one field after another
     pub fn json(&self) -> String {

@@ -16,9 +16,9 @@
 //! merely torn bytes. So the copy methods are `unsafe fn`s whose contract
 //! is exclusive use of the range, and the safe APIs above them get it from
 //! the slot state machine (`slot`): a writer owns its slot while WRITING, a
-//! reader copies out only under a borrow, which keeps writers away. (An
-//! earlier version had these methods safe; review showed safe code racing
-//! two guards under Miri.)
+//! reader copies out only under a borrow, which keeps writers away. (Were
+//! these methods safe, safe code could race two guards on one range; Miri
+//! shows it.)
 //!
 //! ## Gate protocol
 //!
@@ -46,11 +46,11 @@
 //! zero, so the exclusive section has not started changing the mapping
 //! and cannot until both guards are gone.
 //!
-//! An earlier version granted the exception when the thread held a guard
-//! on *any* arena (one thread-local count): a worker holding device A's
-//! session walked into device B while B was being remapped, read B's base
-//! pointer mid-update and copied into unmapped memory (issue 8, defect 1:
-//! SIGSEGV in the NT copy kernel). Now each arena has a process-unique id
+//! The exception is not granted for a guard on *another* arena: with one
+//! thread-local count of guards on any arena, a worker holding device A's
+//! session would walk into device B while B is being remapped, read B's
+//! base pointer mid-update and copy into unmapped memory (SIGSEGV in the
+//! NT copy kernel). So each arena has a process-unique id
 //! (never reused, so a dropped arena's address coming back is not "held"),
 //! and each thread records the ids it holds guards on
 //! ([`HELD_ARENAS_MAX`] of them; beyond that a guard is simply not
@@ -1404,9 +1404,8 @@ mod tests {
 
     /// A closed arena gives its SIGBUS registry entry back at once:
     /// more arenas than the registry holds can be opened and closed while
-    /// every closed one is still alive (a tombstone). Checked once with
-    /// the release in `close` removed: the 1025th open failed with
-    /// `OpenError::Watch`.
+    /// every closed one is still alive (a tombstone). With the release in
+    /// `close` removed, the 1025th open fails with `OpenError::Watch`.
     #[test]
     #[cfg_attr(miri, ignore = "1088 mappings: too slow under Miri")]
     fn a_closed_arena_frees_its_registry_entry() {
@@ -1478,12 +1477,12 @@ mod tests {
         assert_eq!(a.exclusive(|_| ()).err(), Some(GateError::Closed));
     }
 
-    /// Issue 8, defect 1: a thread holding a guard on arena A must not
-    /// enter arena B while B's exclusive section is pending. Before the fix
-    /// the "nested guard" exception (a thread-local count of guards on *any*
-    /// arena) admitted it at once, and it copied through B's old base while
-    /// B was remapped (SIGSEGV under load). Checked once: with the old
-    /// `enter`, `entered_during_exclusive` was true.
+    /// A thread holding a guard on arena A must not enter arena B while B's
+    /// exclusive section is pending. A "nested guard" exception keyed on a
+    /// thread-local count of guards on *any* arena would admit it at once,
+    /// and it would copy through B's old base while B is remapped (SIGSEGV
+    /// under load); with such an `enter`, `entered_during_exclusive` is
+    /// true and this test fails.
     #[test]
     fn a_guard_on_another_arena_does_not_admit_a_remap_in_progress() {
         let a = Arena::open(&ArenaSpec::new(ArenaSource::Anonymous, 1 << 16)).unwrap();

@@ -47,10 +47,10 @@
 //!   it while WRITING (the deleter only sets CANCELED and reports the key
 //!   deleted), or its insert lost (then there is no bucket to remove).
 //!
-//! The remover then sets UNLINKED. This is what issue 8's defects 2 and 3
-//! got wrong: the deleter removed "the bucket it found", which after a
-//! delete / re-put could be another incarnation's, and a failing writer and
-//! a forced deleter could both claim one incarnation's bucket.
+//! The remover then sets UNLINKED. Removing "the bucket it found" instead
+//! would be wrong for a deleter: after a delete / re-put that bucket can be
+//! another incarnation's; and without one remover, a failing writer and a
+//! forced deleter could both claim one incarnation's bucket.
 //!
 //! A slot is freed by whichever transition completes its free condition (see
 //! `slot`): the remover's unlink, or the last pin / reader's release.
@@ -910,7 +910,7 @@ impl DaxCore {
                 Ok(ok) => ok,
                 Err(panic) => {
                     // A panicking writer would leave the slot WRITING and
-                    // the key in flight for good (review finding): undo the
+                    // the key in flight for good: undo the
                     // put as for a failed copy, then go on unwinding.
                     let aborted = m
                         .state
@@ -1645,11 +1645,11 @@ mod tests {
         });
     }
 
-    /// Issue 8, defect 9: a reader that loaded K1's state word, stalled, and
-    /// came back after K1 was deleted and slot 0 went through a wrapped
-    /// generation holding K2 (an identical state word), must not read K2's
-    /// bytes as K1's. Fails without `pin_readable`'s key check under the
-    /// pin (checked once: the load returned `Some(4096)` with K2's bytes).
+    /// A reader that loaded K1's state word, stalled, and came back after
+    /// K1 was deleted and slot 0 went through a wrapped generation holding
+    /// K2 (an identical state word), must not read K2's bytes as K1's.
+    /// Fails without `pin_readable`'s key check under the pin (the load
+    /// returns `Some(4096)` with K2's bytes).
     #[test]
     fn a_stalled_reader_never_reads_a_wrapped_incarnation() {
         let c = core(2);
@@ -1665,9 +1665,9 @@ mod tests {
     }
 
     /// The same stall on the delete path: a deleter of K1 that comes back to
-    /// a wrapped word holding K2 must not detach K2 (before the fix: K2 was
-    /// detached, its bucket never removed, the slot leaked and `put(K2)`
-    /// answered `AlreadyPresent` forever).
+    /// a wrapped word holding K2 must not detach K2 (detached, its bucket
+    /// would never be removed, the slot would leak and `put(K2)` would
+    /// answer `AlreadyPresent` forever).
     #[test]
     fn a_stalled_deleter_never_detaches_a_wrapped_incarnation() {
         let c = core(2);
@@ -1684,11 +1684,11 @@ mod tests {
         c.check_invariants().unwrap();
     }
 
-    /// Issue 8, defect 2, made deterministic: deleter A finds K in slot s at
+    /// Made deterministic with a stall: deleter A finds K in slot s at
     /// bucket p1 and stalls; meanwhile K is deleted and re-put into the same
     /// slot s but another bucket p2 (a tombstone earlier in the run). A
     /// then deletes the *new* copy completely, or nothing: never a detached
-    /// slot whose bucket stays (before the fix: 1 live slot, 0 keys,
+    /// slot whose bucket stays (that would leave 1 live slot, 0 keys,
     /// `put(K)` = `AlreadyPresent` forever, every load a miss).
     #[test]
     fn a_delete_racing_delete_and_reput_in_another_bucket_leaks_nothing() {
@@ -1711,11 +1711,11 @@ mod tests {
         c.check_invariants().unwrap();
     }
 
-    /// Issue 8, defect 3: a forced delete that cancels a store whose copy
-    /// then fails. The writer removes its own bucket, the deleter reports
-    /// the key deleted, nothing panics or leaks, and the key can be stored
-    /// again at once. Before the fix the writer removed the bucket and
-    /// freed the slot while the deleter still meant to remove "its" bucket.
+    /// A forced delete that cancels a store whose copy then fails. The
+    /// writer removes its own bucket, the deleter reports the key deleted,
+    /// nothing panics or leaks, and the key can be stored again at once
+    /// (the deleter never goes on to remove a bucket the writer already
+    /// removed, nor to free its slot again).
     #[test]
     fn a_forced_delete_of_a_failing_store_leaks_nothing() {
         let c = std::sync::Arc::new(core(2));

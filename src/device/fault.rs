@@ -6,7 +6,8 @@
 //! it). The kernel's answer is SIGBUS, whose default action kills the
 //! process, and with it every device's cache. Here the process-wide SIGBUS
 //! handler ([`install`], chained to the handler it replaces) recovers from
-//! exactly one kind of fault and lets every other one crash as before:
+//! exactly one kind of fault and lets every other one crash as it would
+//! without it:
 //!
 //! | the fault | what happens |
 //! |---|---|
@@ -571,10 +572,10 @@ mod tests {
     /// release entries 20 000 times each (a third of them marked failed
     /// before release), recording each claimed entry's owner in a side
     /// table: no entry is ever held by two registrations at once, and a
-    /// fresh claim never starts failed or with a range. Checked once with
-    /// the claim's CAS replaced by a load-then-store: a fresh claim found
-    /// another holder's range in its entry (two holders) at once; and with
-    /// `drop` not clearing `failed`: a fresh claim started failed at once.
+    /// fresh claim never starts failed or with a range. With the claim's
+    /// CAS replaced by a load-then-store, a fresh claim finds another
+    /// holder's range in its entry (two holders) at once; with `drop` not
+    /// clearing `failed`, a fresh claim starts failed at once.
     #[test]
     fn registry_claims_are_exclusive_and_come_back_clean() {
         const THREADS: usize = 4;

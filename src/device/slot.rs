@@ -578,8 +578,8 @@ impl Bitmap {
     /// full, the releaser then frees a bit in it and reads the *old* hint
     /// (no store needed), and only then does the claimer raise the hint past
     /// `r`: the freed bit would hide until some release lowered the hint
-    /// again, and `put` would report `Full` with free slots (issue 8,
-    /// defect 8). So each side writes its own word, then reads the other's,
+    /// again, and `put` would report `Full` with free slots. So each side
+    /// writes its own word, then reads the other's,
     /// in one total order (Dekker): the claimer, after raising the hint,
     /// re-reads the words it skipped and lowers the hint back if one has a
     /// free bit; the releaser, after clearing its bit, reads the hint. A

@@ -41,7 +41,7 @@
 //! choice: a stripe mate with an equal tag (2^-63) can only make a delete
 //! skip, never make two holders. Without the mark a delete waits for the
 //! store and removes the key the moment it commits, before its store task
-//! reports it (`engine::hotplug_races::
+//! reports it (`engine::hotplug_interleavings::
 //! delete_skips_a_key_being_stored_and_waits_for_a_move` fails so).
 //!
 //! ## Waiting

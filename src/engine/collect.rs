@@ -62,8 +62,8 @@ impl Inner {
         let record = self.tasks.record_of(id);
         self.tasks.take(id, TaskKind::Store, |rec| {
             // Unmark while the record is still ours: once `take` frees it,
-            // a mark for the record's next task must not be erased (review
-            // finding: that task's result was never delivered).
+            // a mark for the record's next task must not be erased (that
+            // task's result would never be delivered).
             self.ready.unmark(record);
             let ok = rec.ok_count();
             let n = rec.keys.len();
@@ -96,8 +96,7 @@ impl Inner {
         for cq in cqs.iter_mut() {
             // Pop a batch and hand its ring space back *before* any of the
             // batch's records can be freed: a refilled record's completion
-            // then always finds room (`records` module doc; issue 8,
-            // defect 4).
+            // then always finds room (`records` module doc).
             loop {
                 let (n, err) = pop_released(cq, &mut batch);
                 if let Some(e) = err {
@@ -265,7 +264,7 @@ impl Engine {
         // Holding the workers keeps their eventfds open while we sleep on
         // one: `close` waits for every such holder to let go (waking us
         // until we do) before it drops them, so it closes the fds before it
-        // returns (issue 8, defect 13) and never under a sleeper.
+        // returns and never under a sleeper.
         let Some(workers) = self.inner.workers.load_full() else {
             return poll();
         };
@@ -341,8 +340,8 @@ mod tests {
     /// the take would let the refilled record's completion meet a ring
     /// still holding the old entry (`records` module doc). Here the
     /// completion rings are held (as by a popper that won the `try_lock`)
-    /// while four results are taken by id. Checked once with the take
-    /// freeing the record at once: 0 records in use, the submit accepted.
+    /// while four results are taken by id. With the take freeing the
+    /// record at once this fails: 0 records in use, the submit accepted.
     #[test]
     fn a_store_taken_by_id_keeps_its_record_until_its_entry_is_popped() {
         const SLOT: usize = 4096;

@@ -53,7 +53,7 @@ use crate::key::Key;
 /// How far a memfd device (hotplugged or configured) may grow by default
 /// (× its first size; `max_size_bytes` at add sets another limit): the
 /// slot tables are sized for the largest size, so the headroom costs DRAM
-/// (review finding: a flat 64 GiB took 800 MiB of tables at 4 KiB slots).
+/// (a flat 64 GiB would take 800 MiB of tables at 4 KiB slots).
 pub const MEMFD_GROW_FACTOR: usize = 4;
 
 /// The longest NAME of a `memfd:NAME` device.
@@ -334,9 +334,9 @@ fn unblocked(dev: &Device) -> Result<(), HotplugError> {
 }
 
 /// Wait until every operation that entered `dev` before its state change
-/// has left (review finding: a store that chose the device while it was
-/// still writable, and committed after its keys were listed, was lost
-/// with it). Puts that enter later see the new state and go elsewhere
+/// has left: a store that chose the device while it was still writable,
+/// and committed after its keys were listed, would be lost with it. Puts
+/// that enter later see the new state and go elsewhere
 /// (`store_one` checks writability inside its session). A guard held past
 /// the drain timeout (a long borrowed read) blocks, unless `force`.
 fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
@@ -898,8 +898,7 @@ impl Engine {
                     // new copy goes again, unless a reader locked it too
                     // meanwhile; then the source's locks move onto it and
                     // the source copy goes (one copy, no lock lost, and an
-                    // unlock releases a lock its reader took; review
-                    // finding).
+                    // unlock releases a lock its reader took).
                     if target.core().delete(key, false) {
                         return Move::Locked;
                     }
@@ -936,8 +935,8 @@ impl Engine {
         let before = told.len();
         told.extend(keys.iter().zip(&ok).filter(|(_, &d)| d).map(|(k, _)| *k));
         let n = told.len() - before;
-        // A key another thread deleted meanwhile is gone, not blocked
-        // (review finding: a forced evict was refused for it).
+        // A key another thread deleted meanwhile is gone, not blocked (a
+        // forced evict must not be refused for it).
         let blocked = keys
             .iter()
             .zip(&ok)

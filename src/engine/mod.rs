@@ -147,7 +147,7 @@ pub mod claims;
 mod collect;
 mod hotplug;
 #[cfg(all(test, debug_assertions, not(daxkv_loom)))]
-mod hotplug_races;
+mod hotplug_interleavings;
 mod metrics;
 mod options;
 mod pool;
@@ -642,8 +642,8 @@ impl Engine {
     /// → B's lock gone; a plain delete removes the key B holds.
     /// ```
     ///
-    /// `tests/hotplug_races.rs::unlock_racing_forced_migrations_*` hunts
-    /// both, `hotplug_races::an_unlock_never_lands_inside_a_move` pins the
+    /// `tests/hotplug_concurrent.rs::unlock_racing_forced_migrations_*` hunts
+    /// both, `hotplug_interleavings::an_unlock_never_lands_inside_a_move` pins the
     /// first, `tests/loom_claims.rs` models the hand-over.
     pub fn submit_unlock(&self, keys: &[Key]) {
         for &k in keys {
@@ -754,7 +754,7 @@ impl Engine {
             // claim from copy to source delete) finishes first, so the
             // delete finds the one copy and cannot be undone by the move.
             // The device list is read under the claim (a key moved to a
-            // device added meanwhile is found there; review finding).
+            // device added meanwhile is found there).
             // A key whose store is in flight is skipped, like a locked
             // one (docs/key-ownership.md, "Delete": LMCache's eviction
             // retries it next cycle); any other holder (a move, an unlock)

@@ -353,7 +353,7 @@ impl DevicePool {
     /// list without its device: a device is listed once, live or gone. Read
     /// apart, a listing between the two saw it twice, and `status()` (which
     /// numbers devices by position) gave every later device the next one's
-    /// index (`tests/hotplug_races.rs::
+    /// index (`tests/hotplug_concurrent.rs::
     /// a_listing_during_a_remove_shows_each_device_once`).
     pub(super) fn entries(&self) -> Vec<Entry> {
         let graves = self
@@ -753,8 +753,7 @@ fn in_session<R>(
 /// tried): the least used, ties by position, skipping `except`. Called in
 /// a loop it walks the writable devices in ascending usage without
 /// allocating and without a limit on the list's length (tombstones stay in
-/// it; review finding: a 64-device bitmask skipped every device past the
-/// 64th).
+/// it, so a 64-device bitmask would skip every device past the 64th).
 pub(super) fn next_writable(
     devs: &[Arc<Device>],
     after: Option<(f64, usize)>,
@@ -820,8 +819,8 @@ pub(super) fn store_one(
         // takes a device out of the writable set, then waits for every
         // session on it to end before it lists the device's keys, so a put
         // under a session entered after that sees the new state and a put
-        // under an older session is listed (review finding: a store
-        // committed after the list was lost with the device).
+        // under an older session is listed (a store committed after the
+        // list would be lost with the device).
         let d = &devs[i];
         match in_session(devs, sessions, i, |s| {
             d.state().is_writable().then(|| s.put(key, data, 0))
@@ -853,18 +852,18 @@ mod tests {
     use crate::device::arena::ArenaSpec;
     use std::time::Duration;
 
-    /// Key claims met the arena gate: a store holding key K's claim entered
-    /// a device per call (the device list had changed since its part
-    /// began) while that device's remap was pending; the remap waited for
-    /// another worker's part session on the device, and that worker waited
-    /// for K's claim: a cycle, broken only when the remap gave up after the
-    /// drain timeout. A claim holder must never wait on an arena: here a
+    /// Key claims meet the arena gate: a store holding key K's claim that
+    /// enters a device per call (the device list changed since its part
+    /// began) while that device's remap is pending, and waits, closes a
+    /// cycle: the remap waits for another worker's part session on the
+    /// device, and that worker waits for K's claim, until the remap gives
+    /// up after the drain timeout. A claim holder must never wait on an arena: here a
     /// remap of device 0 is pending (held up by a session standing in for
     /// the other worker's part), and `store_one` with a stale device list
     /// must come back at once with `WouldWait`, having stored nothing and
-    /// released the claim. Checked once with `in_session` entering through
-    /// the blocking `session()`: `store_one` did not return while the
-    /// remap was pending (the watchdog fired).
+    /// released the claim. With `in_session` entering through the blocking
+    /// `session()` this fails: `store_one` does not return while the remap
+    /// is pending (the watchdog fires).
     #[test]
     fn a_claim_holder_never_waits_for_a_remap() {
         const SLOT: usize = 4096;
@@ -950,8 +949,8 @@ mod tests {
     /// A removed device leaves the list the data path
     /// walks (unlock, delete, placement), so their cost does not grow
     /// with the number of devices ever removed; status still lists the
-    /// tombstones, in id order. Fails on the old code (the list grew by
-    /// one per cycle).
+    /// tombstones, in id order. A list that kept tombstones would grow by
+    /// one per cycle and fail this.
     #[test]
     fn removed_devices_leave_the_data_path_list() {
         const SLOT: usize = 4096;

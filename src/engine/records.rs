@@ -6,8 +6,8 @@
 //! collected) and names it in the task id: `id = (sequence << bits) |
 //! record` (see `Engine` in the parent module). A result left uncollected
 //! therefore holds exactly one record; a submit is refused only when every
-//! record is taken (issue 8, defect 12: with `record = id mod slots`, one
-//! uncollected result refused every N-th submit forever).
+//! record is taken (with `record = id mod slots`, one uncollected result
+//! would refuse every N-th submit forever).
 //!
 //! ## Protocol
 //!
@@ -23,7 +23,7 @@
 //! | pop | the one collector | [`pop_released`]: pop CQEs, then hand the ring space back |
 //! | take, release | the collector | empty the record, *then* clear its bit |
 //!
-//! ## Why the completion ring never overflows (defect 4)
+//! ## Why the completion ring never overflows
 //!
 //! A store CQE is pushed while its record is taken, and its record is
 //! released only by the collector that popped it. [`pop_released`] hands the
@@ -34,10 +34,10 @@
 //! unreleased CQEs in one worker's ring ≤ records taken ≤ task_slots ≤ ring capacity
 //! ```
 //!
-//! and a worker's push always finds room. Before the fix the collector
-//! freed each record as it popped and released the ring space after its
-//! loop: a freed record was refilled, run and published into a ring whose
-//! space was still held, and the completion was dropped.
+//! and a worker's push always finds room. A collector that freed each
+//! record as it popped and released the ring space after its loop would
+//! let a freed record be refilled, run and published into a ring whose
+//! space was still held, and the completion would be dropped.
 //! `tests/loom_task_table.rs` checks this with a popper racing a worker.
 //!
 //! ## Taking a store result by id ([`Collect`])

@@ -304,7 +304,7 @@ impl Inner {
         // A record may wait only for its store completion entry to be
         // popped (its result already taken by id): pop the store rings once
         // and look again, so a caller that only ever waits by id is never
-        // refused with nothing in flight (review finding).
+        // refused with nothing in flight.
         let claimed = self.tasks.claim().or_else(|| {
             self.harvest_stores(None);
             self.tasks.claim()

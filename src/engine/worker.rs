@@ -598,7 +598,7 @@ impl WorkerCtx {
                         if d.core().remap_pending() && i > 0 {
                             // Let a pending remap in instead of holding it
                             // off for the rest of a long part: re-entering
-                            // waits for it (review finding).
+                            // waits for it.
                             drop(sess);
                             let Some(again) = d.core().session() else {
                                 missing = true;
@@ -628,7 +628,7 @@ impl WorkerCtx {
         // result also sees the events. (Nothing is built when no listener
         // is registered: the common embedded case allocates nothing here.)
         // A listener that panics is isolated like a task part: logged,
-        // counted, the task still published (issue 8, defect 5).
+        // counted, the task still published.
         let has_listeners = !self.inner.listeners.load().is_empty();
         if ok > 0 && has_listeners && task.kind != TaskKind::Lookup {
             let bitmap = task.bitmap();

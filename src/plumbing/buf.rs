@@ -179,8 +179,8 @@ impl Dsts {
 /// assert_eq!(lent.take_back(), vec![vec![0, 0, 0, 0], vec![7, 0, 0, 0], vec![9, 0, 0, 0]]);
 /// ```
 ///
-/// The descriptors themselves are not handed out (the aliasing route of
-/// issue 8, defect 11, no longer compiles):
+/// The descriptors themselves are not handed out, so two `&mut` into one
+/// lent buffer do not compile:
 ///
 /// ```compile_fail
 /// # use daxkv::plumbing::buf::{Dsts, Lent};
@@ -202,7 +202,7 @@ pub struct Lent {
 
 /// By hand, never the derived one: while lent, `owned`'s bytes belong to
 /// the parts writing them, so `Debug` prints shapes only (reading the bytes
-/// here would alias a part's `&mut`; found by review, shown by Miri).
+/// here would alias a part's `&mut`, which Miri reports).
 impl std::fmt::Debug for Lent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lent")
@@ -413,11 +413,10 @@ impl From<RawBuf> for Buf {
 mod tests {
     use super::*;
 
-    /// Review finding: `Lent`'s derived `Debug` read the lent vectors'
-    /// bytes while a part held `&mut` into them (an alias from safe code,
-    /// and a data race from another thread; Miri reported UB). Its `Debug`
-    /// now prints shapes only; under Miri this test checks there is no
-    /// aliasing left.
+    /// A derived `Debug` for `Lent` would read the lent vectors' bytes
+    /// while a part holds `&mut` into them (an alias from safe code, and a
+    /// data race from another thread; Miri reports UB). Its `Debug` prints
+    /// shapes only; under Miri this test checks there is no aliasing.
     #[test]
     fn debug_of_a_lent_record_does_not_read_the_lent_bytes() {
         let mut lent = Lent::default();

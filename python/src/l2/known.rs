@@ -49,8 +49,8 @@
 //!    store:              store K commits (new copy)
 //!    collect:                         exists(K)=true, K recorded → size 0
 //!    → the listener would drop the entry and tell "deleted" while the
-//!      engine holds the new copy (found by review: LMCache's books and
-//!      LRU lose a key the engine keeps).
+//!      engine holds the new copy (LMCache's books and LRU would lose a
+//!      key the engine keeps).
 //!    Closed: the listener asks the engine, under `map`, whether it holds
 //!    K again; if so the entry stays, standing for the new copy, which
 //!    LMCache has counted once (the old copy's "stored", the new one's

@@ -1,6 +1,6 @@
-"""Review rv2: the exit handshake and the fork check against a caller whose
-Python code (a key's ``to_string()``, a keys generator) runs inside a daxkv
-call — real processes, real ``os.fork``."""
+"""The exit handshake and the fork check against a caller whose Python
+code (a key's ``to_string()``, a keys generator, a listener, an ``alloc``
+callback) runs inside a daxkv call — real processes, real ``os.fork``."""
 
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ def _run(script: str, timeout: int = 60) -> subprocess.CompletedProcess:
 
 
 def test_fork_inside_a_held_stretch_leaves_the_child_window_at_0() -> None:
-    """The child of a fork made inside a daxkv call's Python stretch left the
-    window one below zero (the reset set 0, the stretch's end then took one):
-    usize::MAX, so the child's exit hook waited its whole 5 s bound."""
+    """The child of a fork made inside a daxkv call's Python stretch starts
+    with the window at 0. A reset to 0 followed by the stretch's end taking
+    one would leave it one below zero (usize::MAX), and the child's exit
+    hook would wait its whole 5 s bound."""
     p = _run(_FORK_IN_KEY + """
 k = Key()
 try:
@@ -56,11 +57,12 @@ print("parent window", _window_count())
 
 
 def test_a_call_that_forks_midway_does_not_go_on_in_the_child() -> None:
-    """The fork check ran first, before the call's own Python code (here a
-    key's ``to_string()``; also a keys generator): a child forked there went
-    on with the parent's call and wrote into the parent's slots (the device
-    mapping is MAP_SHARED) — the parent's stored payload read back as the
-    child's bytes. A call must raise in the child instead."""
+    """A child forked inside the call's own Python code (here a key's
+    ``to_string()``; also a keys generator), after the fork check at the
+    call's start, must raise instead of going on with the parent's call:
+    going on, it would write into the parent's slots (the device mapping
+    is MAP_SHARED), and the parent's stored payload would read back as the
+    child's bytes."""
     p = _run(_FORK_IN_KEY + """
 n = 100
 buf = bytearray(b"P" * n)
@@ -177,8 +179,9 @@ start(body)
 @pytest.mark.parametrize("face", sorted(GEN_EXIT_SCRIPTS))
 def test_exit_with_daemon_threads_iterating_a_generator_inside_daxkv_exits_0(python: str, face: str) -> None:
     """Daemon threads passing generators (keys, buffers) to daxkv when the
-    script exits: it died with SIGABRT ("FATAL: exception not rethrown") on
-    most runs of 3 on 3.11, 3.12 and 3.13 for the backend store."""
+    script exits: exit 0 on every run, not SIGABRT ("FATAL: exception not
+    rethrown"), which a generator handing the GIL over at exit hits on
+    most runs on 3.11, 3.12 and 3.13 for the backend store."""
     for run in range(5):
         p = _run_exit(python, GEN_EXIT_SCRIPTS[face])
         assert "exiting with daemon threads" in p.stdout, p.stderr[-2000:]
@@ -193,9 +196,10 @@ def test_exit_with_daemon_threads_iterating_a_generator_inside_daxkv_exits_0(pyt
 def test_a_listener_querying_its_load_again_does_not_break_the_callers_query() -> None:
     """``on_l2_keys_accessed`` is told inside ``query_load_result``; a
     listener that asks for the same task's result there (re-entrant: the
-    adapter's lock is an RLock) took the kept bitmap, and the outer call —
-    LMCache's prefetch controller — then raised ``KeyError`` (its
-    ``del self._loads_kept[task_id]``) instead of returning the bitmap."""
+    adapter's lock is an RLock) must not take the kept bitmap from the
+    outer call — LMCache's prefetch controller — which would then raise
+    ``KeyError`` (its ``del self._loads_kept[task_id]``) instead of
+    returning the bitmap."""
     pytest.importorskip("lmcache")
     from test_l2_adapter import SLOTS, build, dax_file, drain_stores, lookup, params, wait_result
     from test_lmcache import bits, key, obj
@@ -240,10 +244,10 @@ def test_a_listener_querying_its_load_again_does_not_break_the_callers_query() -
 
 def test_close_frees_the_control_port_while_a_forked_child_lives() -> None:
     """The child of a fork (a worker started with ``fork`` after the
-    connector opened) inherited the control plane's listening socket: after
-    the parent's ``close()`` the port stayed bound while the child lived —
-    a reopen on it failed with EADDRINUSE and a client connecting hung
-    (accepted by the kernel, served by no one)."""
+    connector opened) must not keep the control plane's listening socket:
+    if it did, after the parent's ``close()`` the port would stay bound
+    while the child lives — a reopen on it failing with EADDRINUSE and a
+    client connecting hanging (accepted by the kernel, served by no one)."""
     p = _run("""
 import os, socket, time
 import daxkv
@@ -301,9 +305,9 @@ start(body)
 def test_exit_with_a_callback_calling_back_into_daxkv_is_prompt(python: str) -> None:
     """Daemon threads restoring, their ``alloc`` callback (run by daxkv
     under ``gil::with_gil``, counted in the exit window) calling daxkv
-    again: at exit the inner call parked while the outer entry stayed
-    counted, so every exit waited the hook's whole 5 s bound (3 of 3
-    runs). A thread already in the window must run on to its end."""
+    again. A thread already in the window must run on to its end: an inner
+    call that parked at exit while the outer entry stayed counted would
+    make every exit wait the hook's whole 5 s bound."""
     import time
 
     for run in range(3):

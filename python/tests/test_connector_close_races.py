@@ -1,22 +1,22 @@
-"""Review 11: races between DaxConnector.close() and drain_completions().
+"""Races between DaxConnector.close() and drain_completions().
 
-`close()` (python/src/lib.rs) calls `Engine::close()` *before* it takes the
-state mutex and sets `engine = None`. `Engine::close()` closes the engine's
-three completion eventfds (it drops the worker pools) and only then closes
-the devices, under the pool's `admin` mutex. A `drain_completions()` that
-takes the state mutex in that window still sees `engine` set and calls
-`reset_fd` (an 8-byte `read`) on the three raw fd numbers it saved at
-construction: numbers the engine has closed and the process may have
-reused for anything else.
+`Engine::close()` closes the engine's three completion eventfds (it drops
+the worker pools) and only then closes the devices, under the pool's
+`admin` mutex. `close()` (python/src/lib.rs) takes the engine out of the
+state (`engine = None`) *before* it calls `Engine::close()`. Were it the
+other way round, a `drain_completions()` that takes the state mutex in
+that window would still see `engine` set and call `reset_fd` (an 8-byte
+`read`) on the three raw fd numbers it saved at construction: numbers the
+engine has closed and the process may have reused for anything else.
 
 The window is normally microseconds wide. Here it is held open on purpose,
 the way a control-plane operation can hold it in production: a hotplug
 `add` posted to the connector's own HTTP control plane holds the engine's
 `admin` mutex while the device probe reads sysfs; the test's fake sysfs
 tree makes that read a FIFO, so the probe blocks until the test lets it
-go. `close()` waits out the HTTP grace period (5 s), closes the engine's
-fds, then blocks on `admin` in `close_all` -- with the state mutex free and
-`engine` still set.
+go. `close()` closes the engine's fds, then blocks on `admin` in
+`close_all` -- with the state mutex free, so a drain runs inside the
+window.
 """
 
 from __future__ import annotations
@@ -150,11 +150,11 @@ def _reuse(numbers: list[int], data: bytes) -> dict[int, tuple[int, int]]:
     return out
 
 
-def test_drain_during_close_reads_fds_the_engine_already_closed(make_connector, tmp_path):
-    """A drain in the close window steals 8 bytes from whatever now owns
-    the engine's old fd numbers (here: pipes holding data; in production:
-    another connector's eventfd -- a lost wakeup there --, a socket, a file
-    offset)."""
+def test_a_drain_during_close_reads_no_fd_the_engine_closed(make_connector, tmp_path):
+    """A drain in the close window must not steal 8 bytes from whatever now
+    owns the engine's old fd numbers (here: pipes holding data; in
+    production: another connector's eventfd -- a lost wakeup there --, a
+    socket, a file offset)."""
     s = _StuckControlPlane(make_connector, tmp_path)
     pipes = _reuse(s.engine_fds, b"not-ours")
     try:
@@ -183,12 +183,11 @@ def test_drain_during_close_reads_fds_the_engine_already_closed(make_connector, 
     )
 
 
-def test_drain_during_close_blocks_on_a_reused_fd_and_close_never_returns(
-    make_connector, tmp_path
-):
-    """The same window with a blocking fd at an old number: the drain blocks
-    in read() holding the state mutex, so close() (and every other method,
-    and pending(), which waits for that mutex holding the GIL) hangs."""
+def test_a_drain_during_close_never_blocks_on_a_reused_fd(make_connector, tmp_path):
+    """The same window with a blocking fd at an old number: a drain that
+    read it would block in read() holding the state mutex, so close() (and
+    every other method, and pending(), which waits for that mutex holding
+    the GIL) would hang."""
     s = _StuckControlPlane(make_connector, tmp_path)
     pipes = _reuse(s.engine_fds, b"")
     try:
@@ -213,13 +212,14 @@ def test_drain_during_close_blocks_on_a_reused_fd_and_close_never_returns(
     )
 
 
-def test_drain_during_close_eats_another_connectors_wakeup(make_connector, tmp_path):
+def test_a_drain_during_close_leaves_another_connectors_wakeup(make_connector, tmp_path):
     """The realistic reuse: a second connector opened while the first one
-    closes gets the freed numbers for its own engine eventfds. The first
-    connector's drain then resets the second one's eventfd: the second
-    connector holds an undrained completion but its event_fd() is not
-    readable, so a bridge that drains on POLLIN (LMCache's demux loop) never
-    collects it -- until some later completion happens to signal again."""
+    closes gets the freed numbers for its own engine eventfds. A first
+    connector's drain that reset them would leave the second connector
+    holding an undrained completion with an event_fd() that is not
+    readable, so a bridge that drains on POLLIN (LMCache's demux loop)
+    would never collect it -- until some later completion happens to
+    signal again."""
     import select
 
     s = _StuckControlPlane(make_connector, tmp_path)

@@ -1,5 +1,5 @@
-"""Review of ``daxkv._daxkv.DaxStore`` (the non-MP backend's Rust store):
-lock / GIL interplay of the put path with ``cached_positions``.
+"""``daxkv._daxkv.DaxStore`` (the non-MP backend's Rust store): lock / GIL
+interplay of the put path with ``cached_positions``.
 
 Plain ``DaxStore`` on a memfd; no LMCache needed. Every wait has a hang
 guard; a hung call is left on a daemon thread (blocked in Rust with the GIL
@@ -43,9 +43,10 @@ def test_a_put_with_positions_does_not_hang_when_its_hook_uses_the_store(call: s
     before its reservation until its tensor is in the map, and runs the
     write hook (with the GIL) inside that. A hook that calls back into the
     store on the same thread -- ``status()``, ``remove()`` (``forget_positions``)
-    or ``restore()`` -- takes the same non-reentrant mutex: the put thread
-    deadlocks with itself (python/src/store.rs put_batch positions path vs
-    ``status`` / ``forget_positions`` / ``restore``)."""
+    or ``restore()`` -- would take the same non-reentrant mutex and the put
+    thread would deadlock with itself (python/src/store.rs put_batch
+    positions path vs ``status`` / ``forget_positions`` / ``restore``); the
+    call is refused from inside the hook instead."""
     s = _store()
     s.put_batch(["other"], [bytes(100)], [0], [object()])
     calls = {

@@ -1,8 +1,9 @@
-//! Hotplug races found by the issue-10 review, each seen failing on the
-//! first implementation: a store in flight lost with a migrated device, a
-//! delete missing a key moved to a device added meanwhile, a forced evict
-//! refused for a key another thread deleted, and the DRAM a hotplugged
-//! memfd's growth headroom cost (checked, not timed).
+//! Hotplug concurrent with the data path, on real threads: a store in
+//! flight during a migrating remove, a delete while keys move to a device
+//! added meanwhile, a forced evict while another thread deletes, unlocks
+//! racing forced migrations, status listed during removes; and what a
+//! long-lived pool costs: the DRAM of a hotplugged memfd's growth headroom
+//! (checked, not timed) and placement past the 64th list entry.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -48,12 +49,14 @@ fn store(e: &Engine, keys: Vec<Key>, bufs: Vec<Vec<u8>>) -> bool {
     }
 }
 
-/// Issue A: remove(migrate) snapshots the committed keys once; a store
-/// that chose the device before it left `Active` (its copy in flight, so
-/// not in the snapshot) commits there after the snapshot, and the close
-/// then forgets it. The store task reported success; the key is gone.
+/// A store that reported success survives a remove(migrate) that ran
+/// meanwhile. The remove snapshots the committed keys once; a store that
+/// chose the device before it left `Active` (its copy in flight, so not
+/// in the snapshot) would commit there after the snapshot, and the close
+/// would forget it, unless the remove waits for every operation on the
+/// device before it lists the keys.
 #[test]
-fn remove_migrate_loses_keys_whose_store_was_in_flight() {
+fn remove_migrate_keeps_keys_whose_store_was_in_flight() {
     const SLOT: usize = 1 << 20; // 1 MiB copies: a wide in-flight window
     let e = Arc::new(
         Engine::open(vec![memfd(128, SLOT)], SLOT, true, EngineOptions::default()).unwrap(),
@@ -128,13 +131,13 @@ fn remove_migrate_loses_keys_whose_store_was_in_flight() {
     );
 }
 
-/// Issue B: `delete_into` loads the device list once, before it claims
-/// each key. A migration to a device added after that load moves a key
-/// (under its claim) before the delete reaches it; the delete then claims
-/// the key, looks only at the old list, misses the copy on the new device,
-/// and the key survives a delete of "every key".
+/// A delete of every key finds the keys a migration moved to a device
+/// added meanwhile. A `delete_into` that loaded the device list once,
+/// before it claimed each key, would look only at that list: a migration
+/// moving a key (under its claim) before the delete reached it would leave
+/// the copy on the new device, and the key would survive.
 #[test]
-fn delete_misses_keys_moved_to_a_device_added_meanwhile() {
+fn delete_finds_keys_moved_to_a_device_added_meanwhile() {
     const SLOT: usize = 512;
     const N: u64 = 5_000;
     let e = Arc::new(
@@ -208,12 +211,13 @@ fn delete_misses_keys_moved_to_a_device_added_meanwhile() {
     );
 }
 
-/// Issue E: a forced evict (remove mode evict, force) fails with
-/// "locked or borrowed" 409 when a key of its snapshot was deleted by a
-/// plain concurrent `Engine::delete` before the evict reached it (nothing
-/// is locked or borrowed), and the device stays in the pool.
+/// A forced evict (remove mode evict, force) goes through when a key of
+/// its snapshot was deleted by a plain concurrent `Engine::delete` before
+/// the evict reached it: nothing is locked or borrowed, so counting that
+/// key as blocked (a "locked or borrowed" 409, the device left in the
+/// pool) would be wrong.
 #[test]
-fn forced_evict_fails_when_a_key_was_deleted_meanwhile() {
+fn forced_evict_goes_through_when_a_key_was_deleted_meanwhile() {
     const SLOT: usize = 512;
     const N: u64 = 40_000;
     for delay_us in [0u64, 100, 300, 600, 1000, 2000, 4000] {
@@ -272,15 +276,15 @@ fn a_hotplugged_memfd_costs_dram_in_proportion_to_its_size() {
     let before = rss_mb();
     e.hotplug_add("memfd:", 16 * SLOT, |_, _| Ok(())).unwrap();
     let after = rss_mb();
-    // A flat 64 GiB of headroom took 800 MiB of slot tables here.
+    // A flat 64 GiB of headroom would take 800 MiB of slot tables here.
     assert!(after < before + 64, "RSS {before} MiB -> {after} MiB");
 }
 
 /// Tombstones stay in the device list (ids are never reused), so a
-/// long-lived pool outgrows 64 entries: placement chose only among the
-/// first 64 (a bitmask), so stores to a device added after that failed,
-/// and a migration onto it reported no capacity. Checked once with the
-/// bitmask: the store after 70 add / remove rounds failed.
+/// long-lived pool outgrows 64 entries. Placement that chose only among
+/// the first 64 (a bitmask) would fail stores to a device added after
+/// that, and a migration onto it would report no capacity; with such a
+/// bitmask the store after 70 add / remove rounds fails.
 #[test]
 fn placement_reaches_devices_past_the_64th_entry() {
     const SLOT: usize = 4096;
@@ -349,21 +353,22 @@ fn lock_check_unlock(
 /// A forced migration hands a moved key's lookup locks
 /// over from the source copy to the target copy (the source delete takes
 /// them, then they are taken again on the target, one by one).
-/// `submit_unlock` took no claim and released one lock on every device in
-/// turn, so it could land between the two halves: it found the source
-/// copy gone and the target copy not yet locked, released nothing, and the
-/// lock then taken on the target stayed for ever (status counts it, and
-/// every later non-forced remove or shrink of that device is 409); or it
-/// released one lock on each copy, two in all, taking another reader's.
+/// A `submit_unlock` that took no claim and released one lock on every
+/// device in turn could land between the two halves: it would find the
+/// source copy gone and the target copy not yet locked, release nothing,
+/// and the lock then taken on the target would stay for ever (status
+/// counts it, and every later non-forced remove or shrink of that device
+/// is 409); or it would release one lock on each copy, two in all, taking
+/// another reader's.
 ///
 /// Hunt: a few keys, readers that lock a key (lookup), check that a plain
 /// delete leaves it (they hold a lock), and unlock, against a migrator
 /// that moves every key to a fresh device, over and over (forced, and
 /// sometimes not). At the end every lock was released: none may be left,
-/// and a non-forced remove must go through. Before the fix (unlock under
-/// no claim) this failed within seconds under load (checked once:
-/// "locks left after every reader unlocked: 1 ... remove: Blocked"); with
-/// it, unlock waits for the move's claim. `DAXKV_HUNT_SECS` runs it longer.
+/// and a non-forced remove must go through. With an unlock under no claim
+/// this fails within seconds under load ("locks left after every reader
+/// unlocked: 1 ... remove: Blocked"); unlock waits for the move's claim.
+/// `DAXKV_HUNT_SECS` runs it longer.
 #[test]
 fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
     const SLOT: usize = 4096;
@@ -461,10 +466,11 @@ fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
 /// Status during a remove: every device is listed once, at its index
 /// (its id). A remove turns the device into a tombstone (added to the
 /// tombstones, then dropped from the live list); a listing that read the
-/// live list before and the tombstones after saw the device twice, and
-/// every later device one index too far (`status()` numbers devices by
-/// position, and a control plane names them by that index). One thread
-/// adds and removes devices (at most 3 s, 30 000 cycles; the old code failed within 0.2 s), one lists.
+/// live list before and the tombstones after would see the device twice,
+/// and every later device one index too far (`status()` numbers devices
+/// by position, and a control plane names them by that index). One thread
+/// adds and removes devices (at most 3 s, 30 000 cycles; a listing read
+/// apart fails within 0.2 s), one lists.
 #[test]
 fn a_listing_during_a_remove_shows_each_device_once() {
     const SLOT: usize = 4096;

@@ -1,4 +1,4 @@
-//! Review of the non-MP backend's store paths (`restore_into`,
+//! Edge cases of the non-MP backend's store paths (`restore_into`,
 //! `put_with_writer`, `put_batch_with`, close): races, pins, leaks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,8 +29,8 @@ fn store(slots: usize, slot: usize, workers: usize) -> DaxStore {
     DaxStore::open(&c).unwrap()
 }
 
-/// Claim (1) with helper threads: a multi-region restore (4 x 1 MiB slots,
-/// 4 restore threads, streaming path not taken) whose keys are all removed
+/// A restore pins its slots, also on helper threads: a multi-region
+/// restore (4 x 1 MiB slots, 4 restore threads, streaming path not taken) whose keys are all removed
 /// and whose free slots are all refilled with other keys while `alloc`
 /// runs still copies the removed keys' bytes; afterwards every slot is
 /// reusable and no pin is left.
@@ -69,7 +69,7 @@ fn restore_on_helpers_keeps_removed_slots_while_the_arena_is_refilled() {
     s.core().check_invariants().unwrap();
 }
 
-/// Claim (5): `close` from another thread while a restore is inside `alloc`
+/// `close` from another thread while a restore is inside `alloc`
 /// gives up after the drain timeout and leaves the mapping; the restore
 /// then copies correct bytes (no fault) and the pins are dropped.
 #[test]
@@ -107,11 +107,11 @@ fn close_timing_out_during_a_restore_leaves_the_mapping_for_it() {
     assert!(matches!(s.put(k(9), &[1]), Err(StoreError::Closed)));
 }
 
-/// Review finding (fixed): a panic in a `put_with_writer` writer (which
-/// goes on in the caller, also for `put_batch_with` helpers) left the slot
-/// WRITING forever: the key "in flight" for good, every later put of it a
-/// no-op `AlreadyPresent`, the slot never freed. `DaxCore::put_with` now
-/// undoes the put before the unwind goes on.
+/// A panic in a `put_with_writer` writer (which goes on in the caller,
+/// also for `put_batch_with` helpers) must not leave the slot WRITING
+/// forever (the key "in flight" for good, every later put of it a no-op
+/// `AlreadyPresent`, the slot never freed): `DaxCore::put_with` undoes the
+/// put before the unwind goes on.
 #[test]
 fn a_panicking_writer_frees_its_slot_and_key() {
     let s = store(2, 4096, 1);
@@ -129,7 +129,7 @@ fn a_panicking_writer_frees_its_slot_and_key() {
 }
 
 /// The same through `put_batch_with` on helper threads: the panic reaches
-/// the caller, and the panicking item's key stays wedged.
+/// the caller, and the panicking item's key is not left wedged.
 #[test]
 fn a_panicking_batch_item_frees_its_slot_and_key() {
     let s = store(16, MIB, 4);

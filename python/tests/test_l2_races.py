@@ -1,6 +1,7 @@
-"""Review of python/src/l2.rs, l2/known.rs, daxkv/lmcache/_l2_adapter.py:
-races and unsoundness. Each test fails (or would hang) because of a finding;
-see the docstrings for the interleaving."""
+"""Races of the plugin adapter (python/src/l2.rs, l2/known.rs,
+daxkv/lmcache/_l2_adapter.py) across tasks: a re-store inside a delete's
+listener window, buffers shared between tasks in flight, two closers. Each
+docstring gives the interleaving and what breaks without the rule."""
 
 from __future__ import annotations
 
@@ -23,16 +24,16 @@ from test_l2_adapter import (  # noqa: E402,F401
 from test_lmcache import key, obj  # noqa: E402
 
 
-def test_restore_inside_a_delete_window_is_counted_zero_then_deleted(plugin):
-    """known.rs interleaving 1 is not closed: `Engine::delete_into` deletes
-    a key (engine/mod.rs:600) and tells the listener only after the whole
-    key list (mod.rs:628), outside `KnownKeys.map`. A store of the same key
-    collected in that window finds exists(K)=true (the new incarnation) and
-    the *old* entry still recorded (known.rs:106): size 0, pending on the
-    old generation. The late listener call then removes the entry and
-    reports "deleted". LMCache ends with K counted 0 bytes (and dropped from
-    its LRU) while the engine holds K; K is no longer recorded, so a later
-    evict of K is never reported.
+def test_a_restore_inside_a_delete_window_keeps_its_slot_counted(plugin):
+    """known.rs interleaving 3: `Engine::delete_into` deletes a key and
+    tells the listener only after the whole key list, outside
+    `KnownKeys.map`. A store of the same key collected in that window finds
+    exists(K)=true (the new incarnation) and the *old* entry still
+    recorded: size 0, pending on the old generation. If the late listener
+    call then removed the entry and reported "deleted", LMCache would end
+    with K counted 0 bytes (and dropped from its LRU) while the engine
+    holds K, and K no longer recorded, a later evict of K would never be
+    reported; the listener asks the engine whether it holds K again.
 
     eviction thread: l2.rs:814 engine.delete([K, ...]) ─ K gone ─────────────── listener(K) → deleted(K)
     store ctrl:                     submit K; pop: record_stored l2.rs:650 → "stored"(K, 0)
@@ -71,13 +72,12 @@ def test_restore_inside_a_delete_window_is_counted_zero_then_deleted(plugin):
 
 
 def test_load_into_an_uncollected_stores_source_is_refused(plugin):
-    """Aliasing across tasks is not checked: check_disjoint (l2.rs:324) only
-    looks inside one load. A load into the object a store is still reading
-    (its export is in the task entry, the worker may be copying from it)
-    is accepted: a worker writes bytes another worker reads — a data race
-    on memory RawBuf::new (buf.rs:65-72) says is reachable only through one
-    descriptor. The connector path has a `busy` set for this (lib.rs:105);
-    DaxL2Core has none."""
+    """Aliasing across tasks: a load into the object a store is still
+    reading (its export is in the task entry, the worker may be copying
+    from it) is refused. Accepted, a worker would write bytes another
+    worker reads — a data race on memory `RawBuf::new` says is reachable
+    only through one descriptor. The adapter's record of the memory of
+    tasks in flight (`daxkv::plumbing::busy`) refuses it."""
     a = plugin()
     k1, k2 = key(1), key(2)
     assert store(a, [k2], [obj(4096)]).is_successful()
@@ -91,9 +91,10 @@ def test_load_into_an_uncollected_stores_source_is_refused(plugin):
 
 
 def test_two_loads_into_one_object_are_refused(plugin):
-    """The same object as the destination of two loads in flight: two
-    workers write the same bytes (l2.rs:761 SAFETY 'the caller leaves the
-    objects to this task' is not enforced; check_disjoint is per load)."""
+    """The same object as the destination of two loads in flight is
+    refused: accepted, two workers would write the same bytes (the record
+    of the memory of tasks in flight enforces the SAFETY note's 'the
+    caller leaves the objects to this task')."""
     a = plugin()
     k1, k2 = key(1), key(2)
     assert store(a, [k1, k2], [obj(4096), obj(4096)]).is_successful()
@@ -104,15 +105,16 @@ def test_two_loads_into_one_object_are_refused(plugin):
 
 
 def test_a_second_close_waits_like_the_first(plugin):
-    """close (l2.rs:921-926) sets `closed` and returns early for any later
-    caller, *before* the first caller's engine.close() (l2.rs:927) has
-    waited for the tasks in flight. A second closer returns while workers
-    still copy from the caller's buffers and the fds are still open, so a
-    caller that frees its memory after close() (LMCache frees L1 after the
-    L2 adapters close) frees memory a worker reads.
+    """A second `close` returns only when the first has finished. A close
+    that set `closed` and returned early for any later caller, *before* the
+    first caller's engine.close() had waited for the tasks in flight, would
+    let a second closer return while workers still copy from the caller's
+    buffers and the fds are still open, so a caller that frees its memory
+    after close() (LMCache frees L1 after the L2 adapters close) would free
+    memory a worker reads.
 
-    thread A: close → closed=true (l2.rs:925) → engine.close() waits inflight …
-    thread B: close → sees closed (l2.rs:922) → returns; frees buffers → UAF
+    thread A: close → closed=true → engine.close() waits inflight …
+    thread B: close → sees closed → returns; frees buffers → UAF
     """
     big = 8 * 1024 * 1024
     a = plugin(slot_bytes=big, max_dax_size_gb=64 * big / 2**30, num_store_workers=1)

@@ -1,6 +1,8 @@
-//! Hotplug races found by the issue-10 review, each seen failing on the
-//! first implementation (outputs in the test docs): in-crate because they
-//! reach a device's core for the debug-only stall hook.
+//! Hotplug against the data path, one interleaving per test, pinned with
+//! a device core's stall hook (in-crate because that hook is debug-only):
+//! a delete against a pending remap, moves against lookup locks and
+//! unlocks, a delete against a store or move holding the key's claim. Each
+//! test doc says what breaks without the rule it checks.
 
 #![allow(clippy::many_single_char_names)] // scenario tests
 
@@ -40,15 +42,16 @@ fn lookup_lock(e: &Engine, k: Key) -> bool {
     }
 }
 
-/// Issue C: `Engine::delete_into` holds the key's claim while it enters
-/// each device with a blocking `DaxCore::delete` (arena `enter`). With a
-/// store worker holding its part session on device 1 and waiting for
-/// that claim, a hotplug grow of device 1 (remap pending: waits for the
-/// worker's session) and the delete (waits for the remap) form the cycle
-/// docs/key-ownership.md forbids; it ends only when the remap gives up
-/// after the drain timeout (5 s) and the resize fails.
+/// A delete holding a key's claim never waits on a pending remap. If
+/// `Engine::delete_into` entered each device with a blocking
+/// `DaxCore::delete` (arena `enter`) under the claim, then with a store
+/// worker holding its part session on device 1 and waiting for that
+/// claim, a hotplug grow of device 1 (remap pending: waits for the
+/// worker's session) and the delete (waits for the remap) would form the
+/// cycle docs/key-ownership.md forbids, ending only when the remap gives
+/// up after the drain timeout (5 s) and the resize fails.
 #[test]
-fn delete_holding_a_claim_waits_on_a_pending_remap() {
+fn a_delete_holding_a_claim_never_waits_on_a_pending_remap() {
     let e = Arc::new(
         Engine::open(
             vec![dev(16, 16), dev(16, 64)],
@@ -119,14 +122,14 @@ fn delete_holding_a_claim_waits_on_a_pending_remap() {
     );
 }
 
-/// Issue D: a move that is rolled back (`Move::Locked`: a lookup locked
-/// the source copy meanwhile) deletes the target copy with force = true,
-/// destroying a lookup lock another reader took on the target copy in
-/// between. That reader's unlock (applied to every device) then releases
-/// the first reader's lock on the source: the key is unlocked while a
-/// reader still holds its lock, and a plain delete removes it.
+/// A move that is rolled back (`Move::Locked`: a lookup locked the source
+/// copy meanwhile) keeps a lookup lock another reader took on the target
+/// copy in between. Deleting the target copy with force = true would
+/// destroy that lock; the reader's unlock (applied to every device) would
+/// then release the first reader's lock on the source: the key unlocked
+/// while a reader still holds its lock, and a plain delete removing it.
 #[test]
-fn a_rolled_back_move_destroys_a_lock_on_the_target_copy() {
+fn a_rolled_back_move_keeps_a_lock_on_the_target_copy() {
     let e = Arc::new(
         Engine::open(
             vec![dev(16, 16), dev(16, 16)],
@@ -181,12 +184,12 @@ fn a_rolled_back_move_destroys_a_lock_on_the_target_copy() {
     assert_eq!(e.delete(&[k]), [k]);
 }
 
-/// Issue D2: a forced migration drops lookup locks instead of handing
-/// them over (docs/key-ownership.md, Migration step 2: "the lock count
-/// moves to T's copy"): the source copy is force-deleted and the new copy
-/// has lock count 0, so a plain delete removes a key a reader holds locked.
+/// A forced migration hands lookup locks over (docs/key-ownership.md,
+/// Migration step 2: "the lock count moves to T's copy"). Dropping them
+/// (the source copy force-deleted, the new copy at lock count 0) would let
+/// a plain delete remove a key a reader holds locked.
 #[test]
-fn a_forced_migration_drops_lookup_locks() {
+fn a_forced_migration_hands_lookup_locks_over() {
     let e = Arc::new(
         Engine::open(
             vec![dev(16, 16), dev(16, 16)],
@@ -239,20 +242,21 @@ fn unlock_in_the_hand_over(
             let _ = tx.send(());
             let _ = done.send(());
         });
-        // Fixed: the unlock waits for this move's claim (the wait times
-        // out and the move goes on). Before: it ran here, in the window.
+        // The unlock waits for this move's claim (the wait times out and
+        // the move goes on); an unlock that took no claim would run here,
+        // in the window.
         let _ = rx.recv_timeout(Duration::from_millis(500));
     });
 }
 
 /// The interleaving of `Engine::submit_unlock`'s doc:
-/// a reader's unlock that lands between a forced move's source delete
+/// a reader's unlock that landed between a forced move's source delete
 /// (which takes the copy's lock) and the lock taken again on the target
-/// found no lock anywhere and released nothing; the target copy then
-/// stayed locked for ever: a plain delete skipped it, status counted the
-/// lock, and a later non-forced remove was 409. Checked once with the
-/// unlock of before (no claim, `unlock_many` on every device): "locks
-/// left 1", remove `Blocked { locked: 1 }`.
+/// would find no lock anywhere and release nothing; the target copy would
+/// stay locked for ever: a plain delete skips it, status counts the
+/// lock, and a later non-forced remove is 409. With an unlock that takes
+/// no claim (`unlock_many` on every device) this fails: "locks left 1",
+/// remove `Blocked { locked: 1 }`.
 #[test]
 fn an_unlock_never_lands_inside_a_move() {
     let e = Arc::new(
@@ -307,9 +311,8 @@ fn delete_skips_a_key_being_stored_and_waits_for_a_move() {
     store(&e, k);
     let claims = &e.inner.pool.claims;
 
-    // K's store in flight: skipped, K stays. (Checked once with the
-    // delete of before, which waited for the claim: "the delete waited for
-    // the store", then deleted K.)
+    // K's store in flight: skipped, K stays. (A delete that waited for the
+    // claim fails here: "the delete waited for the store", then deletes K.)
     let c = claims.claim(k);
     c.mark_storing();
     let (tx, rx) = mpsc::channel();

@@ -1,9 +1,10 @@
-//! Hunting stress tests for per-task store collection (issue 9 review):
-//! a caller that only waits by id must never be refused with nothing in
-//! flight, and results the global pop owns must survive by-id takers
-//! racing it. Each hunt runs `DAXKV_HUNT_SECS` seconds (default 4; the
-//! review ran them for 20). Both failed on the first implementation
-//! (checked): "by-id caller refused ... with all results collected" within
+//! Hunting stress tests for per-task store collection: a caller that only
+//! waits by id must never be refused with nothing in flight, and results
+//! the global pop owns must survive by-id takers racing it. Each hunt runs
+//! `DAXKV_HUNT_SECS` seconds (default 4; 20 for a longer hunt). Without
+//! the rules they check (a submit pops the store rings once when no
+//! record is free; a by-id taker unmarks its record before freeing it)
+//! they fail: "by-id caller refused ... with all results collected" within
 //! 2–20 s, and "global-pop results never delivered" within 6–8 s.
 
 use std::collections::HashSet;
@@ -78,7 +79,7 @@ fn a_query_racing_close_never_says_closed_for_a_finished_task() {
 /// pushed its entry: the task is still in flight), so a refused submit is
 /// retried for up to a second, as a server would.
 #[test]
-fn by_id_only_caller_refused_with_nothing_in_flight() {
+fn a_by_id_only_caller_is_never_refused_with_nothing_in_flight() {
     let e = engine(
         64,
         EngineOptions {
