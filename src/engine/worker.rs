@@ -771,7 +771,7 @@ fn store_part(
         // One arena session per device for the whole part (the
         // first few devices; others enter per key), opened
         // while this worker holds no claim: waiting here for a
-        // pending remap is fine (module doc, "Key ownership").
+        // pending remap is fine (parent module doc, "Key ownership").
         let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
             std::array::from_fn(|d| devs.get(d).and_then(|d| d.core().session()));
         let mut blocked = None;
