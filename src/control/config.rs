@@ -432,7 +432,7 @@ impl EngineConfig {
             }
         };
         // A node or CPU the host lacks is an error here, naming what it has
-        // (numa::Placement::check says why not a fallback).
+        // (host::numa::Placement::check says why not a fallback).
         placement
             .check(
                 &crate::host::numa::Topology::from_sysfs(&sysfs_root),

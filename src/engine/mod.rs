@@ -340,7 +340,7 @@ struct Inner {
     /// Counters recorded on the data path (`metrics.rs`).
     metrics: Metrics,
     listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
-    /// The workers' CPU masks (`numa::affinity`), made once at open.
+    /// The workers' CPU masks (`host::numa::affinity`), made once at open.
     cpu_plan: CpuPlan,
 }
 

@@ -265,7 +265,7 @@ pub struct WorkerPlacement {
     pub name: String,
     /// Its kernel thread id.
     pub tid: i32,
-    /// The mask it set (`numa::affinity::CpuPlan::mask`); `None`: it kept
+    /// The mask it set (`host::numa::affinity::CpuPlan::mask`); `None`: it kept
     /// the opening thread's.
     pub mask: Option<Vec<usize>>,
     /// Its CPUs, read back with `sched_getaffinity` by the worker itself
