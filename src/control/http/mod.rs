@@ -41,7 +41,8 @@
 //! is never echoed and never reaches a backend), 401, 403, 404 (`"<backend>
 //! adapter not found"`, `"not found"`), 405, 408 (a body not received in
 //! [`HttpConfig::body_read_timeout`]), 413, 415 (a POST that is not
-//! `application/json`).
+//! `application/json`, refused before its body is read), and 500
+//! (`"internal error"`) if a backend call or a hook panics.
 //!
 //! **The `adapter_index` quirk.** A POST's `adapter_index` counts among the
 //! adapters of that backend (backend-local); the 200 answer carries the
