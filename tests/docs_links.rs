@@ -14,6 +14,13 @@
 //!   line cites that file itself. The cited file must have a heading
 //!   numbered N (`## 8. …`, `### 8.1 …`). A number that names no document
 //!   is an error: cite it with the document's path.
+//! - every repository path mentioned (`src/device/slot.rs`, `tests/`,
+//!   `python/src/l2.rs`, `src/engine/`: a path under one of [`TREES`] that
+//!   ends in a file name with an extension, or in `/`) exists, relative to
+//!   the root, to the mentioning file's folder, or to the Python or fuzz
+//!   crate that holds it; so a moved file leaves no stale path behind.
+//!   `docs/lmcache-dax-behavior.md` is exempt: it cites LMCache's tree
+//!   (its own test folders), not this one.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +31,58 @@ const LOOKBACK_LINES: usize = 2;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The repository's top-level folders whose paths the documents cite.
+const TREES: [&str; 9] = [
+    "src", "tests", "benches", "examples", "fuzz", "scripts", "perf", "docs", "python",
+];
+
+/// Files that cite another repository's paths, not this one's.
+const FOREIGN_PATHS: [&str; 1] = ["docs/lmcache-dax-behavior.md"];
+
+/// Repository paths mentioned in `line`: `TREE/…` not preceded by a path
+/// character, ending in `.ext` (a file) or followed by `/` (a folder).
+/// Globs and brace lists (`tests/loom_*.rs`, `src/{a,b}.rs`) stop at their
+/// first special character, and then name no file (or name the folder).
+fn path_mentions(line: &str) -> Vec<String> {
+    let is_path = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
+    let mut out = Vec::new();
+    for (at, _) in line.char_indices() {
+        if line[..at].chars().next_back().is_some_and(is_path) {
+            continue;
+        }
+        let rest = &line[at..];
+        if !TREES
+            .iter()
+            .any(|t| rest.starts_with(t) && rest[t.len()..].starts_with('/'))
+        {
+            continue;
+        }
+        let end = rest.find(|c: char| !is_path(c)).unwrap_or(rest.len());
+        let token = rest[..end].trim_end_matches(['.', '-']);
+        let folder = token.ends_with('/');
+        let name = token.rsplit('/').next().unwrap_or("");
+        let file = name.rsplit_once('.').is_some_and(|(stem, ext)| {
+            !stem.is_empty() && matches!(ext, "rs" | "md" | "sh" | "py" | "toml")
+        });
+        if folder || file {
+            out.push(token.to_string());
+        }
+    }
+    out
+}
+
+/// Whether `path`, mentioned in the file `rel`, exists.
+fn path_exists(root: &Path, rel: &str, path: &str) -> bool {
+    let here = Path::new(rel).parent().unwrap_or(Path::new(""));
+    let mut bases = vec![root.to_path_buf(), root.join(here)];
+    for krate in ["python", "fuzz"] {
+        if rel.starts_with(&format!("{krate}/")) {
+            bases.push(root.join(krate));
+        }
+    }
+    bases.iter().any(|b| b.join(path).exists())
 }
 
 /// Every `.rs`, `.md` and `.sh` file under `dir`, skipping build outputs,
@@ -120,6 +179,13 @@ fn problems() -> Vec<String> {
         let lines: Vec<&str> = text.lines().collect();
         for (i, line) in lines.iter().enumerate() {
             let at = format!("{rel}:{}", i + 1);
+            if !FOREIGN_PATHS.contains(&rel.as_str()) {
+                for path in path_mentions(line) {
+                    if !path_exists(&root, &rel, &path) {
+                        bad.push(format!("{at}: `{path}` does not exist"));
+                    }
+                }
+            }
             for word in &forbidden {
                 if line.contains(word.as_str()) {
                     bad.push(format!(
@@ -194,6 +260,22 @@ fn sections_are_parsed_from_numbered_headings() {
             .map(|(_, d)| d)
             .collect::<Vec<_>>(),
         ["docs/design.md", "docs/lmcache-dax-behavior.md"]
+    );
+}
+
+#[test]
+fn paths_are_found_in_prose_and_code() {
+    assert_eq!(
+        path_mentions("see `src/device/slot.rs`, src/engine/ and (tests/loom_*.rs); x/src/a.rs"),
+        ["src/device/slot.rs", "src/engine/"]
+    );
+    assert_eq!(
+        path_mentions("`python/tests/test_edges.py::test_fork`, scripts/test.sh."),
+        ["python/tests/test_edges.py", "scripts/test.sh"]
+    );
+    assert_eq!(
+        path_mentions("src/host/{numa,probe}.rs and docs/x.txt and tests/foo"),
+        ["src/host/"]
     );
 }
 

@@ -7,8 +7,9 @@
 //! taken out of `adapter_params` before the engine's config is read:
 //!
 //! - `"l2_name"` (string, default the adapter type LMCache labels its own
-//!   L2 metrics with, `"native_plugin"`): the constant `l2_name` label on
-//!   every daxkv series, so they join LMCache's `lmcache_mp.l2_*` ones;
+//!   L2 metrics with: `"native_plugin"` for `DaxConnector`, `"plugin"`
+//!   ([`PLUGIN_L2_NAME`]) for `DaxL2Adapter`): the constant `l2_name` label
+//!   on every daxkv series, so they join LMCache's `lmcache_mp.l2_*` ones;
 //! - `"http"` (object): `host` (default `"127.0.0.1"`), `port` (default 0:
 //!   a free port, read back from `DaxConnector.http_address`), `token`
 //!   (bearer token for every route but `/health`), `allow_prefixes` (the

@@ -472,7 +472,7 @@ pub struct Report {
     pub cores: usize,
     /// NUMA nodes (sysfs).
     pub numa_nodes: usize,
-    /// The copy kernel's name (`copy::Kernel::name`).
+    /// The copy kernel's name (`device::copy::Kernel::name`).
     pub kernel: &'static str,
     /// What it is, in words.
     pub kernel_description: &'static str,

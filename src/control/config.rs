@@ -10,18 +10,33 @@
 //! ```
 //!
 //! or the legacy single-device form (`device_path` and `max_dax_size_gb` at
-//! the top level). LMCache's common keys (`eviction`, `shared`,
-//! `persist_enabled`, `serde`, the fork's `watch_directory` and
-//! `watch_interval_seconds`) are accepted and ignored here. daxkv's own
-//! keys: `numa` (`"auto"`, `"off"` or a node number), `cpus` (a list),
-//! `spin_us`, `wait_spin_us`, `prefault`, `task_slots`, `task_keys`, `sysfs_root`, `signal` (`"always"`,
-//! the default, or `"when_waiting"`: see `engine::Signal`). A `device_path` of
-//! `"memfd"` maps an anonymous memfd (embedded use and tests); further
-//! anonymous devices are named `"memfd:NAME"` (NAME: 1–64 of `A-Z a-z 0-9
-//! . _ -`), each name once. A device's `max_size_gb` (≥ `max_dax_size_gb`)
-//! is the largest a resize may grow it to (default: 4 × the size for an
-//! anonymous device, the file's or device's length for a path); its slot
-//! tables are sized for it.
+//! the top level). This table is the one list of the keys and their
+//! defaults (the README and the Python faces link here):
+//!
+//! | key | value | default |
+//! |---|---|---|
+//! | `type` | `"dax"` | — (may be left out) |
+//! | `slot_bytes` | bytes per slot (LMCache's chunk size), an integer > 0 | required |
+//! | `devices` | a list of `{device_path, max_dax_size_gb, max_size_gb}` | required, unless `hotplug_enabled` (then it may be empty) |
+//! | `devices[i].device_path` | a devdax node, an existing file, `"memfd"` or `"memfd:NAME"` (NAME: 1–64 of `A-Z a-z 0-9 . _ -`, each name once) | required |
+//! | `devices[i].max_dax_size_gb` | GiB to map, a number > 0, at most 128 TiB ([`MAX_DEVICE_BYTES`]) | required |
+//! | `devices[i].max_size_gb` (daxkv) | the largest a resize may grow the device to, ≥ `max_dax_size_gb`; its slot tables are sized for it | 4 × the size for an anonymous device, the file's or device's length for a path |
+//! | `hotplug_enabled` | `true` / `false` | `false` |
+//! | `num_store_workers`, `num_lookup_workers`, `num_load_workers` | an integer from 1 to [`MAX_WORKERS_PER_POOL`] (1024) | 1, 1, `min(4, cpus)` |
+//! | `numa` (daxkv) | `"auto"`, `"off"` or a node number | `"auto"` |
+//! | `cpus` (daxkv) | a non-empty list of CPU numbers; wins over `numa` | none |
+//! | `spin_us` (daxkv) | how long an idle worker spins before parking, µs | 250 |
+//! | `wait_spin_us` (daxkv) | how long a `wait_*` caller spins before parking, µs | `spin_us` |
+//! | `prefault` (daxkv) | touch every page of the mapping at open | `true` |
+//! | `task_slots` (daxkv) | records in the task table, an integer > 0 | 4096 |
+//! | `task_keys` (daxkv) | keys each record is sized for, an integer > 0 | 64 |
+//! | `sysfs_root` (daxkv) | where NUMA topology is read (tests use a fake tree) | `/sys` |
+//! | `signal` (daxkv) | `"always"` or `"when_waiting"` (see `engine::Signal`) | `"always"` |
+//!
+//! LMCache's common keys (`eviction`, `shared`, `persist_enabled`, `serde`,
+//! the fork's `watch_directory` and `watch_interval_seconds`) are accepted
+//! and ignored here. A `device_path` of `"memfd"` maps an anonymous memfd
+//! (embedded use and tests).
 //!
 //! Every invalid value is an error that names the field and the rule; an
 //! unknown key is an error too (a typo should not silently fall back to a
@@ -417,7 +432,7 @@ impl EngineConfig {
             }
         };
         // A node or CPU the host lacks is an error here, naming what it has
-        // (numa::Placement::check says why not a fallback).
+        // (host::numa::Placement::check says why not a fallback).
         placement
             .check(
                 &crate::host::numa::Topology::from_sysfs(&sysfs_root),

@@ -62,10 +62,15 @@
 //!
 //! ## Memory
 //!
-//! Per slot: 32 bytes of metadata (state word, 128-bit key, length and a
-//! caller tag), 16 bytes of index buckets plus 2 bytes of probe hints, and one
-//! bitmap bit: about 50 bytes, for the largest slot count the device can
-//! reach ([`DaxCore::dram_bytes_per_slot`]).
+//! DRAM per slot of capacity: 32 bytes of metadata (state word, 128-bit
+//! key, length and a caller tag), 18 bytes of index (two 8-byte buckets and
+//! their two probe-hint bytes, `index`'s "Bucket layout"), and one bitmap
+//! bit: 50.1 bytes ([`DaxCore::dram_bytes_per_slot`]; `tests/core.rs`
+//! asserts at most 64). A 1 TiB device in 64 KiB slots (16 Mi slots) costs
+//! about 840 MB of DRAM; in 2 MiB slots, 26 MB. The tables are sized once,
+//! for the largest slot count the device can reach, so a grow never
+//! reallocates them (why: docs/design.md §5.3). This is the one place these
+//! numbers are written; the README and docs/design.md link here.
 // Unsafe code here is limited to the copies into and out of the mapping:
 // their safety (no other thread touching the bytes) is what the slot state
 // machine in this module provides, so the obligation is discharged where it

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! The full 128-bit key lives with the slot (`core`), so a bucket is 8 bytes
-//! and the index costs 16–17 bytes per slot. A fingerprint match is confirmed
+//! and the index costs 18 bytes per slot (two buckets and their two hint
+//! bytes; [`Index::bytes`]). A fingerprint match is confirmed
 //! by the caller's `is_key(slot)` check. Buckets never return to EMPTY, so a
 //! probe may stop at the first EMPTY bucket; each home bucket also keeps the
 //! largest displacement of any key inserted for it (`hints`, monotonic), so

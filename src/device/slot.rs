@@ -1,46 +1,69 @@
 //! # Slots: the free bitmap and the per-slot state word
 //!
 //! Every slot has one `AtomicU64` state word; every transition is a single
-//! CAS on it, so the data path takes no lock.
+//! CAS on it, so the data path takes no lock. This module doc is the one
+//! place the word's layout and transitions are written down
+//! (`docs/design.md` and the README link here); the tests below assert the
+//! table.
 //!
 //! ## Bit layout
 //!
+//! Ranges are half-open (`0..16` is bits 0 to 15); the constants are the
+//! ones of this module.
+//!
 //! ```text
-//! bits 0..16   lock count     lookup-and-lock refcount; unlock decrements
-//! bits 16..32  borrow count   reads copying out of the slot
-//! bit  32      WRITING        a store is in flight (reserved, not readable)
-//! bit  33      COMMITTED      readable
-//! bit  34      PENDING_FREE   detached from its key; freed once idle
-//! bit  35      REFERENCED     CLOCK bit, set on lookup / load hits
-//! bit  36      CANCELED       deleted (forced) while WRITING
+//! bits 0..16   lock count     lookup-and-lock count (LOCK_MASK); unlock decrements
+//! bits 16..32  borrow count   reads copying out, plus pins (BORROW_MASK, BORROW_SHIFT)
+//! bit  32      WRITING        a store is in flight: reserved, not readable
+//! bit  33      COMMITTED      readable, unless also PENDING_FREE
+//! bit  34      PENDING_FREE   detached from its key; freed once unlinked and idle
+//! bit  35      REFERENCED     CLOCK bit: set by lock, borrow, commit; cleared by sweep, detach
+//! bit  36      CANCELED       a forced delete hit the slot while WRITING; the writer frees it
 //! bit  37      UNLINKED       its index bucket is gone
-//! bits 40..64  generation     bumped on every reservation
+//! bits 38..40  (unused)       always 0
+//! bits 40..64  generation     24-bit tag (GEN_MASK, GEN_SHIFT), bumped on every reservation
 //! ```
+//!
+//! FREE is a word with only a generation set. Both counts stop at
+//! [`COUNT_MAX`] (`0xFFFF`). The generation of a new slot is 0, its first
+//! reservation makes it 1, and after `0xFF_FFFF` it goes to 1 again (0
+//! only ever names a slot never reserved).
 //!
 //! ## Transitions
 //!
-//! | op | from | to |
-//! |---|---|---|
-//! | `reserve` | FREE(g) | WRITING(g+1) |
-//! | `commit` | WRITING | COMMITTED (or PENDING_FREE if CANCELED) |
-//! | `abort` | WRITING | PENDING_FREE (the writer failed) |
-//! | `lock` / `unlock` | COMMITTED | COMMITTED, lock ± 1 |
-//! | `borrow` / `release` | COMMITTED or PENDING_FREE (release only) | borrow ± 1 |
-//! | `pin` | any but FREE | borrow + 1 (released by `release`) |
-//! | `detach` | COMMITTED, lock 0 (or forced) | PENDING_FREE, lock 0 |
-//! | `detach` (forced) | WRITING | WRITING + CANCELED |
-//! | `unlink` | any but FREE | + UNLINKED |
-//! | free | PENDING_FREE + UNLINKED, not WRITING, borrow 0 | FREE(g) |
+//! "Readable" is COMMITTED and not PENDING_FREE.
+//!
+//! | op | from | to | refused with |
+//! |---|---|---|---|
+//! | `reserve` | FREE(g) (the caller owns its bitmap bit) | WRITING(g+1) | panics: a bookkeeping bug |
+//! | `commit` | WRITING | COMMITTED + REFERENCED; if CANCELED: PENDING_FREE (CANCELED kept) | `WrongState` |
+//! | `abort(unlinked)` | WRITING (the writer failed) | PENDING_FREE, + UNLINKED if `unlinked` | `WrongState` |
+//! | `lock` | readable | lock + 1, REFERENCED | `WrongState`, `Saturated` |
+//! | `unlock` | lock > 0 | lock − 1 | `NotHeld` |
+//! | `borrow` | readable | borrow + 1, REFERENCED | `WrongState`, `Saturated` |
+//! | `pin` | any but FREE | borrow + 1 (dropped by `release`) | `WrongState`, `Saturated` |
+//! | `release` | borrow > 0 | borrow − 1 | `NotHeld` |
+//! | `detach` | readable, lock 0 (any lock count if forced) | PENDING_FREE; COMMITTED, REFERENCED and the locks cleared | `Locked` (not forced), `WrongState` |
+//! | `detach` (forced) | WRITING, not CANCELED | + CANCELED | `InFlight` (not forced), `WrongState` |
+//! | `unlink` | any but FREE, not UNLINKED | + UNLINKED | `WrongState` |
+//! | `lock_and_unpin`, `unlock_and_unpin`, `unlink_and_unpin` | as `lock`, `unlock`, `unlink` | the same, and borrow − 1 in the one CAS | as those, `NotHeld` |
+//! | `clear_referenced` (CLOCK) | REFERENCED | REFERENCED cleared | (returns false) |
+//! | free, inside any of the above | PENDING_FREE + UNLINKED, not WRITING, borrow 0 | FREE(g) | — |
 //!
 //! A slot goes back to FREE exactly once per generation, by whichever
 //! transition completes the free condition (the last reader's `release`, the
 //! deleter's `unlink`, or the writer's `commit` / `abort`); that caller then
-//! clears its bitmap bit. This is the reuse rule of docs/design.md §4.2: a slot
-//! is reusable only when it is out of the index (UNLINKED), unlocked, not
-//! WRITING and not borrowed.
+//! clears its bitmap bit (`Transition::freed`). So a slot is reusable only
+//! when it is detached (PENDING_FREE), out of the index (UNLINKED), not
+//! WRITING and not borrowed; its lock count is then 0 too (`detach` clears
+//! it, and a WRITING slot never had one).
 //!
 //! Every op names the generation it saw and fails with [`SlotError::Stale`]
-//! if the slot moved on. Counts saturate with an error, never wrap.
+//! if the slot moved on. Counts saturate with an error, never wrap. Delete
+//! (`detach`) skips locked and in-flight slots unless forced; forced, a
+//! locked slot drops its locks and an in-flight one is CANCELED, and the
+//! writer frees it. `commit` is a Release CAS after the payload copy's
+//! `sfence`; [`SlotState::load`] is Acquire.
 //!
 //! ## Generations, wrap-around and pins
 //!
@@ -49,7 +72,7 @@
 //! round), so 2^24 reservations take about 3 s and a thread preempted
 //! between loading a state word and its CAS could see the same word again
 //! after a wrap. Nothing relies on the tag being unique. Instead, every
-//! operation that reaches a slot through the index acts in two steps
+//! operation that reaches a slot through the index acts in three steps
 //! (`core`, "pin, validate, act"):
 //!
 //! 1. **pin**: one CAS adds one to the borrow count of whatever incarnation
@@ -62,7 +85,8 @@
 //!    delete / unlock, that the index still names this slot for the key).
 //!    A stale tag that wrapped onto another key's incarnation fails here;
 //!    the pin is dropped and the operation retries.
-//! 3. **act** (lock, unlock, detach, copy out), then drop the pin.
+//! 3. **act** (lock, unlock, detach, copy out), then drop the pin (in the
+//!    same CAS where it can: the `*_and_unpin` ops).
 //!
 //! So a stale generation can only ever pin the current incarnation, which
 //! is then checked; it can never lock, detach or read another key's copy.

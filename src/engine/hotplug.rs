@@ -23,20 +23,15 @@
 //!
 //! ## Moving a key (migration, shrink)
 //!
-//! Under the key's claim (parent module doc, "Key ownership"): read the
-//! payload from the source, put it on the least-used writable device (the
-//! next one if full), then delete it from the source. A store of the key
-//! waits on the claim, so no third copy appears; an unlock of it waits too,
-//! so it never lands while a forced move hands the source copy's locks to
-//! the new copy (it would release none, or two); a lookup or load may miss
-//! the key while it moves (a transient miss, never wrong bytes). If the
-//! source delete fails (a
-//! lookup locked the key meanwhile and `force` is off) the copy on the
-//! target is deleted again: the key stays where it was. So at every
-//! moment outside a claim each key has exactly one copy, and a migration
-//! that stops halfway (no room left) leaves no duplicates: the keys moved
-//! so far live on their targets, the rest on the source, whose state goes
-//! back to what it was, and a retry moves the rest (better than upstream,
+//! Under the key's claim: read the payload from the source, put it on the
+//! least-used writable device (the next one if full), then delete it from
+//! the source; the steps, including which copy goes when a lookup locks
+//! one meanwhile and how a forced move hands the locks over, are written
+//! once in `docs/key-ownership.md` ("Migration"). So at every moment
+//! outside a claim each key has exactly one copy, and a migration that
+//! stops halfway (no room left) leaves no duplicates: the keys moved so far
+//! live on their targets, the rest on the source, whose state goes back to
+//! what it was, and a retry moves the rest (better than upstream,
 //! docs/lmcache-dax-behavior.md §9.4 item 2).
 
 #![forbid(unsafe_code)]

@@ -88,52 +88,18 @@
 //!
 //! ## Key ownership (one copy of a key in the pool)
 //!
-//! Written down in full in `docs/key-ownership.md`; hotplug builds on it.
-//!
-//! - **Who decides.** The device that holds a key is the one device whose
-//!   index holds it; the pool never has two. What keeps it so is the
-//!   pool-wide claim table ([`claims::ClaimTable`], 4096 cache-padded
-//!   stripes indexed by key bits): every decision to *place* a key is made
-//!   under that key's stripe.
-//! - **Store.** `store_one`: (1) claim the key's stripe (CAS `0 → tag`,
-//!   Acquire; a held stripe is waited for: bounded spin, then yield — the
-//!   holder is doing one put); (2) load the device list *now* (a device
-//!   added after the part began may hold the key); (3) if any readable
-//!   device has the key live (committed or in flight), done: success, no
-//!   copy; (4) else put it on the least-used writable device, the next one
-//!   on `Full`; the put inserts the key into that device's index; (5)
-//!   release the stripe (Release store of 0) when the put returns. A second
-//!   store of the key claims after the first released, and its Acquire
-//!   sees the first's insert, so step 3 finds it.
-//! - **Lookup / load.** No claim: they look on every readable device and
-//!   stop at the first hit. With one copy there is one hit.
-//! - **Unlock.** Under the key's claim: one lock, on the first device that
-//!   holds the key locked (a lock lives where the key was found; the key
-//!   may have moved since). The claim keeps it out of a move's lock
-//!   hand-over, where it released no lock or two ([`Engine::submit_unlock`]).
-//! - **Delete.** On every device, under the key's claim (the device list
-//!   read under it), so a migration moving the key finishes first and the
-//!   delete finds its one copy. A key whose store is in flight (its claim
-//!   carries the storing mark) is skipped like a locked key, not waited
-//!   for (`docs/key-ownership.md`, "Delete", says why). A claim holder
-//!   never waits on an arena: a device with a remap pending makes the
-//!   delete let go of the claim, wait, and do the key again.
-//! - **Migration** (`hotplug.rs`). Under the key's claim: copy to the
-//!   target and commit there (two copies now, both the same bytes), delete
-//!   the source copy (the last step; a forced move hands its lock count to
-//!   the new copy), release the claim. A store of the key during the move
-//!   waits on the claim, so it cannot add a third copy; a store of the key
-//!   that ran before the move finds the source copy and is a no-op. A
-//!   lookup or load of the key during the move may miss it (it scanned the
-//!   target before the copy landed and the source after it left): a
-//!   transient miss, never wrong bytes. Before listing a device's keys, a
-//!   removal takes it out of the writable set and waits for every session
-//!   on it to end, so no store commits there unseen.
-//! - **Limits.** Stores through the engine follow the protocol; code that
-//!   calls `DaxCore::put` on a device directly bypasses it. A device that
-//!   is no longer readable (removing, closed) is not consulted by step 3:
-//!   the removal protocol must migrate or delete its keys under their
-//!   claims before new stores can reach other devices with them.
+//! The device that holds a key is the one device whose index holds it; the
+//! pool never has two. What keeps it so is the pool-wide claim table
+//! ([`claims::ClaimTable`]): every decision to *place* a key (a store's
+//! choice of device, a migration's move) is made under that key's stripe,
+//! and unlocks and deletes take the stripe too, so they are ordered against
+//! a move; lookups and loads take none (with one copy there is one hit). A
+//! claim holder never waits on an arena: on a pending remap it lets go of
+//! the claim, waits, and does the key again. The protocol, step by step
+//! for store (`store_one`), lookup, load, unlock ([`Engine::submit_unlock`]),
+//! delete (why a key whose store is in flight is skipped) and migration
+//! (`hotplug.rs`), with its limits and the tests that check it, is written
+//! once, in `docs/key-ownership.md`.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -340,7 +306,7 @@ struct Inner {
     /// Counters recorded on the data path (`metrics.rs`).
     metrics: Metrics,
     listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
-    /// The workers' CPU masks (`numa::affinity`), made once at open.
+    /// The workers' CPU masks (`host::numa::affinity`), made once at open.
     cpu_plan: CpuPlan,
 }
 

@@ -265,7 +265,7 @@ pub struct WorkerPlacement {
     pub name: String,
     /// Its kernel thread id.
     pub tid: i32,
-    /// The mask it set (`numa::affinity::CpuPlan::mask`); `None`: it kept
+    /// The mask it set (`host::numa::affinity::CpuPlan::mask`); `None`: it kept
     /// the opening thread's.
     pub mask: Option<Vec<usize>>,
     /// Its CPUs, read back with `sched_getaffinity` by the worker itself
@@ -771,7 +771,7 @@ fn store_part(
         // One arena session per device for the whole part (the
         // first few devices; others enter per key), opened
         // while this worker holds no claim: waiting here for a
-        // pending remap is fine (module doc, "Key ownership").
+        // pending remap is fine (parent module doc, "Key ownership").
         let sessions: [Option<Session<'_>>; SESSION_DEVICES] =
             std::array::from_fn(|d| devs.get(d).and_then(|d| d.core().session()));
         let mut blocked = None;

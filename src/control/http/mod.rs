@@ -6,11 +6,17 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /reconfigure/{backend}/l2/status` | the status envelope (docs/lmcache-dax-behavior.md §5.3) |
-//! | `POST /reconfigure/{backend}/l2/{operation}` | the backend's result (docs/lmcache-dax-behavior.md §5.4) |
-//! | `GET /reconfigure/dax/status`, `POST /reconfigure/dax/{add,remove,resize}` | the same for `dax` (the seed's v2 routes, kept for the fork's coordinator) |
+//! | `GET /reconfigure/{backend}/l2/status` | the status envelope (docs/lmcache-dax-behavior.md §5.3) `{enabled, backend, num_adapters, adapters: [{backend, supported_operations, status, adapter_index, l2_adapter_index}]}`: that backend's adapters only, `adapter_index` backend-local, `l2_adapter_index` generic; an unknown backend is 200 with `enabled: false` |
+//! | `POST /reconfigure/{backend}/l2/{operation}` | the backend's result (docs/lmcache-dax-behavior.md §5.4), with `adapter_index` set to the **generic** index (the quirk below) |
+//! | `GET /reconfigure/dax/status`, `POST /reconfigure/dax/{add,remove,resize}` | the same for `dax`: the seed's v2 routes, kept for the fork's coordinator (upstream's latest answers 404 there) |
 //! | `GET /health` | 200 `{"status":"ok"}`, or 503 `{"status":"unhealthy"}` when [`HttpHooks::health`] says so |
-//! | `GET /metrics` | [`HttpHooks::metrics`]' text (`text/plain; version=0.0.4`), 404 without one |
+//! | `GET /metrics` | [`HttpHooks::metrics`]' text (`text/plain; version=0.0.4; charset=utf-8`), 404 without one |
+//!
+//! `{backend}` and `{operation}` are stripped and lower-cased; an empty one
+//! is 400 (`"backend must be non-empty"` / `"operation must be
+//! non-empty"`). The request bodies and what the backend receives are the
+//! README's "Control plane (HTTP)" tables; the size grammar is
+//! [`parse_size`]'s.
 //!
 //! Every request goes through the [`Registry`]: this module never reaches
 //! into device or slot state.
@@ -35,7 +41,8 @@
 //! is never echoed and never reaches a backend), 401, 403, 404 (`"<backend>
 //! adapter not found"`, `"not found"`), 405, 408 (a body not received in
 //! [`HttpConfig::body_read_timeout`]), 413, 415 (a POST that is not
-//! `application/json`).
+//! `application/json`, refused before its body is read), and 500
+//! (`"internal error"`) if a backend call or a hook panics.
 //!
 //! **The `adapter_index` quirk.** A POST's `adapter_index` counts among the
 //! adapters of that backend (backend-local); the 200 answer carries the
