@@ -3,8 +3,12 @@
 //! LMCache's `native_plugin` path has no reconfigure route, so
 //! `adapter_params` may ask the connector to start daxkv's own HTTP control
 //! plane (the same server as `daxkv serve`: `/reconfigure/dax/l2/*`,
-//! `/metrics`, `/health`). It is off unless `"http"` is given. Two keys are
-//! taken out of `adapter_params` before the engine's config is read:
+//! `/metrics`, `/health`). On the `plugin` path the same key starts it with
+//! `/metrics` and `/health` only: LMCache routes that adapter's hotplug
+//! itself, and `lmcache server` serves no Prometheus `/metrics` of its own
+//! (python/README.md, "Metrics"). It is off unless `"http"` is given. Two
+//! keys are taken out of `adapter_params` before the engine's config is
+//! read:
 //!
 //! - `"l2_name"` (string, default the adapter type LMCache labels its own
 //!   L2 metrics with: `"native_plugin"` for `DaxConnector`, `"plugin"`
@@ -13,7 +17,8 @@
 //! - `"http"` (object): `host` (default `"127.0.0.1"`), `port` (default 0:
 //!   a free port, read back from `DaxConnector.http_address`), `token`
 //!   (bearer token for every route but `/health`), `allow_prefixes` (the
-//!   device paths an `add` may name), `allow_non_loopback` (default
+//!   device paths an `add` may name; not on the `plugin` path, which has
+//!   no `add` route here), `allow_non_loopback` (default
 //!   false), `allow_hosts` (the `Host` / `Origin` names accepted besides
 //!   127.0.0.1, [::1] and localhost at the port; for non-loopback hosts).
 //!   Unknown keys are an error, as in the engine's config.
@@ -160,7 +165,8 @@ pub fn metrics_text(engine: &Engine, l2_name: &str) -> String {
 }
 
 /// Start the control plane for `engine` (reconfigure gated by the device
-/// probe under `sysfs_root`, metrics with `l2_name`, health).
+/// probe under `sysfs_root`, metrics with `l2_name`, health): the
+/// `native_plugin` connector's.
 pub fn start_http(
     cfg: HttpConfig,
     engine: Arc<Engine>,
@@ -172,6 +178,28 @@ pub fn start_http(
         engine.clone(),
         sysfs_root,
     )));
+    serve(cfg, registry, engine, l2_name)
+}
+
+/// Start `/metrics` and `/health` for `engine`, with no reconfigure
+/// backend (`/reconfigure/…` answers as for an unknown backend): the
+/// `plugin` adapter's, whose hotplug LMCache routes itself
+/// (`/reconfigure/plugin/l2/*`, with its check of the other adapters'
+/// devices), so one device has one way in.
+pub fn start_metrics_http(
+    cfg: HttpConfig,
+    engine: Arc<Engine>,
+    l2_name: &str,
+) -> PyResult<HttpServer> {
+    serve(cfg, Registry::new(), engine, l2_name)
+}
+
+fn serve(
+    cfg: HttpConfig,
+    registry: Registry,
+    engine: Arc<Engine>,
+    l2_name: &str,
+) -> PyResult<HttpServer> {
     let metrics = {
         let (engine, l2_name) = (engine.clone(), l2_name.to_string());
         Arc::new(move || metrics_text(&engine, &l2_name))

@@ -232,6 +232,24 @@ pub struct DaxL2Core {
     l2_name: String,
     /// The process that opened it (`fork` module doc).
     owner: crate::fork::Owner,
+    /// `/metrics` and `/health` from `adapter_params["http"]` (control
+    /// module doc); stopped first by `close`.
+    http: Mutex<Option<daxkv::control::http::HttpServer>>,
+    /// Its address, while it runs.
+    http_addr: Option<std::net::SocketAddr>,
+}
+
+/// `adapter_params["http"]` on the plugin path serves `/metrics` and
+/// `/health` only: an `add` allow-list would allow nothing.
+fn plugin_http_check(control: &crate::control::ControlParams) -> PyResult<()> {
+    match &control.http {
+        Some(h) if !h.allow_prefixes.is_empty() => Err(pyo3::exceptions::PyValueError::new_err(
+            "config: http.allow_prefixes: not on the plugin path (its port serves \
+                 /metrics and /health; hotplug goes through LMCache's \
+                 /reconfigure/plugin/l2/*)",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A collection ticket ([`known`]) and, per store, `(task id, success,
@@ -570,14 +588,29 @@ impl DaxL2Core {
     fn new(py: Python<'_>, adapter_params: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let (engine, cfg, control) =
             open_engine(py, adapter_params, crate::control::PLUGIN_L2_NAME)?;
-        if control.http.is_some() {
+        if let Err(e) = plugin_http_check(&control) {
             engine.close();
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "config: http: not on the plugin path (LMCache's own server routes \
-                 /reconfigure/plugin/l2/* to the adapter; see python/README.md)",
-            ));
+            return Err(e);
         }
         let engine = Arc::new(engine);
+        let http = match control.http {
+            Some(h) => {
+                let e = engine.clone();
+                let l2_name = &control.l2_name;
+                match crate::gil::release(py, || crate::control::start_metrics_http(h, e, l2_name))
+                {
+                    Ok(s) => {
+                        crate::fork::listening(py, s.listener_fd());
+                        Some(s)
+                    }
+                    Err(err) => {
+                        engine.close();
+                        return Err(err);
+                    }
+                }
+            }
+            None => None,
+        };
         // Hand the fds out now: with `signal: when_waiting` a kind signals
         // every completion only once its fd has a poller.
         let _ = engine.event_fds();
@@ -604,6 +637,10 @@ impl DaxL2Core {
             next_local: AtomicU64::new(0),
             closing: Mutex::new(()),
             owner: crate::fork::Owner::here(),
+            http_addr: http
+                .as_ref()
+                .map(daxkv::control::http::HttpServer::local_addr),
+            http: Mutex::new(http),
         })
     }
 
@@ -612,7 +649,24 @@ impl DaxL2Core {
     #[staticmethod]
     #[pyo3(signature = (**adapter_params))]
     fn check_config(py: Python<'_>, adapter_params: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-        parse_config(py, adapter_params, crate::control::PLUGIN_L2_NAME).map(|_| ())
+        let (_, _, control) = parse_config(py, adapter_params, crate::control::PLUGIN_L2_NAME)?;
+        plugin_http_check(&control)
+    }
+
+    /// `"host:port"` of the `/metrics` and `/health` server started from
+    /// `adapter_params["http"]`, or `None` when none was asked for (also
+    /// after `close()`, which stops it).
+    #[getter]
+    fn http_address(&self) -> PyResult<Option<String>> {
+        self.owner.check("DaxL2Adapter")?;
+        let running = self
+            .http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        Ok(running
+            .then(|| self.http_addr.map(|a| a.to_string()))
+            .flatten())
     }
 
     /// The engine's metrics in the Prometheus text format, every series
@@ -1069,11 +1123,29 @@ impl DaxL2Core {
         if self.owner.forked() {
             return;
         }
+        if let Some(h) = self
+            .http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            crate::fork::stops_listening(py, h.listener_fd());
+        }
         let rel = crate::gil::release(py, || {
             // A second `close` returns when the first has finished (the
             // engine closed, the exports released), not before: a caller
             // may free its memory once close returns.
             let _one_closer = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
+            // The metrics server first: the port is free when close
+            // returns.
+            let http = self
+                .http
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(h) = http {
+                h.shutdown();
+            }
             {
                 let mut st = self.lock();
                 if st.closed {
@@ -1106,10 +1178,27 @@ impl Drop for DaxL2Core {
     fn drop(&mut self) {
         if self.owner.forked() {
             // A forked child (`fork` module doc): the engine is leaked
-            // (one reference never dropped), never closed here.
+            // (one reference never dropped), never closed here; so is the
+            // metrics server (its threads are the parent's).
             std::mem::forget(self.engine.clone());
+            let http = self
+                .http
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            std::mem::forget(http);
             return;
         }
+        let http = self
+            .http
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = &http {
+            // Dropped by Python (the GIL is held).
+            Python::with_gil(|py| crate::fork::stops_listening(py, h.listener_fd()));
+        }
+        drop(http);
         // The exports in `state` (dropped after this) outlive the tasks.
         self.engine.close();
     }

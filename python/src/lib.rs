@@ -30,8 +30,9 @@
 //!
 //! LMCache's bridge keeps lookup locks on its own side and never sends an
 //! unlock to a native connector, so `submit_batch_exists` runs
-//! [`Engine::exists`] (a lookup without lock) on the caller thread, with
-//! the GIL released, and completes its future at once. A key deleted
+//! [`Engine::exists_counted`] (a lookup without lock, counted in the
+//! metrics as `op="lookup"`, the bridge's name for it) on the caller
+//! thread, with the GIL released, and completes its future at once. A key deleted
 //! between exists and get loads as a miss; a load in progress is kept
 //! safe by the slot's read pin in the engine, not by a lookup lock.
 
@@ -821,7 +822,7 @@ impl DaxConnector {
         let fid = self.fid();
         crate::gil::release(py, move || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
-            let hits = engine.exists(&keys);
+            let hits = engine.exists_counted(&keys);
             let mut st = self.lock();
             Ok(self.complete_now(&mut st, (fid, true, String::new(), Some(hits))))
         })

@@ -216,8 +216,7 @@ def test_refused_server_leaves_nothing_running(make_connector):
 
 
 def test_plugin_adapter_metrics_carry_l2_name():
-    """The plugin path's metrics carry `l2_name` too (default "plugin");
-    it takes no `http` (LMCache's own server routes reconfigure there)."""
+    """The plugin path's metrics carry `l2_name` too (default "plugin")."""
     pytest.importorskip("lmcache")
     from daxkv._daxkv import DaxL2Core
 
@@ -225,6 +224,7 @@ def test_plugin_adapter_metrics_carry_l2_name():
     core = DaxL2Core(**params)
     try:
         assert core.l2_name == "plugin"
+        assert core.http_address is None, "no server unless asked"
         text = core.metrics_text()
         assert sample(text, "daxkv_ops_total", l2_name="plugin", op="store") == 0
     finally:
@@ -234,5 +234,97 @@ def test_plugin_adapter_metrics_carry_l2_name():
         assert 'daxkv_worker_panics_total{l2_name="dax-b"} 0' in core.metrics_text()
     finally:
         core.close()
-    with pytest.raises(ValueError, match="http: not on the plugin path"):
-        DaxL2Core(http={"port": 0}, **params)
+
+
+def test_plugin_adapter_serves_metrics_and_health_on_its_own_port():
+    """`adapter_params["http"]` on the plugin path: daxkv's `/metrics` and
+    `/health` on a port of its own (LMCache 0.5.6's `lmcache server`
+    serves no Prometheus `/metrics`), and no reconfigure route there: the
+    adapter's hotplug goes through LMCache's `/reconfigure/plugin/l2/*`
+    only. Built by LMCache's factory from the `--l2-adapter` JSON; close
+    frees the port. Before the plugin path took `http`, building it
+    raised "http: not on the plugin path"."""
+    pytest.importorskip("lmcache")
+    import argparse
+
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.config import (
+        add_l2_adapters_args,
+        parse_args_to_l2_adapters_config,
+    )
+
+    spec = {
+        "type": "plugin", "module_path": "daxkv.lmcache", "class_name": "DaxL2Adapter",
+        "adapter_params": {
+            "slot_bytes": SLOT, "device_path": "memfd", "max_dax_size_gb": 64 * SLOT / 2**30,
+            "hotplug_enabled": True, "l2_name": "dax-p", "http": {"port": 0, "token": "t0k"},
+        },
+    }
+    parser = add_l2_adapters_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--l2-adapter", json.dumps(spec)])
+    adapter = create_l2_adapter(parse_args_to_l2_adapters_config(args).adapters[0])
+    try:
+        addr = adapter.http_address
+        assert addr is not None and addr.startswith("127.0.0.1:"), addr
+        assert request(addr, "GET", "/health") == (200, '{"status":"ok"}')
+        assert request(addr, "GET", "/metrics")[0] == 401, "the token guards /metrics"
+        status, text = request(addr, "GET", "/metrics", token="t0k")
+        assert status == 200, text
+        assert sample(text, "daxkv_slots_total", l2_name="dax-p", device="0", path="memfd") == 64
+        assert sample(text, "daxkv_ops_total", l2_name="dax-p", op="store") == 0
+        assert text == adapter.metrics_text()
+        # No daxkv reconfigure route on this port: nothing is added.
+        status, body = request(addr, "GET", "/reconfigure/dax/l2/status", token="t0k")
+        assert status == 200 and json.loads(body)["enabled"] is False, body
+        status, body = request(
+            addr, "POST", "/reconfigure/dax/l2/add", {"device_path": "memfd:x", "size": 64 * SLOT},
+            token="t0k",
+        )
+        assert status == 404, body
+        assert len(adapter.report_status()["devices"]) == 1
+    finally:
+        adapter.close()
+    assert adapter.http_address is None
+    host, port = addr.rsplit(":", 1)
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=2)
+
+
+def test_plugin_adapter_http_refuses_an_add_allow_list():
+    """`http.allow_prefixes` means nothing on a port with no `add` route:
+    refused by the config check LMCache runs and by the constructor, with
+    nothing left running."""
+    pytest.importorskip("lmcache")
+    from daxkv._daxkv import DaxL2Core
+
+    params = {"slot_bytes": SLOT, "device_path": "memfd", "max_dax_size_gb": 64 * SLOT / 2**30}
+    bad = {"port": 0, "allow_prefixes": ["/dev/shm"]}
+    with pytest.raises(ValueError, match="http.allow_prefixes: not on the plugin path"):
+        DaxL2Core.check_config(http=bad, **params)
+    with pytest.raises(ValueError, match="http.allow_prefixes: not on the plugin path"):
+        DaxL2Core(http=bad, **params)
+    with pytest.raises(ValueError, match="http.bogus: unknown key"):
+        DaxL2Core(http={"bogus": 1}, **params)
+
+
+def test_native_exists_counts_as_lookup(make_connector):
+    """`submit_batch_exists` (what LMCache's bridge calls for a lookup) is
+    counted as `op="lookup"`: one op per call, keys by hit / miss, and its
+    duration; on `/metrics` of the connector's control plane too."""
+    c = make_connector(http={"port": 0})
+    f = c.submit_batch_set(["m@e0", "m@e1"], [memoryview(payload(i, 100)) for i in range(2)])
+    assert drain_until(c, {f})[f][0]
+    f1 = c.submit_batch_exists(["m@e0", "m@e1", "m@nope"])
+    f2 = c.submit_batch_exists(["m@nope"])
+    done = drain_until(c, {f1, f2})
+    assert done[f1][2] == [True, True, False] and done[f2][2] == [False]
+    status, text = request(c.http_address, "GET", "/metrics")
+    assert status == 200
+    assert sample(text, "daxkv_ops_total", l2_name="native_plugin", op="lookup") == 2
+    assert sample(text, "daxkv_keys_total", l2_name="native_plugin", op="lookup", result="ok") == 2
+    assert sample(
+        text, "daxkv_keys_total", l2_name="native_plugin", op="lookup", result="miss_or_fail"
+    ) == 2
+    assert sample(text, "daxkv_task_duration_seconds_count", l2_name="native_plugin", op="lookup") == 2
+    # A store is not a lookup: its count is unchanged.
+    assert sample(text, "daxkv_ops_total", l2_name="native_plugin", op="store") == 1

@@ -1,8 +1,9 @@
 //! # Metrics: counters and histograms recorded on the data path
 //!
 //! The engine counts, per op class ([`Op`]: `store`, `lookup`, `load` —
-//! tasks, recorded by the worker that publishes them — and `unlock`,
-//! `delete` — calls, recorded on the caller):
+//! tasks, recorded by the worker that publishes them; `lookup` also
+//! [`Engine::exists_counted`] calls, recorded on the caller — and
+//! `unlock`, `delete` — calls, recorded on the caller):
 //!
 //! - ops: tasks (or calls);
 //! - keys by result: `ok` and `miss_or_fail`;
@@ -54,12 +55,13 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
 use super::answer::TaskKind;
 use super::Engine;
+use crate::key::Key;
 
 /// Upper bounds (`le`, seconds) of the task-duration histogram buckets:
 /// 1-2.5-5 steps per decade from 1 µs to 10 s; a `+Inf` bucket follows.
@@ -533,6 +535,27 @@ impl Engine {
     /// with how it ended.
     pub fn record_hotplug(&self, op: HotplugOp, outcome: HotplugOutcome) {
         self.inner.metrics.record_hotplug(op, outcome);
+    }
+
+    /// [`Engine::exists`], counted as a lookup (`op="lookup"`: one op, its
+    /// keys by hit / miss, its duration), on a caller shard. For clients
+    /// whose lookups are these calls, such as LMCache's native-connector
+    /// bridge (python/README.md); [`Engine::exists`] itself is not
+    /// counted, as bindings also call it for their own bookkeeping.
+    pub fn exists_counted(&self, keys: &[Key]) -> Vec<bool> {
+        let start = Instant::now();
+        let mut out = vec![false; keys.len()];
+        let hits = self.exists_into(keys, &mut out);
+        // `usize::MAX` is no worker's shard: a caller shard records it.
+        self.inner.metrics.record_task(
+            usize::MAX,
+            TaskKind::Lookup,
+            keys.len(),
+            hits,
+            0,
+            start.elapsed(),
+        );
+        out
     }
 }
 

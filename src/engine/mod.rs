@@ -658,7 +658,8 @@ impl Engine {
     /// or evicted before a later load, which then misses). For callers
     /// whose lookups must not pin keys, such as LMCache's native-connector
     /// bridge, which keeps its locks on its own side and never unlocks in
-    /// the engine (python/README.md). Not counted in the metrics.
+    /// the engine (python/README.md). Not counted in the metrics
+    /// ([`Engine::exists_counted`] is).
     pub fn exists(&self, keys: &[Key]) -> Vec<bool> {
         let mut out = vec![false; keys.len()];
         self.exists_into(keys, &mut out);

@@ -397,6 +397,13 @@ class DaxL2Adapter(L2AdapterInterface):
         its devices). Results already finished stay collectable. Idempotent."""
         self._core.close()
 
+    @property
+    def http_address(self) -> Optional[str]:
+        """``"host:port"`` of daxkv's ``/metrics`` and ``/health`` server
+        (``adapter_params["http"]``), or ``None`` (none asked for, or
+        closed)."""
+        return self._core.http_address
+
     def metrics_text(self) -> str:
         """The engine's metrics in the Prometheus text format, every series
         labelled ``l2_name`` (``adapter_params["l2_name"]``, default
