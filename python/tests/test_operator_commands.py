@@ -1,0 +1,209 @@
+"""The operator's commands of python/README.md, run as written.
+
+`operator/commands.txt` holds them (its header gives the format): per
+LMCache path, a server command and the client commands an operator runs
+against it. Each section runs here as real processes (LMCache 0.5.6's
+`lmcache server`, `lmcache bench server --mode cpu`, `lmcache kvcache
+clear`, `python -m lmcache.v1.standalone`, curl) on a memfd device, no GPU,
+with free 127.0.0.1 ports swapped in; every wait is bounded. What each
+path must show is checked from the commands' own output: the server comes
+up, the client commands exit 0, daxkv stores and loads (its own
+`/metrics`), and Ctrl-C stops the server cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lmcache")
+
+HERE = Path(__file__).parent / "operator"
+START_S = 120.0
+STEP_S = 120.0
+STOP_S = 60.0
+
+
+def sections() -> dict[str, list[str]]:
+    """`commands.txt` → {path: [command, …]} (continuations joined)."""
+    out: dict[str, list[str]] = {}
+    cur: list[str] | None = None
+    pending: str | None = None
+    for line in (HERE / "commands.txt").read_text().splitlines():
+        if pending is not None:
+            pending += "\n" + line
+            if not line.endswith("\\") and _balanced(pending):
+                cur.append(pending)
+                pending = None
+            continue
+        if line.startswith("### "):
+            cur = out.setdefault(line[4:].strip(), [])
+        elif line.startswith("$ "):
+            assert cur is not None, f"a command before any section: {line}"
+            cmd = line[2:]
+            if cmd.endswith("\\") or not _balanced(cmd):
+                pending = cmd
+            else:
+                cur.append(cmd)
+    assert pending is None, f"unfinished command: {pending}"
+    return out
+
+
+def _balanced(cmd: str) -> bool:
+    """No single-quoted string left open (a JSON argument spans lines)."""
+    return cmd.count("'") % 2 == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def swap_ports(text: str, ports: dict[int, int]) -> str:
+    return re.sub(r"\b(\d{4})\b", lambda m: str(ports.get(int(m.group(1)), m.group(1))), text)
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the server exited {proc.returncode}:\n{tail(log)}"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} never answered within {START_S}s:\n{tail(log)}")
+
+
+def tail(log: Path, n: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples `name{…}` whose labels include `labels`."""
+    total, seen = 0.0, 0
+    for line in text.splitlines():
+        m = re.fullmatch(r"([a-z_]+)\{(.*)\} (\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'([a-z_0-9]+)="([^"]*)"', m.group(2)))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+            seen += 1
+    assert seen, f"no sample {name}{labels} in:\n{text[:2000]}"
+    return total
+
+
+def run_section(name: str, health_path: str) -> list[str]:
+    """Run section `name`: start its server, wait for `health_path` on its
+    HTTP port, run the other commands (each must exit 0), stop the server
+    with SIGINT. Returns the client commands' outputs."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed (the README's commands use it)")
+    cmds = sections()[name]
+    p7000 = free_port()
+    ports = {5555: free_port(), 8080: free_port(), 8766: free_port(), 7000: p7000, 6999: p7000 - 1}
+    cmds = [swap_ports(c, ports) for c in cmds]
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["LMCACHE_DISABLE_BANNER"] = "1"
+    env["LMCACHE_TRACK_USAGE"] = "false"
+    with tempfile.TemporaryDirectory(prefix="daxkv-operator-") as tmp:
+        work = Path(tmp)
+        for f in HERE.iterdir():
+            if f.name != "commands.txt" and f.is_file():
+                (work / f.name).write_text(swap_ports(f.read_text(), ports))
+        log = work / "server.log"
+        with open(log, "wb") as out:
+            server = subprocess.Popen(
+                ["bash", "-c", "exec " + cmds[0]], cwd=work, env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        try:
+            port = ports[7000] if name == "non_mp" else ports[8080]
+            wait_http(f"http://127.0.0.1:{port}{health_path}", server, log)
+            outputs = []
+            for cmd in cmds[1:]:
+                r = subprocess.run(
+                    ["bash", "-c", cmd], cwd=work, env=env, capture_output=True, text=True,
+                    timeout=STEP_S,
+                )
+                assert r.returncode == 0, (
+                    f"{cmd}\nexit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n"
+                    f"server:\n{tail(log)}"
+                )
+                outputs.append(r.stdout)
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGINT)
+                try:
+                    server.wait(timeout=STOP_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait(timeout=10)
+                    raise AssertionError(f"Ctrl-C did not stop the server in {STOP_S}s")
+        text = log.read_text(errors="replace")
+        assert "Traceback" not in text, tail(log, 80)
+        # uvicorn re-raises SIGINT after its shutdown (exit 130); the
+        # standalone engine exits 0.
+        assert server.returncode in (0, 130, -signal.SIGINT), (server.returncode, tail(log))
+        return outputs + [text]
+
+
+def check_mp_round_trip(outputs: list[str], l2_name: str) -> None:
+    """The two bench runs around an L1 clear: the first stores (L1, then
+    daxkv as L2), the second finds every chunk again after L1 was
+    emptied, so it came back from daxkv; daxkv's /metrics agrees."""
+    first, _, second, metrics = outputs[0], outputs[1], outputs[2], outputs[-2]
+    assert "0/2 chunks hit" in first, first[-2000:]
+    cold = re.findall(r"\[seq \d+/cold\] LOOKUP: (\d+)/(\d+) chunks hit", second)
+    assert len(cold) == 3 and all(h == n != "0" for h, n in cold), second[-2000:]
+    sums = re.findall(r"\[seq 0/(?:cold|warm)\] CHECKSUM: (\w+)", first + second)
+    assert len(set(sums)) == 1, f"the bytes read back differ: {sums}"
+    assert sample(metrics, "daxkv_keys_total", l2_name=l2_name, op="store", result="ok") == 6
+    assert sample(metrics, "daxkv_keys_total", l2_name=l2_name, op="load", result="ok") >= 6
+    assert sample(metrics, "daxkv_keys_total", l2_name=l2_name, op="lookup", result="ok") >= 6
+
+
+def test_native_plugin_commands_run_as_written():
+    """`native_plugin`: `lmcache server` with `DaxConnector` on a memfd,
+    stores and loads through LMCache's own client, daxkv's /metrics on its
+    control-plane port (lookups counted), clean stop."""
+    out = run_section("native_plugin", "/healthcheck")
+    check_mp_round_trip(out, "native_plugin")
+
+
+def test_plugin_commands_run_as_written():
+    """`plugin`: the same with `DaxL2Adapter`, plus a hotplug add through
+    LMCache's `/reconfigure/plugin/l2/add`, then daxkv's /metrics on the
+    adapter's own port shows the round trip and the second device."""
+    out = run_section("plugin", "/healthcheck")
+    check_mp_round_trip(out, "plugin")
+    assert '"status":"ok"' in out[3] and '"device_path":"memfd:kv1"' in out[3], out[3]
+    assert sample(out[4], "daxkv_device_state", l2_name="plugin", path="memfd:kv1", state="active") == 1
+
+
+def test_non_mp_commands_run_as_written():
+    """Non-MP: LMCache's standalone engine (no vLLM, no GPU) loads
+    `DaxBackend` from the YAML's storage plugin keys, answers its health
+    route, and stops on Ctrl-C."""
+    out = run_section("non_mp", "/periodic-threads-health")
+    assert '"healthy":true' in out[0], out[0]
+    log = out[-1]
+    assert "Created backend: dax (DaxBackend)" in log, log[-3000:]
+    assert "daxkv DaxBackend init: device=memfd" in log, log[-3000:]
+    assert "LMCache engine stopped" in log, log[-3000:]
