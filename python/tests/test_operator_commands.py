@@ -179,6 +179,18 @@ def check_mp_round_trip(outputs: list[str], l2_name: str) -> None:
     assert sample(metrics, "daxkv_keys_total", l2_name=l2_name, op="lookup", result="ok") >= 6
 
 
+def test_readme_shows_these_commands():
+    """python/README.md shows every command of commands.txt and the YAML
+    file, verbatim (the test above runs the same text)."""
+    readme = (HERE.parent.parent / "README.md").read_text()
+    for name, cmds in sections().items():
+        for cmd in cmds:
+            assert cmd in readme, f"python/README.md lacks the {name} command:\n{cmd}"
+    yaml = (HERE / "dax-nonmp.yaml").read_text().splitlines()
+    body = "\n".join(line for line in yaml if not line.startswith("#"))
+    assert body in readme, "python/README.md's YAML differs from operator/dax-nonmp.yaml"
+
+
 def test_native_plugin_commands_run_as_written():
     """`native_plugin`: `lmcache server` with `DaxConnector` on a memfd,
     stores and loads through LMCache's own client, daxkv's /metrics on its
