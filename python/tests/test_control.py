@@ -242,8 +242,7 @@ def test_plugin_adapter_serves_metrics_and_health_on_its_own_port():
     serves no Prometheus `/metrics`), and no reconfigure route there: the
     adapter's hotplug goes through LMCache's `/reconfigure/plugin/l2/*`
     only. Built by LMCache's factory from the `--l2-adapter` JSON; close
-    frees the port. Before the plugin path took `http`, building it
-    raised "http: not on the plugin path"."""
+    frees the port."""
     pytest.importorskip("lmcache")
     import argparse
 
