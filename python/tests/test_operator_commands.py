@@ -121,7 +121,8 @@ def run_section(name: str, health_path: str) -> list[str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["LMCACHE_DISABLE_BANNER"] = "1"
-    env["LMCACHE_TRACK_USAGE"] = "false"
+    env["LMCACHE_TRACK_USAGE"] = "false"  # no usage reports leave the machine
+    env["DO_NOT_TRACK"] = "1"
     with tempfile.TemporaryDirectory(prefix="daxkv-operator-") as tmp:
         work = Path(tmp)
         for f in HERE.iterdir():
