@@ -14,6 +14,8 @@
 //!   and are skipped (here `daxkv` is the binary cargo built for this
 //!   test, first on `PATH`). Any other command in a block that runs fails
 //!   the test: mark the block not run, or teach this file to run it.
+//! - `cargo run --release -- ARGS` (the README's way to run the binary in
+//!   the terminal without `PATH` set) is `daxkv ARGS`.
 //! - Commands run against one server, in order. Until the first
 //!   `daxkv serve …` line it is `daxkv serve` on its embedded default (what
 //!   the README's first command starts); a `daxkv serve …` line stops the
@@ -167,6 +169,17 @@ enum Action {
     Run,
     /// Set up the reader's shell only.
     Skip,
+}
+
+/// The `cargo run` prefix that stands for `daxkv `.
+const CARGO_RUN: &str = "cargo run --release -- ";
+
+/// `cmd` with a leading `cargo run --release -- ` written as `daxkv `.
+fn as_daxkv(cmd: &str) -> String {
+    match cmd.strip_prefix(CARGO_RUN) {
+        Some(rest) => format!("daxkv {rest}"),
+        None => cmd.to_string(),
+    }
 }
 
 fn action(cmd: &str) -> Result<Action, String> {
@@ -443,6 +456,10 @@ fn the_extractor_follows_the_convention() {
     assert!(action("rm -rf /").is_err());
     assert!(action("cargo run -- serve").is_err());
     assert_eq!(
+        as_daxkv("cargo run --release -- serve --traffic"),
+        "daxkv serve --traffic"
+    );
+    assert_eq!(
         at_server(
             "daxkv status --json && curl -s 127.0.0.1:8765/health",
             "127.0.0.1:9"
@@ -487,7 +504,8 @@ fn the_readme_commands_run_as_written() {
         let Block::Run(cmds) = block else { continue };
         for cmd in cmds {
             let at = format!("README.md:{}: `{}`", cmd.line, cmd.text);
-            match action(&cmd.text).unwrap_or_else(|e| panic!("README.md:{}: {e}", cmd.line)) {
+            let text = as_daxkv(&cmd.text);
+            match action(&text).unwrap_or_else(|e| panic!("README.md:{}: {e}", cmd.line)) {
                 Action::Skip => {}
                 Action::Serve(args) => {
                     if let Some(old) = run_state.server.take() {
@@ -507,7 +525,7 @@ fn the_readme_commands_run_as_written() {
                         run_state.server = Some(s);
                     }
                     let addr = run_state.server.as_ref().unwrap().addr.clone();
-                    let text = scratch_paths(&cmd.text, &tag, &mut run_state.made);
+                    let text = scratch_paths(&text, &tag, &mut run_state.made);
                     let text = at_server(&text, &addr);
                     match run(&text) {
                         Ok(printed) => println!("README.md:{}: {text}\n{printed}", cmd.line),
