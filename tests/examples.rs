@@ -110,7 +110,7 @@ fn blocks(markdown: &str) -> Result<Vec<Block>, String> {
         if let Some(m) = marker {
             let reason = m[NOT_RUN.len()..].trim_end_matches("-->").trim();
             if reason.is_empty() {
-                return Err(format!("README.md:{}: a not-run marker needs a reason", i));
+                return Err(format!("README.md:{i}: a not-run marker needs a reason"));
             }
         }
         // Find the closing fence.
@@ -239,7 +239,8 @@ fn at_server(text: &str, addr: &str) -> String {
                 let whole = rest[end..].chars().next().is_none_or(char::is_whitespace);
                 out.push_str(&rest[..end]);
                 if whole {
-                    out.push_str(&format!(" --server {addr}"));
+                    out.push_str(" --server ");
+                    out.push_str(addr);
                 }
                 rest = &rest[end..];
             }
