@@ -1,4 +1,4 @@
-//! Hotplug under traffic, measured (reported in the README, not gated):
+//! Hotplug under traffic, measured (reported in docs/performance.md, not gated):
 //!
 //! 1. Lookup + load latency of keys on an *untouched* device, in
 //!    alternating rounds: while another device is migrated away, and

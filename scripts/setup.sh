@@ -3,7 +3,8 @@
 # Ubuntu. Idempotent; installs nothing when everything is present.
 #   - a C toolchain: the `blake3` dev-dependency (a benchmark baseline)
 #     compiles C / assembly through the `cc` crate;
-#   - rustfmt and clippy components for the lint steps.
+#   - rustfmt and clippy components for the lint steps;
+#   - curl, which the README's commands use (tests/examples.rs runs them).
 # The default build uses no -sys crate (NUMA topology comes from sysfs, not
 # hwloc), so no C library or pkg-config is needed. With DAXKV_HWLOC=1 it
 # also installs what the optional `hwloc` feature links (libhwloc >= 2.0,
@@ -12,6 +13,7 @@ set -euo pipefail
 
 need=()
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ "${DAXKV_HWLOC:-0}" = 1 ]; then
   command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
   pkg-config --exists hwloc 2>/dev/null || need+=(libhwloc-dev)

@@ -64,3 +64,15 @@ pub use crate::store::{BatchPut, DaxStore, RestoreError, StoreConfig, StoreError
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust examples of `docs/engine.md`, compiled and run by `cargo test
+/// --doc` as the README's are.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/engine.md")]
+pub struct EngineDocDoctests;
+
+/// The Rust example of `docs/control-plane.md`, compiled and run by `cargo
+/// test --doc` as the README's are.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/control-plane.md")]
+pub struct ControlPlaneDocDoctests;
