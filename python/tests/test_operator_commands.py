@@ -190,6 +190,10 @@ def test_readme_shows_these_commands():
     yaml = (HERE / "dax-nonmp.yaml").read_text().splitlines()
     body = "\n".join(line for line in yaml if not line.startswith("#"))
     assert body in readme, "python/README.md's YAML differs from operator/dax-nonmp.yaml"
+    # The top-level README shows the recommended path's server command.
+    top = (HERE.parent.parent.parent / "README.md").read_text()
+    server = sections()["plugin"][0]
+    assert server in top, f"README.md lacks the plugin server command:\n{server}"
 
 
 def test_native_plugin_commands_run_as_written():
