@@ -170,6 +170,11 @@ enum Cmd {
         /// device's length for a path).
         #[arg(long)]
         max_size: Option<String>,
+        /// Create PATH as a file of SIZE if it does not exist (on tmpfs,
+        /// hugetlbfs or a disk file system; removed again if the add
+        /// fails). Without it a missing PATH is an error.
+        #[arg(long)]
+        create: bool,
         #[command(flatten)]
         server: ServerArgs,
     },
@@ -388,11 +393,15 @@ fn main() -> std::process::ExitCode {
             path,
             size,
             max_size,
+            create,
             server,
         } => {
             let mut body = serde_json::json!({"device_path": path, "size": size_arg(&size)});
             if let Some(m) = max_size {
                 body["max_size"] = size_arg(&m);
+            }
+            if create {
+                body["create"] = true.into();
             }
             client(
                 &server,

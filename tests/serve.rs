@@ -685,7 +685,12 @@ fn the_cli_names_anonymous_devices() {
     ok(&["remove", "memfd:b", "--mode", "drain"]);
     ok(&["resize", "--index", "2", "128MiB"]);
     ok(&["remove", "--index", "2", "--mode", "evict"]);
-    ok(&["remove", "memfd"]);
+    // `memfd` is the last device new keys may go to (memfd:b drains): a
+    // migrate is refused, an explicit evict removes it.
+    let out = s.cli(&["remove", "memfd"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(": 409: "));
+    ok(&["remove", "memfd", "--mode", "evict"]);
     assert_eq!(
         devices(),
         [

@@ -394,7 +394,7 @@ fn read_u64(file: &Path) -> Option<u64> {
 }
 
 /// Bytes in binary units, exact when they divide ("2 MiB"), else bytes.
-fn human(bytes: u64) -> String {
+pub fn human(bytes: u64) -> String {
     for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
         if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{} {unit}", bytes >> shift);
