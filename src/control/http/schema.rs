@@ -533,6 +533,22 @@ mod tests {
         );
         assert_eq!(a.local_index, Some(0));
         assert_eq!(a.add_path.as_deref(), Some("/dev/dax0.0"));
+        // daxkv's `create`: passed on when true, left out otherwise (the
+        // backend then sees LMCache's payload), a non-bool refused.
+        for (create, passed) in [(json!(true), Some(true)), (json!("no"), None)] {
+            let a = dax(
+                "add",
+                &json!({"device_path": "p", "size": 4096, "create": create}),
+                &BigInts::default(),
+            )
+            .unwrap();
+            assert_eq!(a.payload.get("create").and_then(Value::as_bool), passed);
+        }
+        let e = invalid(
+            "add",
+            &json!({"device_path": "p", "size": 4096, "create": "maybe"}),
+        );
+        assert_eq!(types(&e), [("bool_parsing", vec!["body", "create"])]);
         let r = dax(
             "remove",
             &json!({"device_path": "p", "adapter_index": 2}),
