@@ -621,7 +621,7 @@ pub fn request(
 /// ([`crate::cli::bench::human`]: exact, else bytes).
 pub fn status_table(status: &Value) -> String {
     use std::fmt::Write as _;
-    let size = |v: &Value| v.as_u64().map_or_else(|| "?".into(), |b| human_u64(b));
+    let size = |v: &Value| v.as_u64().map_or_else(|| "?".into(), human_u64);
     let mut out = String::new();
     for a in status["adapters"].as_array().into_iter().flatten() {
         let st = &a["status"];
