@@ -186,7 +186,9 @@ enum Cmd {
         /// The device's index, as `daxkv status` lists it.
         #[arg(long)]
         index: Option<u64>,
-        /// migrate (default), evict or drain.
+        /// migrate (default: the keys move to the other devices; refused
+        /// for the last device new keys may go to), evict (drops the keys)
+        /// or drain (no new keys; the device stays).
         #[arg(long, default_value = "migrate")]
         mode: String,
         /// Discard locks and borrowed reads.

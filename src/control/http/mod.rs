@@ -54,7 +54,8 @@
 //! [`HttpConfig::allow_non_loopback`] is set; an optional bearer token
 //! guards every route but `/health` (compared in constant time); an
 //! allow-list of path prefixes guards DAX `add`, comparing canonical paths
-//! (symlinks and `..` resolved); bodies are limited to
+//! (symlinks and `..` resolved; for an add with `"create": true`, before
+//! the file is created); bodies are limited to
 //! [`HttpConfig::body_limit`] bytes (413). The allow-list is checked before
 //! the backend opens the path: it keeps a mistaken or hostile controller
 //! off other devices, not a local user who can write inside the allowed
