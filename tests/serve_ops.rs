@@ -328,6 +328,12 @@ fn the_status_table_lines_up_in_binary_units() {
         .set_len(32 << 20)
         .unwrap();
     let srv = Serve::start(&[]);
+    let one = srv.ok(&["status"]);
+    assert_eq!(
+        one.lines().next(),
+        Some("adapter 0: 1 device, 0 B of 1 GiB used, healthy: true"),
+        "{one}"
+    );
     srv.ok(&["add", "memfd:two", "64MiB"]);
     srv.ok(&["add", s(&f), "32MiB"]);
     srv.ok(&["remove", "memfd:two", "--mode", "drain"]);
@@ -378,6 +384,15 @@ fn the_status_table_lines_up_in_binary_units() {
     assert_eq!(
         cells(lines[4]),
         ["2", "2", "active", "0 B", "32 MiB", "16", "0", s(&f)]
+    );
+    // No device takes new keys: the adapter's line says so.
+    srv.ok(&["remove", s(&f), "--mode", "drain"]);
+    srv.ok(&["remove", "memfd", "--mode", "drain"]);
+    let table = srv.ok(&["status"]);
+    assert_eq!(
+        table.lines().next(),
+        Some("adapter 0: 3 devices, 0 B of 1120 MiB used, healthy: true, no device takes new keys (add one)"),
+        "{table}"
     );
     // --json: the server's answer, pretty-printed, byte counts raw.
     let json_out = srv.ok(&["status", "--json"]);

@@ -625,11 +625,21 @@ pub fn status_table(status: &Value) -> String {
     let mut out = String::new();
     for a in status["adapters"].as_array().into_iter().flatten() {
         let st = &a["status"];
+        let devices = st["devices"].as_array().map_or(&[][..], Vec::as_slice);
+        // Status's `is_healthy` is LMCache's (a pool without a device is
+        // healthy there); `/health` is not, and says so: so does the table.
+        let stalled = if devices.iter().any(|d| d["state"] == "active") {
+            ""
+        } else {
+            ", no device takes new keys (add one)"
+        };
+        let n = st["num_devices"].as_u64();
         let _ = writeln!(
             out,
-            "adapter {}: {} devices, {} of {} used, healthy: {}",
+            "adapter {}: {} device{}, {} of {} used, healthy: {}{stalled}",
             a["adapter_index"],
             st["num_devices"],
+            if n == Some(1) { "" } else { "s" },
             size(&st["total_used_bytes"]),
             size(&st["max_dax_size_bytes"]),
             st["is_healthy"],
@@ -638,7 +648,7 @@ pub fn status_table(status: &Value) -> String {
             "index", "id", "state", "used", "size", "slots", "locked", "path",
         ]
         .map(String::from)];
-        for d in st["devices"].as_array().into_iter().flatten() {
+        for d in devices {
             let n = |k: &str| d[k].as_u64().map_or_else(|| "?".into(), |v| v.to_string());
             let used = d["live_slot_count"]
                 .as_u64()
