@@ -437,7 +437,10 @@ pub fn hotplug_log_line(
         (None, Some(i)) => format!("device {i}"),
         (None, None) => "?".into(),
     };
-    let size = |v: &Value| v.as_u64().map_or_else(|| "?".into(), human_u64);
+    let size = |v: &Value| {
+        v.as_u64()
+            .map_or_else(|| "?".into(), crate::host::units::human)
+    };
     let outcome = match r {
         Ok(v) => {
             let detail = match what {
@@ -618,10 +621,13 @@ pub fn request(
 /// The devices of a `/reconfigure/dax/l2/status` answer as a table: one
 /// line per adapter (`32 MiB of 1 GiB used`), then its devices in
 /// columns as wide as their widest cell, sizes in binary units
-/// ([`crate::cli::bench::human`]: exact, else bytes).
+/// ([`crate::host::units::human`]: exact, else bytes).
 pub fn status_table(status: &Value) -> String {
     use std::fmt::Write as _;
-    let size = |v: &Value| v.as_u64().map_or_else(|| "?".into(), human_u64);
+    let size = |v: &Value| {
+        v.as_u64()
+            .map_or_else(|| "?".into(), crate::host::units::human)
+    };
     let mut out = String::new();
     for a in status["adapters"].as_array().into_iter().flatten() {
         let st = &a["status"];
@@ -653,7 +659,10 @@ pub fn status_table(status: &Value) -> String {
             let used = d["live_slot_count"]
                 .as_u64()
                 .zip(d["slot_bytes"].as_u64())
-                .map_or_else(|| "?".into(), |(n, b)| human_u64(n.saturating_mul(b)));
+                .map_or_else(
+                    || "?".into(),
+                    |(n, b)| crate::host::units::human(n.saturating_mul(b)),
+                );
             rows.push([
                 n("index"),
                 n("device_id"),
@@ -685,11 +694,6 @@ pub fn status_table(status: &Value) -> String {
         }
     }
     out
-}
-
-/// [`crate::cli::bench::human`] of a byte count from JSON.
-fn human_u64(bytes: u64) -> String {
-    usize::try_from(bytes).map_or_else(|_| format!("{bytes} B"), crate::cli::bench::human)
 }
 
 /// `s` for a terminal: control characters (ESC, CR, BEL, C1 such as

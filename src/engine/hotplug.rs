@@ -338,8 +338,8 @@ fn create_file(path: &std::path::Path, bytes: usize) -> Result<(), HotplugError>
         if bytes as u64 > free {
             return Err(HotplugError::Create(format!(
                 "cannot create {shown}: {} is more than the {} free on its file system",
-                crate::host::probe::human(bytes as u64),
-                crate::host::probe::human(free)
+                crate::host::units::human(bytes as u64),
+                crate::host::units::human(free)
             )));
         }
     }
