@@ -170,6 +170,11 @@ enum Cmd {
         /// device's length for a path).
         #[arg(long)]
         max_size: Option<String>,
+        /// Create PATH as a file of SIZE if it does not exist (on tmpfs,
+        /// hugetlbfs or a disk file system; removed again if the add
+        /// fails). Without it a missing PATH is an error.
+        #[arg(long)]
+        create: bool,
         #[command(flatten)]
         server: ServerArgs,
     },
@@ -181,7 +186,9 @@ enum Cmd {
         /// The device's index, as `daxkv status` lists it.
         #[arg(long)]
         index: Option<u64>,
-        /// migrate (default), evict or drain.
+        /// migrate (default: the keys move to the other devices; refused
+        /// for the last device new keys may go to), evict (drops the keys)
+        /// or drain (no new keys; the device stays).
         #[arg(long, default_value = "migrate")]
         mode: String,
         /// Discard locks and borrowed reads.
@@ -388,11 +395,15 @@ fn main() -> std::process::ExitCode {
             path,
             size,
             max_size,
+            create,
             server,
         } => {
             let mut body = serde_json::json!({"device_path": path, "size": size_arg(&size)});
             if let Some(m) = max_size {
                 body["max_size"] = size_arg(&m);
+            }
+            if create {
+                body["create"] = true.into();
             }
             client(
                 &server,

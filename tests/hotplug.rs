@@ -326,8 +326,9 @@ fn evict_deletes_and_tells_listeners() {
 }
 
 /// docs/lmcache-dax-behavior.md §8.1 item 8 and docs/lmcache-dax-behavior.md §4.2–4.4 validation:
-/// errors name what was wrong and
-/// never echo the path.
+/// errors name what was wrong. A missing path keeps upstream's status and
+/// message, and goes on to name the path and how to create it (the one
+/// caller who can fix it is the one who sent the path).
 #[test]
 fn bad_requests_are_refused_with_upstreams_messages() {
     let e = Arc::new(Engine::open(vec![], SLOT, true, EngineOptions::default()).unwrap());
@@ -337,9 +338,13 @@ fn bad_requests_are_refused_with_upstreams_messages() {
     let err = call("add", json!({"device_path": missing, "size_bytes": 8192}));
     assert_eq!(
         (err.status, err.body.clone()),
-        (400, json!({"error": "failed to identify DAX device"}))
+        (
+            400,
+            json!({"error": "failed to identify DAX device: /nonexistent/dax9.9 does not exist: \
+                create it first, e.g. `truncate -s 8K /nonexistent/dax9.9`, or pass --create \
+                (`create: true` in an HTTP add)"})
+        )
     );
-    assert!(!err.body.to_string().contains("dax9.9"), "path not echoed");
     let err = call("add", json!({"device_path": "  ", "size_bytes": 8192}));
     assert_eq!(err.body["error"], "device_path must be a non-empty string");
     let err = call("add", json!({"device_path": "memfd", "size_bytes": true}));

@@ -940,7 +940,11 @@ fn health_and_metrics() {
             "# TYPE daxkv_devices gauge\ndaxkv_devices 2\n".to_string()
         })),
         health: Some(Arc::new(move || {
-            h.load(std::sync::atomic::Ordering::SeqCst)
+            if h.load(std::sync::atomic::Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err("device 0 (memfd) failed".to_string())
+            }
         })),
         owners: None,
     };
@@ -956,7 +960,13 @@ fn health_and_metrics() {
     assert_eq!(get(a, "/health").status, 200);
     healthy.store(false, std::sync::atomic::Ordering::SeqCst);
     let r = get(a, "/health");
-    assert_eq!((r.status, r.json()), (503, json!({"status": "unhealthy"})));
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            503,
+            json!({"status": "unhealthy", "reason": "device 0 (memfd) failed"})
+        )
+    );
 }
 
 /// The owners hook reaches the backend, asked for the generic index.

@@ -442,6 +442,15 @@ fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {
     let st = &v["adapters"][0]["status"];
     assert_eq!(st["devices"][0]["is_healthy"], false, "{body}");
     assert_eq!(st["is_healthy"], false, "{body}");
+    // `/health` says which device and why.
+    let (code, health) = s.get("/health");
+    assert_eq!(
+        (code, serde_json::from_str::<Value>(&health).unwrap()),
+        (
+            503,
+            json!({"status": "unhealthy", "reason": format!("device 0 ({}) failed", dev.display())})
+        )
+    );
     let m = s.get("/metrics").1;
     assert_eq!(metric(&m, "daxkv_traffic_wrong_bytes_total"), 0);
     let before = metric(&m, "daxkv_traffic_verified_total");
@@ -685,7 +694,12 @@ fn the_cli_names_anonymous_devices() {
     ok(&["remove", "memfd:b", "--mode", "drain"]);
     ok(&["resize", "--index", "2", "128MiB"]);
     ok(&["remove", "--index", "2", "--mode", "evict"]);
-    ok(&["remove", "memfd"]);
+    // `memfd` is the last device new keys may go to (memfd:b drains): a
+    // migrate is refused, an explicit evict removes it.
+    let out = s.cli(&["remove", "memfd"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(": 409: "));
+    ok(&["remove", "memfd", "--mode", "evict"]);
     assert_eq!(
         devices(),
         [

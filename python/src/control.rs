@@ -204,7 +204,7 @@ fn serve(
         let (engine, l2_name) = (engine.clone(), l2_name.to_string());
         Arc::new(move || metrics_text(&engine, &l2_name))
     };
-    let health = Arc::new(move || engine.status()["is_healthy"] == Value::Bool(true));
+    let health = daxkv::control::http::engine_health(engine);
     let hooks = HttpHooks {
         metrics: Some(metrics),
         health: Some(health),

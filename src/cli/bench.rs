@@ -644,17 +644,9 @@ pub(crate) fn fill(buf: &mut [u8], id: usize) {
     }
 }
 
-/// A size for messages: binary units, exact when it divides evenly.
+/// A size for messages: [`crate::host::units::human`] of a `usize`.
 pub fn human(size: usize) -> String {
-    if size >= 1 << 30 && size.is_multiple_of(1 << 30) {
-        format!("{} GiB", size >> 30)
-    } else if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
-        format!("{} MiB", size >> 20)
-    } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
-        format!("{} KiB", size >> 10)
-    } else {
-        format!("{size} B")
-    }
+    crate::host::units::human(size as u64)
 }
 
 /// An amount of memory for messages: binary units, rounded.

@@ -25,7 +25,9 @@ use serde_json::Value;
 
 use crate::control::config::EngineConfig;
 use crate::control::http::{HttpConfig, HttpHooks, HttpServer};
-use crate::control::reconfigure::{DaxReconfigure, Registry};
+use crate::control::reconfigure::{
+    DaxReconfigure, Owners, Reconfigurable, ReconfigureError, Registry,
+};
 use crate::engine::{Answer, Engine};
 use crate::key::Key;
 use crate::plumbing::buf::Buf;
@@ -257,10 +259,10 @@ impl Prepared {
         } = self;
         let stats = Arc::new(TrafficStats::default());
         let mut registry = Registry::new();
-        registry.register(Arc::new(DaxReconfigure::probing(
+        registry.register(Arc::new(Logged(DaxReconfigure::probing(
             engine.clone(),
             sysfs_root,
-        )));
+        ))));
         let metrics = {
             let (engine, stats) = (engine.clone(), stats.clone());
             let traffic = cfg.traffic;
@@ -272,10 +274,7 @@ impl Prepared {
                 text
             })
         };
-        let health = {
-            let engine = engine.clone();
-            Arc::new(move || engine.status()["is_healthy"] == Value::Bool(true))
-        };
+        let health = crate::control::http::engine_health(engine.clone());
         let hooks = HttpHooks {
             metrics: Some(metrics),
             health: Some(health),
@@ -329,6 +328,146 @@ impl Drop for Server {
             self.shutdown();
         }
     }
+}
+
+/// The DAX backend with each hotplug operation (add, remove, drain,
+/// resize) logged on stderr in one line ([`hotplug_log_line`]): what, which
+/// device, the outcome, the time taken.
+struct Logged(DaxReconfigure);
+
+impl Logged {
+    /// The device a remove or resize names, as far as it can be told
+    /// before it runs: `(path, index)`.
+    fn named(&self, payload: &Value) -> (Option<String>, Option<u64>) {
+        let e = self.0.engine();
+        let path = payload["device_path"]
+            .as_str()
+            .map(|p| p.trim().to_string());
+        let index = payload["device_index"].as_u64();
+        match (path, index) {
+            (None, Some(i)) => {
+                let p = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| e.device_status(i))
+                    .and_then(|d| d["device_path"].as_str().map(str::to_string));
+                (p, Some(i))
+            }
+            (Some(p), None) => {
+                let i = e
+                    .find_device(&p)
+                    .ok()
+                    .and_then(|id| e.device_index(id))
+                    .map(|(i, _)| i as u64);
+                (Some(p), i)
+            }
+            named => named,
+        }
+    }
+}
+
+impl Reconfigurable for Logged {
+    fn backend(&self) -> &str {
+        self.0.backend()
+    }
+
+    fn supported_operations(&self) -> Vec<String> {
+        self.0.supported_operations()
+    }
+
+    fn status(&self) -> Value {
+        self.0.status()
+    }
+
+    fn reconfigure(
+        &self,
+        operation: &str,
+        payload: &Value,
+        owners: Owners<'_>,
+    ) -> Result<Value, ReconfigureError> {
+        if !matches!(operation, "add" | "remove" | "resize") {
+            return self.0.reconfigure(operation, payload, owners);
+        }
+        let started = std::time::Instant::now();
+        let named = if operation == "add" {
+            (
+                payload["device_path"]
+                    .as_str()
+                    .map(|p| p.trim().to_string()),
+                None,
+            )
+        } else {
+            self.named(payload)
+        };
+        let r = self.0.reconfigure(operation, payload, owners);
+        log_line!(
+            "{}",
+            hotplug_log_line(operation, payload, named, &r, started.elapsed())
+        );
+        r
+    }
+}
+
+/// The log line of one hotplug operation: `daxkv: add /dev/shm/kv1
+/// (device 1): ok, 256 MiB, 3 ms`, `daxkv: remove memfd (device 0):
+/// refused (409): …, 1 ms`. `named` is the device as named before it ran
+/// (path, index); the answer's own fields win. Paths and messages are
+/// escaped ([`printable`]): a file name cannot forge log lines.
+pub fn hotplug_log_line(
+    operation: &str,
+    payload: &Value,
+    named: (Option<String>, Option<u64>),
+    r: &Result<Value, ReconfigureError>,
+    took: Duration,
+) -> String {
+    let what = if operation == "remove" && payload["mode"] == "drain" {
+        "drain"
+    } else {
+        operation
+    };
+    let ok = r.as_ref().ok();
+    // An add's answer holds the device; the others' hold its fields.
+    let answer = ok.map(|v| if operation == "add" { &v["device"] } else { v });
+    let path = answer
+        .and_then(|d| d["device_path"].as_str().map(str::to_string))
+        .or(named.0);
+    let index = answer.and_then(|d| d["index"].as_u64()).or(named.1);
+    let device = match (path, index) {
+        (Some(p), Some(i)) => format!("{} (device {i})", printable(&p)),
+        (Some(p), None) => printable(&p).into_owned(),
+        (None, Some(i)) => format!("device {i}"),
+        (None, None) => "?".into(),
+    };
+    let size = |v: &Value| {
+        v.as_u64()
+            .map_or_else(|| "?".into(), crate::host::units::human)
+    };
+    let outcome = match r {
+        Ok(v) => {
+            let detail = match what {
+                "add" => size(&payload["size_bytes"]),
+                "resize" => format!(
+                    "{} -> {}",
+                    size(&v["old_size_bytes"]),
+                    size(&v["new_size_bytes"])
+                ),
+                "remove" => format!(
+                    "{} keys moved, {} deleted",
+                    v["moved_keys"].as_u64().unwrap_or(0),
+                    v["deleted_keys"].as_u64().unwrap_or(0)
+                ),
+                _ => v["state"].as_str().unwrap_or("ok").to_string(),
+            };
+            format!("ok, {detail}")
+        }
+        Err(e) => {
+            let msg = e.body["error"]
+                .as_str()
+                .or_else(|| e.body["reason"].as_str())
+                .map_or_else(|| e.body.to_string(), str::to_string);
+            format!("refused ({}): {}", e.status, printable(&msg))
+        }
+    };
+    format!("daxkv: {what} {device}: {outcome}, {} ms", took.as_millis())
 }
 
 /// Log what was mapped and where the workers run.
@@ -479,36 +618,79 @@ pub fn request(
         })
 }
 
-/// The devices of a `/reconfigure/dax/l2/status` answer as a table.
+/// The devices of a `/reconfigure/dax/l2/status` answer as a table: one
+/// line per adapter (`32 MiB of 1 GiB used`), then its devices in
+/// columns as wide as their widest cell, sizes in binary units
+/// ([`crate::host::units::human`]: exact, else bytes).
 pub fn status_table(status: &Value) -> String {
     use std::fmt::Write as _;
+    let size = |v: &Value| {
+        v.as_u64()
+            .map_or_else(|| "?".into(), crate::host::units::human)
+    };
     let mut out = String::new();
     for a in status["adapters"].as_array().into_iter().flatten() {
         let st = &a["status"];
+        let devices = st["devices"].as_array().map_or(&[][..], Vec::as_slice);
+        // Status's `is_healthy` is LMCache's (a pool without a device is
+        // healthy there); `/health` is not, and says so: so does the table.
+        let stalled = if devices.iter().any(|d| d["state"] == "active") {
+            ""
+        } else {
+            ", no device takes new keys (add one)"
+        };
+        let n = st["num_devices"].as_u64();
         let _ = writeln!(
             out,
-            "adapter {}: {} devices, {} of {} bytes used, healthy: {}",
+            "adapter {}: {} device{}, {} of {} used, healthy: {}{stalled}",
             a["adapter_index"],
             st["num_devices"],
-            st["total_used_bytes"],
-            st["max_dax_size_bytes"],
+            if n == Some(1) { "" } else { "s" },
+            size(&st["total_used_bytes"]),
+            size(&st["max_dax_size_bytes"]),
             st["is_healthy"],
         );
-        out.push_str("index  id state           used     slots locked  path\n");
-        for d in st["devices"].as_array().into_iter().flatten() {
-            // As strings: serde_json's `Value` ignores a width.
+        let mut rows: Vec<[String; 8]> = vec![[
+            "index", "id", "state", "used", "size", "slots", "locked", "path",
+        ]
+        .map(String::from)];
+        for d in devices {
             let n = |k: &str| d[k].as_u64().map_or_else(|| "?".into(), |v| v.to_string());
-            let _ = writeln!(
-                out,
-                "{:>5} {:>3} {:<10} {:>9} {:>9} {:>6}  {}",
+            let used = d["live_slot_count"]
+                .as_u64()
+                .zip(d["slot_bytes"].as_u64())
+                .map_or_else(
+                    || "?".into(),
+                    |(n, b)| crate::host::units::human(n.saturating_mul(b)),
+                );
+            rows.push([
                 n("index"),
                 n("device_id"),
-                printable(d["state"].as_str().unwrap_or("?")),
-                n("live_slot_count"),
+                printable(d["state"].as_str().unwrap_or("?")).into_owned(),
+                used,
+                size(&d["max_dax_size_bytes"]),
                 n("max_slots"),
                 n("locked_key_count"),
-                printable(d["device_path"].as_str().unwrap_or("?")),
-            );
+                printable(d["device_path"].as_str().unwrap_or("?")).into_owned(),
+            ]);
+        }
+        let mut width = [0usize; 8];
+        for r in &rows {
+            for (w, c) in width.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        for r in &rows {
+            let mut line = String::new();
+            for (i, c) in r.iter().enumerate() {
+                if i + 1 == r.len() {
+                    line.push_str(c);
+                } else {
+                    let _ = write!(line, "{c:<w$}  ", w = width[i]);
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
         }
     }
     out

@@ -404,8 +404,15 @@ impl Reconfigurable for DaxReconfigure {
                 }
                 let size = size_of(payload)?;
                 let max = max_size_of(payload)?;
+                let create = match payload.get("create") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(_) => return Err(ReconfigureError::msg(400, "create must be a boolean")),
+                };
                 let (index, info) = e
-                    .hotplug_add_with_max(&path, size, max, |p, n| (self.gate)(p, n, false))
+                    .hotplug_add_or_create(&path, size, max, create, |p, n| {
+                        (self.gate)(p, n, false)
+                    })
                     .map_err(|err| hotplug_err(&err))?;
                 Ok(json!({
                     "status": "ok",

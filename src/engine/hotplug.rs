@@ -134,9 +134,28 @@ pub enum HotplugError {
     /// The device failed the probe before mapping (the reason).
     #[error("{0}")]
     Probe(String),
-    /// The path could not be identified (missing, or not a device or file).
+    /// The path could not be identified (not a device or file, or not
+    /// readable).
     #[error("failed to identify DAX device")]
     Unidentified,
+    /// Nothing at the path, and the add did not ask to create it.
+    #[error("failed to identify DAX device: {path} does not exist: create it first, e.g. `truncate -s {size} {path}`, or pass --create (`create: true` in an HTTP add)")]
+    Missing {
+        /// The path asked for.
+        path: String,
+        /// The size asked for, as `truncate -s` reads it (`256M`).
+        size: String,
+    },
+    /// A file `--create` was to make could not be made (the reason,
+    /// naming the path).
+    #[error("{0}")]
+    Create(String),
+    /// A migrating remove of the last device new keys may go to.
+    #[error("{path}: no other device can take its keys: add one first, or use --mode evict (drops the keys) or --mode drain")]
+    LastDevice {
+        /// The device's path (or memfd name).
+        path: String,
+    },
     /// Mapping failed (details in the log, never the path).
     #[error("failed to map DAX device")]
     MapFailed,
@@ -221,7 +240,8 @@ impl HotplugError {
             | HotplugError::Blocked { .. }
             | HotplugError::SourceLocked { .. }
             | HotplugError::ShrinkWouldDrop
-            | HotplugError::ShrinkStillLive => 409,
+            | HotplugError::ShrinkStillLive
+            | HotplugError::LastDevice { .. } => 409,
             HotplugError::NoDestination
             | HotplugError::InsufficientCapacity { .. }
             | HotplugError::Memory(_) => 507,
@@ -273,6 +293,70 @@ pub struct ResizeReport {
     pub deleted_keys: usize,
     /// Its state now.
     pub state: DeviceState,
+}
+
+/// `bytes` as `truncate -s` reads it: `256M` for 256 MiB (its K, M, G
+/// and T are binary), else the byte count.
+fn truncate_size(bytes: usize) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// Create `path` as a regular file of `bytes` for an add with `create`:
+/// its directory must be on a file system the arena maps (checked before
+/// anything is created), and an existing file is never taken over (a file
+/// that appeared since the caller looked is refused, not grown).
+fn create_file(path: &std::path::Path, bytes: usize) -> Result<(), HotplugError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let shown = path.display();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(HotplugError::Create(format!(
+            "cannot create {shown}: its directory {} does not exist",
+            dir.display()
+        )));
+    }
+    crate::host::fstype::check_path(dir).map_err(|e| {
+        HotplugError::Create(format!(
+            "cannot create {shown}: {}",
+            crate::host::fstype::NotMemory {
+                path: path.to_path_buf(),
+                fs: e.fs,
+            }
+        ))
+    })?;
+    // A file larger than the space left would map, and fail (SIGBUS) on
+    // the first store past the space.
+    if let Ok(free) = crate::host::fstype::available_bytes(dir) {
+        if bytes as u64 > free {
+            return Err(HotplugError::Create(format!(
+                "cannot create {shown}: {} is more than the {} free on its file system",
+                crate::host::units::human(bytes as u64),
+                crate::host::units::human(free)
+            )));
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| HotplugError::Create(format!("cannot create {shown}: {e}")))?;
+    if let Err(e) = file.set_len(bytes as u64) {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+        return Err(HotplugError::Create(format!(
+            "cannot size {shown} to {bytes} bytes: {e}"
+        )));
+    }
+    Ok(())
 }
 
 /// Restores a device's state unless disarmed (an operation that fails
@@ -496,18 +580,41 @@ impl Engine {
         max_size_bytes: Option<usize>,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
     ) -> Result<(usize, DeviceInfo), HotplugError> {
-        counted(
-            self,
-            HotplugOp::Add,
-            self.add_inner(path, size_bytes, max_size_bytes, gate),
-        )
+        self.hotplug_add_or_create(path, size_bytes, max_size_bytes, false, gate)
     }
 
+    /// [`Engine::hotplug_add_with_max`], and with `create` a missing path
+    /// is first created as a regular file of `size_bytes` (its directory on
+    /// a file system the arena maps: tmpfs, hugetlbfs, ext4, xfs, …; never
+    /// over an existing file). A created file that is then not added
+    /// (refused by `gate`, too large for the memory limit, …) is removed
+    /// again. Without `create` a missing path is
+    /// [`HotplugError::Missing`], which says how to create it.
+    pub fn hotplug_add_or_create(
+        &self,
+        path: &str,
+        size_bytes: usize,
+        max_size_bytes: Option<usize>,
+        create: bool,
+        gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
+    ) -> Result<(usize, DeviceInfo), HotplugError> {
+        let mut created = None;
+        let r = self.add_inner(path, size_bytes, max_size_bytes, create, &mut created, gate);
+        if let (Err(_), Some(p)) = (&r, created) {
+            // Made by this add and not added: leave nothing behind.
+            let _ = std::fs::remove_file(p);
+        }
+        counted(self, HotplugOp::Add, r)
+    }
+
+    #[allow(clippy::too_many_lines)] // memfd names, then paths, then the map
     fn add_inner(
         &self,
         path: &str,
         size_bytes: usize,
         max_size_bytes: Option<usize>,
+        create: bool,
+        created: &mut Option<std::path::PathBuf>,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
     ) -> Result<(usize, DeviceInfo), HotplugError> {
         let admin = self.hotplug_admin()?;
@@ -564,8 +671,19 @@ impl Engine {
             ArenaSource::Memfd
         } else {
             let p = std::path::Path::new(path);
-            if std::fs::metadata(p).is_err() {
-                return Err(HotplugError::Unidentified);
+            match std::fs::metadata(p) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+                    create_file(p, size_bytes)?;
+                    *created = Some(p.to_path_buf());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(HotplugError::Missing {
+                        path: path.to_string(),
+                        size: truncate_size(size_bytes),
+                    })
+                }
+                Err(_) => return Err(HotplugError::Unidentified),
             }
             gate(p, size_bytes).map_err(HotplugError::Probe)?;
             // The same path string (an entry whose file was replaced
@@ -652,6 +770,20 @@ impl Engine {
     ) -> Result<RemoveReport, HotplugError> {
         let admin = self.hotplug_admin()?;
         let (index, dev) = self.device(id)?;
+        if mode == RemoveMode::Migrate
+            && !self
+                .inner
+                .pool
+                .list()
+                .iter()
+                .any(|d| d.id() != id && d.state().is_writable())
+        {
+            // Explicit modes only: evict drops the keys, drain keeps the
+            // device; a migrate would remove the pool's last store target.
+            return Err(HotplugError::LastDevice {
+                path: dev.path().to_string(),
+            });
+        }
         let old = dev.state();
         let report = |moved_keys, moved_bytes, deleted_keys, freed| RemoveReport {
             index,

@@ -820,6 +820,38 @@ impl Engine {
             .collect()
     }
 
+    /// Whether the engine can serve: `Err(reason)` while it closes, when a
+    /// device failed or reports itself unhealthy, and when no device can
+    /// take a store (no device, or every one draining, failed or closed:
+    /// zero writable capacity). What `/health` answers; status's
+    /// `is_healthy` keeps LMCache's meaning (a pool with no device is
+    /// healthy there).
+    pub fn health(&self) -> Result<(), String> {
+        // ORDERING: Acquire — a snapshot; pairs with `request_close`.
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err("shutting down".into());
+        }
+        let devs = self.inner.pool.list();
+        for d in devs.iter() {
+            let state = d.state();
+            if state == DeviceState::Failed {
+                return Err(format!("device {} ({}) failed", d.index(), d.path()));
+            }
+            if state.counts_capacity() && !d.core().status().is_healthy {
+                return Err(format!("device {} ({}) is unhealthy", d.index(), d.path()));
+            }
+        }
+        if !devs.iter().any(|d| d.state().is_writable()) {
+            return Err(if devs.is_empty() {
+                "no device can take a store: there is no device (add one)".into()
+            } else {
+                "no device can take a store: every device is draining, failed or closed (add one)"
+                    .into()
+            });
+        }
+        Ok(())
+    }
+
     /// Status fields (docs/lmcache-dax-behavior.md §3.10), as a JSON value.
     pub fn status(&self) -> serde_json::Value {
         let devs = self.inner.pool.entries();

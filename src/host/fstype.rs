@@ -102,6 +102,12 @@ pub fn check_path(path: &std::path::Path) -> Result<(), NotMemory> {
     }
 }
 
+/// The bytes still free (for an unprivileged user) on the file system
+/// holding `path` (`statfs`; nothing is opened).
+pub fn available_bytes(path: &std::path::Path) -> std::io::Result<u64> {
+    crate::host::sys::fs_available_bytes(path)
+}
+
 /// Whether a regular file on the file system `magic` may be mapped.
 pub fn is_allowed(magic: i64) -> bool {
     ALLOWED.iter().any(|(m, _)| *m == magic)

@@ -10,6 +10,7 @@
 //! | [`numa`] | device NUMA node, topology and nearest CPUs from sysfs; pinning threads |
 //! | [`memlimit`] | memory a memfd or slot table may take (MemAvailable, cgroup limits) |
 //! | [`fstype`] | the file systems a device file may live on (no sysfs / procfs pseudo-files) |
+//! | [`units`] | byte counts for people (`2 MiB`, exact, else bytes) |
 //! | [`probe`] | what a device path is (devdax, kmem, unbound, file, …) from `stat` and sysfs, never opening it; the add / resize gates |
 
 pub mod devdax;
@@ -18,3 +19,4 @@ pub mod memlimit;
 pub mod numa;
 pub mod probe;
 pub(crate) mod sys;
+pub mod units;

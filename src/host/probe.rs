@@ -75,6 +75,7 @@ use serde::{Deserialize, Serialize};
 use crate::host::devdax;
 pub use crate::host::devdax::DEFAULT_DEVDAX_ALIGN_BYTES;
 use crate::host::sys;
+use crate::host::units::human;
 
 /// Where sysfs is mounted on a real machine.
 pub const DEFAULT_SYSFS_ROOT: &str = "/sys";
@@ -393,16 +394,6 @@ fn read_u64(file: &Path) -> Option<u64> {
     devdax::parse_number(&std::fs::read_to_string(file).ok()?).ok()
 }
 
-/// Bytes in binary units, exact when they divide ("2 MiB"), else bytes.
-fn human(bytes: u64) -> String {
-    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
-            return format!("{} {unit}", bytes >> shift);
-        }
-    }
-    format!("{bytes} bytes")
-}
-
 /// The add gate (docs/lmcache-dax-behavior.md §9.5): whether mapping
 /// `requested_bytes` of the probed path can work, checked before anything
 /// is opened or mapped. The messages are the fork's for its three cases
@@ -563,16 +554,6 @@ mod tests {
             assert_eq!(read_u64(&f), want, "{text:?}");
         }
         assert_eq!(read_u64(&d.path().join("missing")), None);
-    }
-
-    #[test]
-    fn human_sizes_are_exact_or_bytes() {
-        assert_eq!(human(2 << 20), "2 MiB");
-        assert_eq!(human(1 << 30), "1 GiB");
-        assert_eq!(human(3 << 40), "3 TiB");
-        assert_eq!(human(4096), "4 KiB");
-        assert_eq!(human(4097), "4097 bytes");
-        assert_eq!(human(0), "0 bytes");
     }
 
     #[test]

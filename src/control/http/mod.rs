@@ -9,7 +9,7 @@
 //! | `GET /reconfigure/{backend}/l2/status` | the status envelope (docs/lmcache-dax-behavior.md §5.3) `{enabled, backend, num_adapters, adapters: [{backend, supported_operations, status, adapter_index, l2_adapter_index}]}`: that backend's adapters only, `adapter_index` backend-local, `l2_adapter_index` generic; an unknown backend is 200 with `enabled: false` |
 //! | `POST /reconfigure/{backend}/l2/{operation}` | the backend's result (docs/lmcache-dax-behavior.md §5.4), with `adapter_index` set to the **generic** index (the quirk below) |
 //! | `GET /reconfigure/dax/status`, `POST /reconfigure/dax/{add,remove,resize}` | the same for `dax`: the seed's v2 routes, kept for the fork's coordinator (upstream's latest answers 404 there) |
-//! | `GET /health` | 200 `{"status":"ok"}`, or 503 `{"status":"unhealthy"}` when [`HttpHooks::health`] says so |
+//! | `GET /health` | 200 `{"status":"ok"}`, or 503 `{"status":"unhealthy","reason":"…"}` when [`HttpHooks::health`] gives a reason (for an engine: [`engine_health`]) |
 //! | `GET /metrics` | [`HttpHooks::metrics`]' text (`text/plain; version=0.0.4; charset=utf-8`), 404 without one |
 //!
 //! `{backend}` and `{operation}` are stripped and lower-cased; an empty one
@@ -54,7 +54,8 @@
 //! [`HttpConfig::allow_non_loopback`] is set; an optional bearer token
 //! guards every route but `/health` (compared in constant time); an
 //! allow-list of path prefixes guards DAX `add`, comparing canonical paths
-//! (symlinks and `..` resolved); bodies are limited to
+//! (symlinks and `..` resolved; for an add with `"create": true`, before
+//! the file is created); bodies are limited to
 //! [`HttpConfig::body_limit`] bytes (413). The allow-list is checked before
 //! the backend opens the path: it keeps a mistaken or hostile controller
 //! off other devices, not a local user who can write inside the allowed
@@ -103,8 +104,15 @@ pub use size::{parse_size, MAX_SIZE_CHARS};
 /// The `/metrics` body (Prometheus text format 0.0.4), produced on demand.
 pub type MetricsFn = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// `/health`: `true` when healthy (200), `false` for 503.
-pub type HealthFn = Arc<dyn Fn() -> bool + Send + Sync>;
+/// `/health`: `Ok` when healthy (200), `Err(reason)` for 503.
+pub type HealthFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// `/health` for `engine`: [`Engine::health`](crate::engine::Engine::health)
+/// (unhealthy while it closes, with a failed or unhealthy device, and
+/// when no device can take a store).
+pub fn engine_health(engine: Arc<crate::engine::Engine>) -> HealthFn {
+    Arc::new(move || engine.health())
+}
 
 /// LMCache's `device_owners` for the backend at a generic index: the
 /// *other* owners of a device path (`"L1"`, other adapters' names). A
@@ -575,20 +583,19 @@ fn params<T>(p: Result<Path<T>, PathRejection>) -> Result<T, Response> {
 }
 
 async fn health(State(app): AppState) -> Response {
-    let ok = match app.hooks.health.clone() {
-        None => true,
+    let verdict = match app.hooks.health.clone() {
+        None => Ok(()),
         Some(h) => match blocking(move || h()).await {
-            Ok(ok) => ok,
+            Ok(v) => v,
             Err(r) => return r,
         },
     };
-    if ok {
-        json_response(StatusCode::OK, &json!({"status": "ok"}))
-    } else {
-        json_response(
+    match verdict {
+        Ok(()) => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        Err(reason) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "unhealthy"}),
-        )
+            &json!({"status": "unhealthy", "reason": reason}),
+        ),
     }
 }
 

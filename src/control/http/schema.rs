@@ -225,7 +225,7 @@ pub(crate) fn generic(body: &Value, big: &BigInts) -> Result<Accepted, Refusal> 
 /// The DAX operations and their fields (beyond `adapter_index`).
 fn dax_fields(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
-        "add" => &["device_path", "size", "max_size"],
+        "add" => &["device_path", "size", "max_size", "create"],
         "remove" => &["device_path", "device_index", "mode", "force"],
         "resize" => &["device_path", "device_index", "size", "mode", "force"],
         _ => return None,
@@ -285,6 +285,9 @@ pub(crate) fn dax(op: &str, body: &Value, big: &BigInts) -> Result<Accepted, Ref
     }
     if fields.contains(&"force") {
         force(o, &mut payload, &mut errs);
+    }
+    if fields.contains(&"create") {
+        create(o, &mut payload, &mut errs);
     }
 
     for (k, v) in o {
@@ -364,6 +367,19 @@ fn force(o: &Map<String, Value>, payload: &mut Map<String, Value>, errs: &mut Ve
             payload.insert("force".into(), b.into());
         }
         Some(Err((ty, msg))) => errs.push(item(ty, &["force"], msg, &o["force"])),
+    }
+}
+
+/// daxkv's `create: bool = False` (add; pydantic's lax bool): create a
+/// missing file. Passed on only when true, so that the backend sees
+/// LMCache's payload otherwise.
+fn create(o: &Map<String, Value>, payload: &mut Map<String, Value>, errs: &mut Vec<Value>) {
+    match o.get("create").map(lax_bool) {
+        None | Some(Ok(false)) => {}
+        Some(Ok(true)) => {
+            payload.insert("create".into(), true.into());
+        }
+        Some(Err((ty, msg))) => errs.push(item(ty, &["create"], msg, &o["create"])),
     }
 }
 
@@ -517,6 +533,22 @@ mod tests {
         );
         assert_eq!(a.local_index, Some(0));
         assert_eq!(a.add_path.as_deref(), Some("/dev/dax0.0"));
+        // daxkv's `create`: passed on when true, left out otherwise (the
+        // backend then sees LMCache's payload), a non-bool refused.
+        for (create, passed) in [(json!(true), Some(true)), (json!("no"), None)] {
+            let a = dax(
+                "add",
+                &json!({"device_path": "p", "size": 4096, "create": create}),
+                &BigInts::default(),
+            )
+            .unwrap();
+            assert_eq!(a.payload.get("create").and_then(Value::as_bool), passed);
+        }
+        let e = invalid(
+            "add",
+            &json!({"device_path": "p", "size": 4096, "create": "maybe"}),
+        );
+        assert_eq!(types(&e), [("bool_parsing", vec!["body", "create"])]);
         let r = dax(
             "remove",
             &json!({"device_path": "p", "adapter_index": 2}),
