@@ -4,7 +4,7 @@
 //! `Family` and `Histogram` — alone and with two threads recording at
 //! once — plus the `Instant::now()` a task's duration costs and one scrape
 //! (`daxkv::control::metrics::encode`). The choice this measures is recorded in the
-//! `daxkv::engine::Metrics` module doc and the README ("Metrics").
+//! `daxkv::engine::Metrics` module doc and docs/performance.md ("Metrics on the data path").
 #![allow(clippy::too_many_lines, clippy::many_single_char_names)]
 
 use std::hint::black_box;

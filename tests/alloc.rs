@@ -3,7 +3,7 @@
 //! single keys and of batches through the `_into` variants.
 //!
 //! (The engine's task path still allocates per task: its key, result and
-//! part vectors. README "Performance" tracks that.)
+//! part vectors. docs/performance.md tracks that.)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

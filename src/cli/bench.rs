@@ -34,7 +34,7 @@
 //! scheduler chose, and one vCPU of a VM can be slower than the other for
 //! seconds (a busy hyperthread sibling on the host, invisible in
 //! `/proc/stat`): the same tree's store ratio at 8 MiB went 97 / 75 / 87 %
-//! in three runs in a row unpinned, 99–101 % pinned (README, Performance).
+//! in three runs in a row unpinned, 99–101 % pinned (docs/performance.md).
 //!
 //! Units: object sizes are binary (`4K` = `4KiB` = 4096 bytes), throughput
 //! is decimal GB/s (10^9 bytes per second), latency is µs per task.
@@ -1838,7 +1838,7 @@ mod tests {
     }
 
     /// Every size suffix is binary, with or without the `i`: the units are
-    /// stated once (README, table header) and mean the same everywhere.
+    /// stated once (docs/performance.md, table header) and mean the same everywhere.
     #[test]
     fn size_suffixes_are_binary() {
         for (s, want) in [

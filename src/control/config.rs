@@ -11,7 +11,7 @@
 //!
 //! or the legacy single-device form (`device_path` and `max_dax_size_gb` at
 //! the top level). This table is the one list of the keys and their
-//! defaults (the README and the Python faces link here):
+//! defaults (docs/control-plane.md and the Python faces link here):
 //!
 //! | key | value | default |
 //! |---|---|---|

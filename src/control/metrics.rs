@@ -34,7 +34,7 @@
 //! - The counters are recorded by the engine as per-worker cache-padded
 //!   atomics (no lock, no allocation on the data path) and summed here,
 //!   at scrape time; `prometheus-client` was measured against this and
-//!   rejected for the data path (benches/metrics.rs; README "Metrics").
+//!   rejected for the data path (benches/metrics.rs; docs/performance.md, "Metrics on the data path").
 
 #![forbid(unsafe_code)]
 

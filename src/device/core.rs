@@ -70,7 +70,7 @@
 //! about 840 MB of DRAM; in 2 MiB slots, 26 MB. The tables are sized once,
 //! for the largest slot count the device can reach, so a grow never
 //! reallocates them (why: docs/design.md §5.3). This is the one place these
-//! numbers are written; the README and docs/design.md link here.
+//! numbers are written; docs/design.md links here.
 // Unsafe code here is limited to the copies into and out of the mapping:
 // their safety (no other thread touching the bytes) is what the slot state
 // machine in this module provides, so the obligation is discharged where it

@@ -3,7 +3,7 @@
 //! Every slot has one `AtomicU64` state word; every transition is a single
 //! CAS on it, so the data path takes no lock. This module doc is the one
 //! place the word's layout and transitions are written down
-//! (`docs/design.md` and the README link here); the tests below assert the
+//! (`docs/design.md` links here); the tests below assert the
 //! table.
 //!
 //! ## Bit layout

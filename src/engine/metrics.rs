@@ -31,7 +31,7 @@
 //! it is the only reader. Recording a task costs five or six plain
 //! loads / stores on a line the worker owns plus a bucket search, and the
 //! two `Instant::now()` reads (at submit and at publish) — the clock is
-//! the larger part (README, "Metrics").
+//! the larger part (docs/performance.md, "Metrics on the data path").
 //!
 //! Relaxed is enough: the counters order nothing. A caller that collected
 //! a task's result sees that task counted, because the worker records
@@ -41,7 +41,7 @@
 //!
 //! ## Why not `prometheus-client` on the data path
 //!
-//! Measured (benches/metrics.rs; numbers in the README, "Metrics"): its
+//! Measured (benches/metrics.rs; numbers in docs/performance.md, "Metrics on the data path"): its
 //! `Counter` is a Relaxed `fetch_add` on one atomic shared by every
 //! thread that records it (a contended line across workers), its
 //! `Family` lookup takes an `RwLock` and hashes the labels, and its

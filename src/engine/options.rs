@@ -28,8 +28,7 @@ pub struct EngineOptions {
     /// How long a `wait_*` caller spins before parking on the eventfd.
     /// A caller that spins holds a CPU the workers could use: with more
     /// runnable workers than CPUs (two load workers and the caller on two
-    /// vCPUs), a short wait spin lets both workers run (see the README's
-    /// Performance section). Default: `spin`.
+    /// vCPUs), a short wait spin lets both workers run (see docs/performance.md). Default: `spin`.
     pub wait_spin: Duration,
     /// Size of the task table: tasks in flight plus results not collected.
     pub task_slots: usize,

@@ -14,8 +14,8 @@
 //!
 //! `{backend}` and `{operation}` are stripped and lower-cased; an empty one
 //! is 400 (`"backend must be non-empty"` / `"operation must be
-//! non-empty"`). The request bodies and what the backend receives are the
-//! README's "Control plane (HTTP)" tables; the size grammar is
+//! non-empty"`). The request bodies and what the backend receives are in
+//! docs/control-plane.md; the size grammar is
 //! [`parse_size`]'s.
 //!
 //! Every request goes through the [`Registry`]: this module never reaches
