@@ -40,6 +40,25 @@ macro_rules! log_line {
     }};
 }
 
+/// A function that is `pub` with the `test-hooks` feature and
+/// `pub(crate)` without it: the raw-copy baselines that `daxkv bench` uses
+/// and this crate's benches and tests reach from outside (Cargo.toml,
+/// `[features]`). Written once, emitted twice, one per visibility.
+macro_rules! test_hooks_pub {
+    ($(#[$attr:meta])* unsafe fn $($rest:tt)*) => {
+        #[cfg(feature = "test-hooks")]
+        $(#[$attr])* pub unsafe fn $($rest)*
+        #[cfg(not(feature = "test-hooks"))]
+        $(#[$attr])* pub(crate) unsafe fn $($rest)*
+    };
+    ($(#[$attr:meta])* fn $($rest:tt)*) => {
+        #[cfg(feature = "test-hooks")]
+        $(#[$attr])* pub fn $($rest)*
+        #[cfg(not(feature = "test-hooks"))]
+        $(#[$attr])* pub(crate) fn $($rest)*
+    };
+}
+
 pub mod key;
 pub mod sync;
 
@@ -58,7 +77,7 @@ pub mod control;
 pub mod cli;
 
 pub use crate::device::arena::{ArenaSource, ArenaSpec};
-#[cfg(debug_assertions)]
+#[cfg(feature = "test-hooks")]
 pub use crate::device::core::StallPoint;
 pub use crate::device::core::{
     CoreConfig, CoreStatus, DaxCore, PutFromPtrResult, PutOutcome, ReadSet, Reservation, SlotWriter,

@@ -1,6 +1,6 @@
 //! Hotplug races found by the issue-10 review, each seen failing on the
 //! first implementation (outputs in the test docs): in-crate because they
-//! reach a device's core for the debug-only stall hook.
+//! reach a device's core for the test-only stall hook.
 
 #![allow(clippy::many_single_char_names)] // scenario tests
 

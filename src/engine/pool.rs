@@ -207,9 +207,12 @@ pub struct DeviceInfo {
 /// engine with plain copies into the very same mapping) and diagnostics.
 /// Read-only with respect to the pool: it cannot change the device's
 /// state; writing through its guard is `unsafe` and bypasses the store.
+/// Only with the `test-hooks` feature.
+#[cfg(feature = "test-hooks")]
 #[derive(Debug, Clone)]
 pub struct RawDevice(Arc<Device>);
 
+#[cfg(feature = "test-hooks")]
 impl RawDevice {
     /// A guard over the whole mapping that bypasses the slot states
     /// (`None` once the device is closed). See
@@ -664,7 +667,8 @@ impl Engine {
     /// Device `id`'s mapping, for raw-copy baselines (see [`RawDevice`]);
     /// `None` for a closed or removed device. A `RawDevice` keeps the
     /// device's mapping, fd and tables alive until it drops, even after
-    /// the device is removed.
+    /// the device is removed. Only with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     pub fn raw_device(&self, id: DeviceId) -> Option<RawDevice> {
         self.inner
             .pool
