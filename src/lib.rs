@@ -27,6 +27,8 @@
 //! can vouch for); every other module is `#![forbid(unsafe_code)]`.
 
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(missing_debug_implementations)]
 
 /// `eprintln!` that never panics. The log line of an error the caller is
 /// also told about, or of a worker's trouble, is dropped when stderr is

@@ -1010,6 +1010,14 @@ pub struct Exclusive<'a> {
     old: Vec<MmapRaw>,
 }
 
+impl std::fmt::Debug for Exclusive<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exclusive")
+            .field("arena", self.arena)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Exclusive<'_> {
     /// Current mapping length, bytes.
     pub fn len(&self) -> usize {
@@ -1126,6 +1134,14 @@ pub struct ArenaGuard<'a> {
     len: usize,
     /// Counted in this thread's nested-guard record (module doc).
     recorded: bool,
+}
+
+impl std::fmt::Debug for ArenaGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaGuard")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
 }
 
 // SAFETY: a shared guard only copies through its raw pointer, which the

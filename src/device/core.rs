@@ -179,6 +179,14 @@ pub struct ReadSet<'a> {
     items: Vec<Reservation>,
 }
 
+impl std::fmt::Debug for ReadSet<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadSet")
+            .field("items", &self.items)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ReadSet<'_> {
     /// The reservations, in the order of the keys asked for (hits only).
     pub fn items(&self) -> &[Reservation] {
@@ -302,6 +310,15 @@ pub struct SlotWriter<'a> {
     len: usize,
     /// Not `Sync`: one thread writes the slot (see `write`).
     _one_thread: std::marker::PhantomData<std::cell::Cell<()>>,
+}
+
+impl std::fmt::Debug for SlotWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotWriter")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SlotWriter<'_> {
@@ -1580,6 +1597,14 @@ pub struct Session<'a> {
     g: ArenaGuard<'a>,
     /// Counted in `active_reads` (set by the first load).
     reading: std::cell::Cell<bool>,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("reading", &self.reading.get())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Session<'_> {
