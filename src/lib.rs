@@ -47,17 +47,18 @@ macro_rules! log_line {
 /// and this crate's benches and tests reach from outside (Cargo.toml,
 /// `[features]`). Written once, emitted twice, one per visibility.
 macro_rules! test_hooks_pub {
-    ($(#[$attr:meta])* unsafe fn $($rest:tt)*) => {
-        #[cfg(feature = "test-hooks")]
-        $(#[$attr])* pub unsafe fn $($rest)*
-        #[cfg(not(feature = "test-hooks"))]
-        $(#[$attr])* pub(crate) unsafe fn $($rest)*
-    };
     ($(#[$attr:meta])* fn $($rest:tt)*) => {
         #[cfg(feature = "test-hooks")]
         $(#[$attr])* pub fn $($rest)*
         #[cfg(not(feature = "test-hooks"))]
         $(#[$attr])* pub(crate) fn $($rest)*
+    };
+    // A qualified function (`unsafe fn`).
+    ($(#[$attr:meta])* $qualifier:ident fn $($rest:tt)*) => {
+        #[cfg(feature = "test-hooks")]
+        $(#[$attr])* pub $qualifier fn $($rest)*
+        #[cfg(not(feature = "test-hooks"))]
+        $(#[$attr])* pub(crate) $qualifier fn $($rest)*
     };
 }
 

@@ -261,7 +261,7 @@ mod x86 {
     ///    writable for `len` bytes, not overlapping, and during the copy no
     ///    other thread reads or writes `dst` or writes `src`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn nt_avx512(dst: *mut u8, src: *const u8, len: usize) {
+    pub(crate) unsafe fn nt_avx512(dst: *mut u8, src: *const u8, len: usize) {
         const V: usize = 64;
         let head = head_len(dst, V, len);
         // SAFETY: head <= len; ranges valid, disjoint and race-free (the
@@ -311,7 +311,7 @@ mod x86 {
     ///    writable for `len` bytes, not overlapping, and during the copy no
     ///    other thread reads or writes `dst` or writes `src`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn nt_avx2(dst: *mut u8, src: *const u8, len: usize) {
+    pub(crate) unsafe fn nt_avx2(dst: *mut u8, src: *const u8, len: usize) {
         const V: usize = 32;
         let head = head_len(dst, V, len);
         // SAFETY: head <= len; ranges valid, disjoint and race-free (the
@@ -353,7 +353,7 @@ mod x86 {
     ///    writable for `len` bytes, not overlapping, and during the copy no
     ///    other thread reads or writes `dst` or writes `src`.
     #[target_feature(enable = "sse2")]
-    pub(super) unsafe fn nt_sse2(dst: *mut u8, src: *const u8, len: usize) {
+    pub(crate) unsafe fn nt_sse2(dst: *mut u8, src: *const u8, len: usize) {
         const V: usize = 16;
         let head = head_len(dst, V, len);
         // SAFETY: head <= len; ranges valid, disjoint and race-free (the
