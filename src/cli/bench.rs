@@ -886,8 +886,9 @@ enum Pass {
 /// parts. Returns GB/s.
 ///
 /// The caller guarantees that no engine task is in flight (every phase
-/// before has been collected), so no worker touches the mappings. Unsafe
-/// code: the three raw copies below (and the pre-fault in `run_size`).
+/// before has been collected), so no worker touches the mappings. The
+/// module's unsafe code: the three raw copies below, each citing the
+/// contract it meets, and the pre-fault in `run_size`.
 #[allow(unsafe_code)]
 #[allow(clippy::too_many_arguments)] // the pass's whole setting, all used
 fn raw_pass(
