@@ -15,6 +15,8 @@
 //! rule of docs/design.md §3, checked by `tests/layers.rs`.
 
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(missing_debug_implementations)]
 
 /// `eprintln!` that never panics. The log line of an error the caller is
 /// also told about, or of a worker's trouble, is dropped when stderr is
@@ -26,6 +28,26 @@ macro_rules! log_line {
         use std::io::Write as _;
         let _ = writeln!(std::io::stderr().lock(), $($arg)*);
     }};
+}
+
+/// A function that is `pub` with the `test-hooks` feature and
+/// `pub(crate)` without it: the raw-copy baselines that `daxkv bench` uses
+/// and this crate's benches and tests reach from outside (Cargo.toml,
+/// `[features]`). Written once, emitted twice, one per visibility.
+macro_rules! test_hooks_pub {
+    ($(#[$attr:meta])* fn $($rest:tt)*) => {
+        #[cfg(feature = "test-hooks")]
+        $(#[$attr])* pub fn $($rest)*
+        #[cfg(not(feature = "test-hooks"))]
+        $(#[$attr])* pub(crate) fn $($rest)*
+    };
+    // A qualified function (`unsafe fn`).
+    ($(#[$attr:meta])* $qualifier:ident fn $($rest:tt)*) => {
+        #[cfg(feature = "test-hooks")]
+        $(#[$attr])* pub $qualifier fn $($rest)*
+        #[cfg(not(feature = "test-hooks"))]
+        $(#[$attr])* pub(crate) $qualifier fn $($rest)*
+    };
 }
 
 pub mod key;
@@ -46,7 +68,7 @@ pub mod control;
 pub mod cli;
 
 pub use crate::device::arena::{ArenaSource, ArenaSpec};
-#[cfg(debug_assertions)]
+#[cfg(feature = "test-hooks")]
 pub use crate::device::core::StallPoint;
 pub use crate::device::core::{
     CoreConfig, CoreStatus, DaxCore, PutFromPtrResult, PutOutcome, ReadSet, Reservation, SlotWriter,

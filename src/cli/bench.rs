@@ -878,8 +878,9 @@ enum Pass {
 /// parts. Returns GB/s.
 ///
 /// The caller guarantees that no engine task is in flight (every phase
-/// before has been collected), so no worker touches the mappings. The only
-/// unsafe code of the module: the three raw copies below.
+/// before has been collected), so no worker touches the mappings. The
+/// module's unsafe code: the three raw copies below, each citing the
+/// contract it meets, and the pre-fault in `run_size`.
 #[allow(unsafe_code)]
 #[allow(clippy::too_many_arguments)] // the pass's whole setting, all used
 fn raw_pass(
@@ -902,13 +903,17 @@ fn raw_pass(
             let at = (i % per_dev) * size;
             let src = &sources[i % sources.len()];
             let r = match pass {
-                // SAFETY: no engine task is in flight (the caller's
-                // contract), and the threads of this pass copy disjoint
-                // objects, so nothing else touches `at..at + size`.
+                // SAFETY: `ArenaGuard::write`'s contract: 1. no engine task
+                // is in flight (the caller's guarantee), and the threads of
+                // this pass copy disjoint objects, so nothing else touches
+                // `at..at + size`; 2. `src` is a heap buffer, outside the
+                // mapping.
                 Pass::NtIn => unsafe { g.write(at, src) },
-                // SAFETY: as above.
+                // SAFETY: `write_plain`'s contract is `write`'s: as above.
                 Pass::MemcpyIn => unsafe { g.write_plain(at, src) },
-                // SAFETY: as above; `d` is this thread's own buffer.
+                // SAFETY: `ArenaGuard::read`'s contract: 1. as above, no
+                // one writes the range; 2. `d` is this thread's own heap
+                // buffer, outside the mapping.
                 Pass::Out => unsafe { g.read(at, d.as_mut().expect("buffer home")) },
             };
             r.map_err(|e| BenchError::Failed(e.to_string()))?;
@@ -1247,8 +1252,9 @@ fn run_size(
         for d in devs.iter() {
             if let Some(g) = d.core().raw_guard() {
                 #[allow(unsafe_code)]
-                // SAFETY: nothing has been submitted yet: no worker
-                // touches the mapping while it is pre-faulted.
+                // SAFETY: `ArenaGuard::prefault`'s contract: nothing has
+                // been submitted yet, so no worker reads or writes the
+                // mapping while it is pre-faulted.
                 unsafe {
                     g.prefault();
                 }

@@ -1010,6 +1010,14 @@ pub struct Exclusive<'a> {
     old: Vec<MmapRaw>,
 }
 
+impl std::fmt::Debug for Exclusive<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exclusive")
+            .field("arena", self.arena)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Exclusive<'_> {
     /// Current mapping length, bytes.
     pub fn len(&self) -> usize {
@@ -1128,6 +1136,14 @@ pub struct ArenaGuard<'a> {
     recorded: bool,
 }
 
+impl std::fmt::Debug for ArenaGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaGuard")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: a shared guard only copies through its raw pointer, which the
 // module's Safety section allows from any thread while the guard keeps the
 // mapping alive. It is not `Send` (the raw pointer field), so it drops on
@@ -1238,17 +1254,21 @@ impl<'a> ArenaGuard<'a> {
     /// fenced (`sfence`) before returning.
     ///
     /// # Safety
-    /// No other thread reads or writes `offset..offset + src.len()` of this
-    /// mapping while the call runs (the writer of a WRITING slot has that).
+    /// 1. No other thread reads or writes `offset..offset + src.len()` of
+    ///    this mapping while the call runs (the writer of a WRITING slot has
+    ///    that).
+    /// 2. `src` does not overlap that range. Safe code cannot break this:
+    ///    the arena hands out no reference into the mapping.
     #[inline]
     pub unsafe fn write(&self, offset: usize, src: &[u8]) -> Result<(), CopyError> {
         self.check(offset, src.len())?;
-        // SAFETY:
-        // 1. offset + len <= mapping length (checked) and the guard keeps the
-        //    mapping alive;
-        // 2. `src` is a caller slice, which cannot alias the mapping because
-        //    the arena never hands out references into it;
-        // 3. nobody else touches the range meanwhile (the caller's contract).
+        // SAFETY: `to_dax`'s contract:
+        // 1. the destination is valid for writes: offset + len <= mapping
+        //    length (checked) and the guard keeps the mapping alive; `src`
+        //    is a slice, valid for reads;
+        // 2. the two do not overlap (this function's contract, point 2);
+        // 3. no other thread touches the destination meanwhile (point 1),
+        //    and none writes `src` (a shared borrow).
         self.watched(|| unsafe { copy::to_dax(self.base.add(offset), src.as_ptr(), src.len()) })
     }
 
@@ -1256,8 +1276,12 @@ impl<'a> ArenaGuard<'a> {
     /// or another arena's mapping).
     ///
     /// # Safety
-    /// `src` is valid for reads of `len` bytes for the duration of the call
-    /// and does not overlap `offset..offset+len` of this mapping.
+    /// 1. No other thread reads or writes `offset..offset + len` of this
+    ///    mapping while the call runs (as for [`ArenaGuard::write`]).
+    /// 2. `src` is valid for reads of `len` bytes, and no other thread
+    ///    writes `src..src + len`, for the duration of the call.
+    /// 3. `src..src + len` does not overlap `offset..offset + len` of this
+    ///    mapping.
     #[inline]
     pub unsafe fn write_from_ptr(
         &self,
@@ -1266,21 +1290,29 @@ impl<'a> ArenaGuard<'a> {
         len: usize,
     ) -> Result<(), CopyError> {
         self.check(offset, len)?;
-        // SAFETY: bounds checked; the caller vouches for `src`.
+        // SAFETY: `to_dax`'s contract: the destination is valid for writes
+        // (bounds checked, the guard keeps the mapping alive) and no other
+        // thread touches it (this function's contract, point 1); the source
+        // is valid and unwritten meanwhile (point 2); the two are disjoint
+        // (point 3).
         self.watched(|| unsafe { copy::to_dax(self.base.add(offset), src, len) })
     }
 
     /// Copy `dst.len()` bytes out of the mapping at `offset`.
     ///
     /// # Safety
-    /// No other thread writes `offset..offset + dst.len()` of this mapping
-    /// while the call runs (a borrowed slot has no writer).
+    /// 1. No other thread writes `offset..offset + dst.len()` of this
+    ///    mapping while the call runs (a borrowed slot has no writer).
+    /// 2. `dst` does not overlap that range. Safe code cannot break this:
+    ///    the arena hands out no reference into the mapping.
     #[inline]
     pub unsafe fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CopyError> {
         self.check(offset, dst.len())?;
-        // SAFETY: bounds checked; `dst` is a unique caller slice outside the
-        // mapping (the arena never hands out references into it); no writer
-        // of the range meanwhile (the caller's contract).
+        // SAFETY: `from_dax`'s contract: the source is valid for reads
+        // (bounds checked, the guard keeps the mapping alive) and no other
+        // thread writes it (this function's contract, point 1); `dst` is a
+        // unique borrow, valid for writes and touched by no one else; the
+        // two are disjoint (point 2).
         self.watched(|| unsafe {
             copy::from_dax(dst.as_mut_ptr(), self.base.add(offset), dst.len());
         })
@@ -1290,12 +1322,13 @@ impl<'a> ArenaGuard<'a> {
     /// fenced before returning ([`copy::from_dax_streaming`]).
     ///
     /// # Safety
-    /// As [`ArenaGuard::read`].
+    /// The contract of [`ArenaGuard::read`].
     #[inline]
     pub unsafe fn read_streaming(&self, offset: usize, dst: &mut [u8]) -> Result<(), CopyError> {
         self.check(offset, dst.len())?;
-        // SAFETY: as in `read`: bounds checked, `dst` a unique caller slice
-        // outside the mapping, no writer of the range (caller's contract).
+        // SAFETY: `from_dax_streaming`'s contract, as in `read`: the source
+        // valid (bounds checked) and unwritten (this function's contract,
+        // point 1), `dst` a unique borrow, the two disjoint (point 2).
         self.watched(|| unsafe {
             copy::from_dax_streaming(dst.as_mut_ptr(), self.base.add(offset), dst.len());
         })
@@ -1304,8 +1337,12 @@ impl<'a> ArenaGuard<'a> {
     /// Copy `len` bytes at `offset` into a raw destination.
     ///
     /// # Safety
-    /// `dst` is valid for writes of `len` bytes for the duration of the call,
-    /// nothing else accesses it meanwhile, and it does not overlap the range.
+    /// 1. No other thread writes `offset..offset + len` of this mapping
+    ///    while the call runs (as for [`ArenaGuard::read`]).
+    /// 2. `dst` is valid for writes of `len` bytes, and no other thread
+    ///    reads or writes `dst..dst + len`, for the duration of the call.
+    /// 3. `dst..dst + len` does not overlap `offset..offset + len` of this
+    ///    mapping.
     #[inline]
     pub unsafe fn read_to_ptr(
         &self,
@@ -1314,12 +1351,18 @@ impl<'a> ArenaGuard<'a> {
         len: usize,
     ) -> Result<(), CopyError> {
         self.check(offset, len)?;
-        // SAFETY: bounds checked; the caller vouches for `dst`.
+        // SAFETY: `from_dax`'s contract: the source is valid for reads
+        // (bounds checked, the guard keeps the mapping alive) and no other
+        // thread writes it (this function's contract, point 1); `dst` is
+        // valid and touched by no one else (point 2); the two are disjoint
+        // (point 3).
         self.watched(|| unsafe { copy::from_dax(dst, self.base.add(offset), len) })
     }
 
     /// A raw pointer `offset` bytes into the mapping (benchmarks drive the
-    /// copy kernels through it). Valid while this guard lives.
+    /// copy kernels through it). Valid while this guard lives. Only with
+    /// the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     pub fn as_ptr(&self, offset: usize) -> *mut u8 {
         assert!(
             offset <= self.len,
@@ -1329,35 +1372,44 @@ impl<'a> ArenaGuard<'a> {
         self.base.wrapping_add(offset)
     }
 
-    /// Plain `memcpy` into the mapping (the benchmark baseline).
+    test_hooks_pub! {
+    /// Plain `memcpy` into the mapping (the benchmark baseline). Public
+    /// with the `test-hooks` feature only.
     ///
     /// # Safety
-    /// As [`ArenaGuard::write`].
-    pub unsafe fn write_plain(&self, offset: usize, src: &[u8]) -> Result<(), CopyError> {
+    /// The contract of [`ArenaGuard::write`].
+    unsafe fn write_plain(&self, offset: usize, src: &[u8]) -> Result<(), CopyError> {
         self.check(offset, src.len())?;
-        // SAFETY: as in `write` (the caller's contract included).
+        // SAFETY: `plain_copy`'s contract (`to_dax`'s), as in `write`: the
+        // destination valid (bounds checked) and touched by no other thread
+        // (this function's contract, point 1), `src` a shared borrow, the
+        // two disjoint (point 2).
         self.watched(|| unsafe { copy::plain_copy(self.base.add(offset), src.as_ptr(), src.len()) })
     }
+    }
 
+    test_hooks_pub! {
     /// Touch every page so first-touch faults happen now (benchmarks; real
-    /// DAX has none).
+    /// DAX has none). Public with the `test-hooks` feature only.
     ///
     /// # Safety
-    /// No other thread accesses the mapping while the call runs (it reads
-    /// and rewrites one byte of every page).
-    pub unsafe fn prefault(&self) {
+    /// No other thread reads or writes the mapping while the call runs (it
+    /// reads and rewrites one byte of every page).
+    unsafe fn prefault(&self) {
         let page = 4096;
         let mut off = 0;
         while off < self.len {
             // SAFETY: off < len, inside the mapping the guard keeps alive;
             // a volatile read-modify-write of one byte per page keeps its
-            // value; nobody else accesses the mapping (the caller's contract).
+            // value; no other thread reads or writes the mapping meanwhile
+            // (this function's contract).
             unsafe {
                 let p = self.base.add(off);
                 p.write_volatile(p.read_volatile());
             }
             off += page;
         }
+    }
     }
 }
 

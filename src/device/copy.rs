@@ -98,23 +98,26 @@ pub fn selected() -> Kernel {
 /// Copy `len` bytes from `src` to `dst` with the selected kernel.
 ///
 /// # Safety
-/// - `src` is valid for reads of `len` bytes and `dst` for writes of `len` bytes;
-/// - the two ranges do not overlap;
-/// - no other thread writes `dst..dst+len` or `src..src+len` during the copy.
+/// 1. `src` is valid for reads of `len` bytes and `dst` for writes of `len`
+///    bytes;
+/// 2. the two ranges do not overlap;
+/// 3. during the copy no other thread reads or writes `dst..dst+len`, and
+///    none writes `src..src+len`.
 #[inline]
 pub unsafe fn to_dax(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: the caller's contract is this function's contract; `selected`
-    // only returns kernels this CPU supports.
+    // SAFETY: `to_dax_with`'s contract: this function's (the caller's), and
+    // `selected` only returns kernels this CPU supports.
     unsafe { to_dax_with(selected(), dst, src, len) }
 }
 
 /// Copy `len` bytes from `src` (DAX) to `dst` (caller memory).
 ///
 /// # Safety
-/// Same contract as [`to_dax`].
+/// The contract of [`to_dax`].
 #[inline]
 pub unsafe fn from_dax(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: the caller guarantees both ranges are valid and disjoint.
+    // SAFETY: valid and disjoint ranges (the contract's points 1 and 2), as
+    // `copy_nonoverlapping` requires; race-free by point 3.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
@@ -125,56 +128,70 @@ pub unsafe fn from_dax(dst: *mut u8, src: *const u8, len: usize) {
 /// line costs a third of the traffic (`DaxStore::restore_into`).
 ///
 /// # Safety
-/// Same contract as [`to_dax`].
+/// The contract of [`to_dax`].
 #[inline]
 pub unsafe fn from_dax_streaming(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: the caller's contract is `to_dax`'s.
+    // SAFETY: `to_dax`'s contract is this function's (the caller's).
     unsafe { to_dax(dst, src, len) }
 }
 
+test_hooks_pub! {
 /// [`to_dax`] with an explicit kernel (tests and benches compare them).
+/// Public with the `test-hooks` feature only.
 ///
 /// # Safety
-/// - the contract of [`to_dax`];
-/// - `kernel.is_available()` is true.
-pub unsafe fn to_dax_with(kernel: Kernel, dst: *mut u8, src: *const u8, len: usize) {
+/// 1. the contract of [`to_dax`];
+/// 2. `kernel.is_available()` is true.
+unsafe fn to_dax_with(kernel: Kernel, dst: *mut u8, src: *const u8, len: usize) {
     if len < NT_THRESHOLD_BYTES {
-        // SAFETY: the caller guarantees both ranges are valid and disjoint.
+        // SAFETY: valid and disjoint ranges (`to_dax`'s points 1 and 2), as
+        // `copy_nonoverlapping` requires; race-free by its point 3.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
         return;
     }
-    // SAFETY: the caller's contract is `stream_with`'s.
+    // SAFETY: `stream_with`'s contract is this function's (the caller's).
     unsafe { stream_with(kernel, dst, src, len) }
 }
+}
 
+test_hooks_pub! {
 /// Copy with `kernel`'s streaming stores whatever the length (no
-/// threshold): what `copy/threshold/*` compares against `memcpy`.
+/// threshold): what `copy/threshold/*` compares against `memcpy`. Public
+/// with the `test-hooks` feature only.
 ///
 /// # Safety
 /// The contract of [`to_dax_with`].
-pub unsafe fn stream_with(kernel: Kernel, dst: *mut u8, src: *const u8, len: usize) {
+unsafe fn stream_with(kernel: Kernel, dst: *mut u8, src: *const u8, len: usize) {
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller checked `is_available`; pointers per contract.
+        // SAFETY: the kernel's contract: AVX-512F is available (the
+        // caller's point 2, `is_available`) and the ranges are `to_dax`'s
+        // (point 1).
         Kernel::Avx512 => unsafe { x86::nt_avx512(dst, src, len) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
+        // SAFETY: as above, with AVX2.
         Kernel::Avx2 => unsafe { x86::nt_avx2(dst, src, len) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
+        // SAFETY: as above, with SSE2.
         Kernel::Sse2 => unsafe { x86::nt_sse2(dst, src, len) },
-        // SAFETY: the caller guarantees both ranges are valid and disjoint.
+        // SAFETY: valid and disjoint ranges (`to_dax`'s points 1 and 2), as
+        // `copy_nonoverlapping` requires; race-free by its point 3.
         _ => unsafe { std::ptr::copy_nonoverlapping(src, dst, len) },
     }
 }
+}
 
-/// Plain `memcpy` (the baseline the benches compare against).
+test_hooks_pub! {
+/// Plain `memcpy` (the baseline the benches compare against). Public with
+/// the `test-hooks` feature only.
 ///
 /// # Safety
-/// Same contract as [`to_dax`].
-pub unsafe fn plain_copy(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: the caller guarantees both ranges are valid and disjoint.
+/// The contract of [`to_dax`].
+unsafe fn plain_copy(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: valid and disjoint ranges (the contract's points 1 and 2), as
+    // `copy_nonoverlapping` requires; race-free by point 3.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
 }
 
 // The kernels cast `*u8` to vector pointers: loads are `loadu` (no alignment
@@ -194,7 +211,8 @@ mod x86 {
     /// kernel's head / body / tail arithmetic is then checked by Miri.
     ///
     /// # Safety
-    /// `dst` is 16-byte aligned and writable for 16 bytes.
+    /// `dst` is 16-byte aligned and writable for 16 bytes, and no other
+    /// thread reads or writes those bytes during the store.
     #[inline]
     unsafe fn stream128(dst: *mut __m128i, v: __m128i) {
         #[cfg(not(miri))]
@@ -238,13 +256,16 @@ mod x86 {
     }
 
     /// # Safety
-    /// - AVX-512F is available;
-    /// - `src` readable and `dst` writable for `len` bytes, not overlapping.
+    /// 1. AVX-512F is available;
+    /// 2. the contract of `super::to_dax`: `src` readable and `dst`
+    ///    writable for `len` bytes, not overlapping, and during the copy no
+    ///    other thread reads or writes `dst` or writes `src`.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn nt_avx512(dst: *mut u8, src: *const u8, len: usize) {
+    pub(crate) unsafe fn nt_avx512(dst: *mut u8, src: *const u8, len: usize) {
         const V: usize = 64;
         let head = head_len(dst, V, len);
-        // SAFETY: head <= len; ranges valid per contract.
+        // SAFETY: head <= len; ranges valid, disjoint and race-free (the
+        // contract's point 2).
         unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
         let mut off = head;
         // 4 vectors per iteration: enough loads in flight to saturate the
@@ -285,13 +306,16 @@ mod x86 {
     }
 
     /// # Safety
-    /// - AVX2 is available;
-    /// - `src` readable and `dst` writable for `len` bytes, not overlapping.
+    /// 1. AVX2 is available;
+    /// 2. the contract of `super::to_dax`: `src` readable and `dst`
+    ///    writable for `len` bytes, not overlapping, and during the copy no
+    ///    other thread reads or writes `dst` or writes `src`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn nt_avx2(dst: *mut u8, src: *const u8, len: usize) {
+    pub(crate) unsafe fn nt_avx2(dst: *mut u8, src: *const u8, len: usize) {
         const V: usize = 32;
         let head = head_len(dst, V, len);
-        // SAFETY: head <= len; ranges valid per contract.
+        // SAFETY: head <= len; ranges valid, disjoint and race-free (the
+        // contract's point 2).
         unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
         let mut off = head;
         while off + 4 * V <= len {
@@ -324,13 +348,16 @@ mod x86 {
     }
 
     /// # Safety
-    /// - SSE2 is available;
-    /// - `src` readable and `dst` writable for `len` bytes, not overlapping.
+    /// 1. SSE2 is available;
+    /// 2. the contract of `super::to_dax`: `src` readable and `dst`
+    ///    writable for `len` bytes, not overlapping, and during the copy no
+    ///    other thread reads or writes `dst` or writes `src`.
     #[target_feature(enable = "sse2")]
-    pub unsafe fn nt_sse2(dst: *mut u8, src: *const u8, len: usize) {
+    pub(crate) unsafe fn nt_sse2(dst: *mut u8, src: *const u8, len: usize) {
         const V: usize = 16;
         let head = head_len(dst, V, len);
-        // SAFETY: head <= len; ranges valid per contract.
+        // SAFETY: head <= len; ranges valid, disjoint and race-free (the
+        // contract's point 2).
         unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
         let mut off = head;
         while off + V <= len {

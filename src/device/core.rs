@@ -184,6 +184,14 @@ pub struct ReadSet<'a> {
     items: Vec<Reservation>,
 }
 
+impl std::fmt::Debug for ReadSet<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadSet")
+            .field("items", &self.items)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ReadSet<'_> {
     /// The reservations, in the order of the keys asked for (hits only).
     pub fn items(&self) -> &[Reservation] {
@@ -226,9 +234,11 @@ impl ReadSet<'_> {
         }
         let g = self.guard.as_ref()?;
         #[allow(unsafe_code)]
-        // SAFETY: as in `read_part`: `r` is this set's (checked), so its slot
-        // is borrowed and has no writer while the set lives; the range is
-        // exactly its payload.
+        // SAFETY: `ArenaGuard::read_streaming`'s contract (`read`'s), as in
+        // `read_part`: 1. `r` is this set's (checked), so its slot is
+        // borrowed and has no writer while the set lives, and the range is
+        // exactly its payload; 2. `dst` is a caller slice, outside the
+        // mapping.
         let ok = unsafe { g.read_streaming(r.offset, &mut dst[..r.len]) }.is_ok();
         ok.then_some(r.len)
     }
@@ -242,9 +252,11 @@ impl ReadSet<'_> {
             return false;
         };
         #[allow(unsafe_code)]
-        // SAFETY: `r` is this set's (checked first), so its slot is borrowed
-        // by this set: no writer touches the payload while the set lives;
-        // the range lies inside the payload (checked).
+        // SAFETY: `ArenaGuard::read`'s contract: 1. `r` is this set's
+        // (checked first), so its slot is borrowed by this set: no writer
+        // touches the payload while the set lives, and the range lies
+        // inside the payload (checked); 2. `dst` is a caller slice, outside
+        // the mapping.
         let ok = in_payload && self.holds(r) && unsafe { g.read(r.offset + at, dst) }.is_ok();
         ok
     }
@@ -269,8 +281,10 @@ impl ReadSet<'_> {
             return false;
         };
         #[allow(unsafe_code)]
-        // SAFETY: the range is exactly the payloads of `run`, all borrowed
-        // by this set (checked): no writer touches them while it lives.
+        // SAFETY: `ArenaGuard::read`'s contract: 1. the range is exactly the
+        // payloads of `run`, all borrowed by this set (checked): no writer
+        // touches them while it lives; 2. `dst` is a caller slice, outside
+        // the mapping.
         let ok = unsafe { g.read(first.offset, dst) }.is_ok();
         ok
     }
@@ -303,6 +317,15 @@ pub struct SlotWriter<'a> {
     _one_thread: std::marker::PhantomData<std::cell::Cell<()>>,
 }
 
+impl std::fmt::Debug for SlotWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotWriter")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SlotWriter<'_> {
     /// Payload length being stored.
     pub fn len(&self) -> usize {
@@ -318,10 +341,12 @@ impl SlotWriter<'_> {
     pub fn write(&self, at: usize, src: &[u8]) -> bool {
         let in_payload = at.checked_add(src.len()).is_some_and(|end| end <= self.len);
         #[allow(unsafe_code)]
-        // SAFETY: the range lies in this writer's slot (checked), which is
-        // WRITING and owned by this put: no reader can borrow it and no other
-        // writer can reserve it; and `SlotWriter` is not `Sync`, so the
-        // writer callback cannot copy into it from two threads at once.
+        // SAFETY: `ArenaGuard::write`'s contract: 1. the range lies in this
+        // writer's slot (checked), which is WRITING and owned by this put:
+        // no reader can borrow it and no other writer can reserve it; and
+        // `SlotWriter` is not `Sync`, so the writer callback cannot copy
+        // into it from two threads at once; 2. `src` is a caller slice,
+        // outside the mapping.
         let ok = in_payload && unsafe { self.guard.write(self.offset + at, src) }.is_ok();
         ok
     }
@@ -394,19 +419,25 @@ pub struct DaxCore {
     pending: CachePadded<AtomicUsize>,
     active_reads: AtomicUsize,
     clock_hand: AtomicUsize,
-    /// Test-only fault hook (compiled out of release builds).
-    #[cfg(debug_assertions)]
+    /// Test-only fault hooks (the `test-hooks` feature).
+    #[cfg(any(test, feature = "test-hooks"))]
     faults: CopyFaults,
 }
 
-/// Test-only fault hooks (debug builds only).
-#[cfg(debug_assertions)]
+/// Test-only fault hooks (the `test-hooks` feature). Plain std atomics,
+/// also under loom: a knob of the tests, not part of any protocol a loom
+/// model explores.
+#[cfg(any(test, feature = "test-hooks"))]
 #[derive(Default)]
 struct CopyFaults {
     /// Fail one payload copy in every `every` (0 = never): drives the
     /// writer's failure path (own bucket removal racing forced deletes).
-    every: crate::sync::AtomicU32,
-    count: crate::sync::AtomicU32,
+    every: std::sync::atomic::AtomicU32,
+    count: std::sync::atomic::AtomicU32,
+    /// True while `stall` holds a hook: an operation that finds it false
+    /// takes no lock, so benches (built with the feature) measure the
+    /// lookup path without a shared lock in it.
+    stall_armed: std::sync::atomic::AtomicBool,
     /// Run once between an index lookup and the pin that follows it: a
     /// stalled thread, with the world moving on meanwhile.
     #[allow(clippy::type_complexity)]
@@ -414,8 +445,8 @@ struct CopyFaults {
 }
 
 /// Where [`DaxCore::inject_stall`] stalls an operation that reached a slot
-/// through the index (test-only, debug builds).
-#[cfg(debug_assertions)]
+/// through the index (test-only: the `test-hooks` feature).
+#[cfg(any(test, feature = "test-hooks"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StallPoint {
     /// After `index.find`, before the slot's state word is loaded.
@@ -424,7 +455,7 @@ pub enum StallPoint {
     AfterLoad,
 }
 
-#[cfg(debug_assertions)]
+#[cfg(any(test, feature = "test-hooks"))]
 impl std::fmt::Debug for CopyFaults {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyFaults")
@@ -495,7 +526,7 @@ impl DaxCore {
             pending: CachePadded::new(AtomicUsize::new(0)),
             active_reads: AtomicUsize::new(0),
             clock_hand: AtomicUsize::new(0),
-            #[cfg(debug_assertions)]
+            #[cfg(any(test, feature = "test-hooks"))]
             faults: CopyFaults::default(),
         })
     }
@@ -558,40 +589,51 @@ impl DaxCore {
         self.arena.is_exclusive_pending()
     }
 
+    test_hooks_pub! {
     /// A guard over the whole mapping that bypasses the slot states, for
     /// benchmarks (raw copy bandwidth of this very mapping) and diagnostics.
-    /// Writes through it can overwrite stored keys' bytes.
-    pub fn raw_guard(&self) -> Option<ArenaGuard<'_>> {
+    /// Writes through it can overwrite stored keys' bytes. Public with the
+    /// `test-hooks` feature only.
+    fn raw_guard(&self) -> Option<ArenaGuard<'_>> {
         self.arena.enter().ok()
     }
+    }
 
-    /// Test-only fault hook, compiled into debug builds only: from now on
+    /// Test-only fault hook (the `test-hooks` feature): from now on
     /// one payload copy in every `every` fails as if the copy had failed
     /// (`0` turns it off). Every put path (`put`, sessions, `put_with_writer`,
     /// `put_reserved_from`, engine stores) goes through it.
-    #[cfg(debug_assertions)]
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn inject_copy_faults(&self, every: u32) {
         // ORDERING: Relaxed — a test knob; no data is published through it.
         self.faults.every.store(every, Ordering::Relaxed);
     }
 
-    /// Test-only fault hook, debug builds only: run `f` once, the next time
-    /// an operation that found a key in the index passes `at` (as if that
-    /// thread stalled there while `f` ran).
-    #[cfg(debug_assertions)]
+    /// Test-only fault hook (the `test-hooks` feature): run `f` once, the
+    /// next time an operation that found a key in the index passes `at` (as
+    /// if that thread stalled there while `f` ran).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn inject_stall(&self, at: StallPoint, f: impl FnOnce(&DaxCore) + Send + 'static) {
-        *self
+        let mut stall = self
             .faults
             .stall
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((at, Box::new(f)));
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *stall = Some((at, Box::new(f)));
+        // ORDERING: Relaxed — only tells `stall_point` to look; the hook
+        // itself is handed over by the mutex.
+        self.faults.stall_armed.store(true, Ordering::Relaxed);
     }
 
     #[inline]
-    #[cfg_attr(not(debug_assertions), allow(clippy::unused_self))]
+    #[cfg_attr(not(any(test, feature = "test-hooks")), allow(clippy::unused_self))]
     fn stall_point(&self, here: u8) {
-        #[cfg(debug_assertions)]
+        #[cfg(any(test, feature = "test-hooks"))]
         {
+            // ORDERING: Relaxed — see `inject_stall`.
+            if !self.faults.stall_armed.load(Ordering::Relaxed) {
+                return;
+            }
             let here = if here == STALL_AFTER_FIND {
                 StallPoint::AfterFind
             } else {
@@ -599,6 +641,9 @@ impl DaxCore {
             };
             let f = self.faults.stall.try_lock().ok().and_then(|mut g| {
                 if g.as_ref().is_some_and(|(at, _)| *at == here) {
+                    // ORDERING: Relaxed — as above; stored under the
+                    // mutex, as `inject_stall` stores true.
+                    self.faults.stall_armed.store(false, Ordering::Relaxed);
                     g.take().map(|(_, f)| f)
                 } else {
                     None
@@ -608,14 +653,15 @@ impl DaxCore {
                 f(self);
             }
         }
-        #[cfg(not(debug_assertions))]
+        #[cfg(not(any(test, feature = "test-hooks")))]
         let _ = here;
     }
 
     /// Whether the fault hook fails this copy.
     #[inline]
+    #[cfg_attr(not(any(test, feature = "test-hooks")), allow(clippy::unused_self))]
     fn fault_copy(&self) -> bool {
-        #[cfg(debug_assertions)]
+        #[cfg(any(test, feature = "test-hooks"))]
         {
             // ORDERING: Relaxed — a test knob (see `inject_copy_faults`).
             let every = self.faults.every.load(Ordering::Relaxed);
@@ -623,7 +669,7 @@ impl DaxCore {
             // choice of which copies fail.
             every != 0 && self.faults.count.fetch_add(1, Ordering::Relaxed) % every == every - 1
         }
-        #[cfg(not(debug_assertions))]
+        #[cfg(not(any(test, feature = "test-hooks")))]
         false
     }
 
@@ -1558,6 +1604,14 @@ pub struct Session<'a> {
     reading: std::cell::Cell<bool>,
 }
 
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("reading", &self.reading.get())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Session<'_> {
     /// [`DaxCore::put`] under this session's guard.
     pub fn put(&self, key: Key, data: &[u8], meta: u32) -> Result<PutOutcome, PutError> {
@@ -1582,8 +1636,10 @@ impl Session<'_> {
         }
         let (len, _) = c.len_meta(s);
         #[allow(unsafe_code)]
-        // SAFETY: `borrow_in` borrowed slot `s` (pinned and readable): no
-        // writer can reserve it until `unpin` below, and readers only read.
+        // SAFETY: `ArenaGuard::read`'s contract: 1. `borrow_in` borrowed
+        // slot `s` (pinned and readable): no writer can reserve it until
+        // `unpin` below, and readers only read; 2. `dst` is a caller slice,
+        // outside the mapping.
         let ok = dst.len() >= len
             && unsafe { self.g.read(s.0 as usize * c.slot_bytes, &mut dst[..len]) }.is_ok();
         c.unpin(s, gen);
@@ -1617,8 +1673,7 @@ impl Drop for Session<'_> {
     }
 }
 
-// The tests drive the debug-only fault hooks, so they need debug assertions.
-#[cfg(all(test, debug_assertions, not(daxkv_loom)))]
+#[cfg(all(test, not(daxkv_loom)))]
 mod tests {
     use super::*;
 

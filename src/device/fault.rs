@@ -411,7 +411,8 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     // SAFETY: as above; `mmap` may have changed errno.
     unsafe { *libc::__errno_location() = errno };
     if !owned {
-        // SAFETY: `info` and `ctx` are the kernel's, passed on unchanged.
+        // SAFETY: `chain`'s contract: this is the SIGBUS handler, and
+        // `info` and `ctx` are the kernel's, passed on unchanged.
         unsafe { chain(sig, info, ctx) };
     }
 }
@@ -461,8 +462,9 @@ fn recover(code: i32, addr: usize) -> bool {
     // flag after its copy sees true. Interleaving it prevents: a reader
     // copies zeros, loads the flag before it is set, and reports a hit.
     e.failed.store(true, Ordering::SeqCst);
-    // SAFETY: the range is this thread's guarded arena's mapping (checked
-    // above against its own entry).
+    // SAFETY: `map_zeros`'s contract: the range is this thread's guarded
+    // arena's mapping (checked above against its own entry), live while
+    // the guard is.
     if !unsafe { map_zeros(base, len, addr) } {
         return false;
     }
@@ -475,7 +477,8 @@ fn recover(code: i32, addr: usize) -> bool {
 /// the default action, raised again so the process dies of SIGBUS.
 ///
 /// # Safety
-/// `info` and `ctx` are the kernel's arguments to this signal handler.
+/// Called from the SIGBUS handler (`handler`, so SIGBUS is blocked while
+/// it runs), with `sig`, `info` and `ctx` the kernel's arguments to it.
 unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // ORDERING: Acquire — pairs with the Release store in `install`.
     let prev = if PREV_READY.load(Ordering::Acquire) {
@@ -491,7 +494,8 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     } else {
         prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction)
     };
-    // SAFETY: the kernel's `siginfo_t` for this signal (caller contract).
+    // SAFETY: the kernel's `siginfo_t` for this signal (this function's
+    // contract).
     let sent = unsafe { (*info).si_code } <= 0;
     if action == libc::SIG_IGN && sent {
         // Sent by a process (`kill`, `sigqueue`, `tgkill`: `si_code` <= 0)
@@ -504,8 +508,8 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     if action == libc::SIG_DFL || action == libc::SIG_IGN {
         // SAFETY: `sigaction` and `raise` are async-signal-safe; the zeroed
         // action is SIG_DFL with an empty mask. SIGBUS is blocked while this
-        // handler runs, so the raised signal is delivered as the handler
-        // returns, with the default action: the process dies of SIGBUS (a
+        // handler runs (this function's contract), so the raised signal is
+        // delivered as the handler returns, with the default action: the process dies of SIGBUS (a
         // real fault would also fault again on the same instruction).
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
@@ -527,7 +531,8 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(action) };
         f(sig);
     }
-    // SAFETY: called from the handler, after the previous handler returned.
+    // SAFETY: `rearm`'s contract: we run in the SIGBUS handler (this
+    // function's contract), after the previous handler returned.
     unsafe { rearm(sig) };
 }
 

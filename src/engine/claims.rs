@@ -97,6 +97,7 @@ const STORING: u64 = 1;
 
 /// A held stripe; released (Release store of 0) when dropped.
 #[must_use = "the claim is released when dropped"]
+#[derive(Debug)]
 pub struct Claim<'a> {
     word: &'a AtomicU64,
 }

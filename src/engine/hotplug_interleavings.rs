@@ -1,5 +1,5 @@
 //! Hotplug against the data path, one interleaving per test, pinned with
-//! a device core's stall hook (in-crate because that hook is debug-only):
+//! a device core's stall hook (in-crate because that hook is test-only):
 //! a delete against a pending remap, moves against lookup locks and
 //! unlocks, a delete against a store or move holding the key's claim. Each
 //! test doc says what breaks without the rule it checks.

@@ -112,7 +112,7 @@ mod answer;
 pub mod claims;
 mod collect;
 mod hotplug;
-#[cfg(all(test, debug_assertions, not(daxkv_loom)))]
+#[cfg(all(test, not(daxkv_loom)))]
 mod hotplug_interleavings;
 mod metrics;
 mod options;
@@ -132,7 +132,9 @@ pub use metrics::{
     DURATION_BUCKETS,
 };
 pub use options::{EngineOptions, Signal};
-pub use pool::{DeviceId, DeviceInfo, DeviceSpec, DeviceState, RawDevice};
+#[cfg(feature = "test-hooks")]
+pub use pool::RawDevice;
+pub use pool::{DeviceId, DeviceInfo, DeviceSpec, DeviceState};
 pub use submit::{Refused, Submitter, SPLIT_MIN_KEYS};
 pub use task::MAX_TABLE_KEYS;
 

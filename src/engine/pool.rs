@@ -120,26 +120,26 @@ pub(crate) struct Device {
 
 impl Device {
     /// Its id.
-    pub fn id(&self) -> DeviceId {
+    pub(crate) fn id(&self) -> DeviceId {
         self.id
     }
 
     /// The path it was opened from (`"memfd"` for an anonymous one).
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         &self.path
     }
 
     /// Its position in the full device list (status's `index`): ids are
     /// given in order, never reused, and tombstones keep their place, so
     /// the position is the id.
-    pub fn index(&self) -> usize {
+    pub(crate) fn index(&self) -> usize {
         self.id.0 as usize
     }
 
     /// Its state now: `Failed` once a SIGBUS in one of its copies failed
     /// its mapping (`crate::device::fault`), whatever the control plane set, unless
     /// it is a tombstone.
-    pub fn state(&self) -> DeviceState {
+    pub(crate) fn state(&self) -> DeviceState {
         // ORDERING: Acquire — pairs with `set_state`.
         let s = DeviceState::from_u8(self.state.load(Ordering::Acquire));
         if !s.is_tombstone() && self.core.is_failed() {
@@ -171,7 +171,7 @@ impl Device {
     }
 
     /// A snapshot of its id, state and usage.
-    pub fn info(&self) -> DeviceInfo {
+    pub(crate) fn info(&self) -> DeviceInfo {
         DeviceInfo {
             id: self.id,
             path: self.path.clone(),
@@ -207,9 +207,12 @@ pub struct DeviceInfo {
 /// engine with plain copies into the very same mapping) and diagnostics.
 /// Read-only with respect to the pool: it cannot change the device's
 /// state; writing through its guard is `unsafe` and bypasses the store.
+/// Only with the `test-hooks` feature.
+#[cfg(feature = "test-hooks")]
 #[derive(Debug, Clone)]
 pub struct RawDevice(Arc<Device>);
 
+#[cfg(feature = "test-hooks")]
 impl RawDevice {
     /// A guard over the whole mapping that bypasses the slot states
     /// (`None` once the device is closed). See
@@ -664,7 +667,8 @@ impl Engine {
     /// Device `id`'s mapping, for raw-copy baselines (see [`RawDevice`]);
     /// `None` for a closed or removed device. A `RawDevice` keeps the
     /// device's mapping, fd and tables alive until it drops, even after
-    /// the device is removed.
+    /// the device is removed. Only with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     pub fn raw_device(&self, id: DeviceId) -> Option<RawDevice> {
         self.inner
             .pool

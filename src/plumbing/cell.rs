@@ -175,6 +175,12 @@ pub struct Ref<'a, T> {
     _not_send: PhantomData<*const ()>,
 }
 
+impl<T> std::fmt::Debug for Ref<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ref").finish_non_exhaustive()
+    }
+}
+
 impl<T> std::ops::Deref for Ref<'_, T> {
     type Target = T;
 

@@ -511,13 +511,15 @@ impl<E: Pod> Ring<E> {
     /// Copy `e` into slot `i` (masked).
     ///
     /// # Safety
-    /// The caller is the producer and slot `i` is between the consumer's
-    /// published head and `head + capacity` (not readable by the consumer).
+    /// The caller is the producer (the only one: `Ring::take`) and slot `i`
+    /// is between the consumer's published head, loaded with Acquire, and
+    /// `head + capacity` (not readable by the consumer).
     unsafe fn write(&self, i: u32, e: E) {
         let i = (i & (self.capacity - 1)) as usize;
         match &self.storage {
             #[cfg(not(daxkv_loom))]
-            // SAFETY: per the contract no one else accesses slot i.
+            // SAFETY: this function's contract: no one else accesses slot i
+            // (the consumer released it before the head we loaded).
             Storage::Heap { entries, .. } => unsafe { entries[i].get().write(e) },
             #[cfg(not(daxkv_loom))]
             // SAFETY: i < capacity and the mapping holds `capacity` entries
@@ -540,13 +542,16 @@ impl<E: Pod> Ring<E> {
     /// Copy slot `i` (masked) out.
     ///
     /// # Safety
-    /// The caller is the consumer and slot `i` was published by the producer
-    /// and not yet released.
+    /// The caller is the consumer (the only one: `Ring::take`) and slot `i`
+    /// was published by the producer (in a tail the caller loaded with
+    /// Acquire) and not yet released.
     unsafe fn read(&self, i: u32) -> E {
         let i = (i & (self.capacity - 1)) as usize;
         match &self.storage {
             #[cfg(not(daxkv_loom))]
-            // SAFETY: per the contract the producer does not touch slot i.
+            // SAFETY: this function's contract: the producer's write of slot
+            // i happened before (published, Acquire) and it does not touch
+            // the slot again until we release it.
             Storage::Heap { entries, .. } => unsafe { entries[i].get().read() },
             #[cfg(not(daxkv_loom))]
             // SAFETY: in bounds as in `write`; a volatile copy, never a
