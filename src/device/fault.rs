@@ -61,7 +61,9 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+#[cfg(any(test, feature = "test-hooks"))]
+use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Once;
 
 /// Devices (arenas) the registry can watch at once. An arena that finds no
@@ -112,12 +114,12 @@ thread_local! {
 /// The registry has no free entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{SLOTS_MAX} device mappings are already watched for SIGBUS; close one first")]
-pub struct RegistryFull;
+pub(crate) struct RegistryFull;
 
 /// An arena's entry in the registry; freed by [`Registration::release`]
 /// (the arena's close, once it unmapped) or on drop.
 #[derive(Debug)]
-pub struct Registration {
+pub(crate) struct Registration {
     slot: usize,
     /// The entry was given back; `failed_at_release` holds its last flag.
     released: AtomicBool,
@@ -127,7 +129,7 @@ pub struct Registration {
 impl Registration {
     /// Claim a free entry (empty range, not failed) and make sure the
     /// handler is installed.
-    pub fn new() -> Result<Registration, RegistryFull> {
+    pub(crate) fn new() -> Result<Registration, RegistryFull> {
         install();
         for (i, e) in ENTRIES.iter().enumerate() {
             // ORDERING: Relaxed — a cheap pre-check; the CAS decides.
@@ -159,7 +161,7 @@ impl Registration {
     /// Watch `base..base + len` (the arena's mapping now). Called before
     /// any guard can use the mapping (at open, and inside the exclusive
     /// section of a remap).
-    pub fn set_range(&self, base: *const u8, len: usize) {
+    pub(crate) fn set_range(&self, base: *const u8, len: usize) {
         let e = self.entry();
         // ORDERING: Relaxed — a copying thread acquires these through the
         // arena gate (its guard is admitted after this), and the handler's
@@ -172,13 +174,13 @@ impl Registration {
     }
 
     /// Stop watching any range (the mapping is about to be unmapped).
-    pub fn clear_range(&self) {
+    pub(crate) fn clear_range(&self) {
         // ORDERING: Relaxed — as in `set_range`.
         self.entry().len.store(0, Ordering::Relaxed);
     }
 
     /// Whether a fault in this device's mapping failed it.
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         // ORDERING: Acquire — pairs with the Release swap in `release`, so
         // the copied flag is seen once `released` is.
         if self.released.load(Ordering::Acquire) {
@@ -196,7 +198,7 @@ impl Registration {
 
     /// Give the entry back now (the arena unmapped; no copy can run on it
     /// again). Idempotent; `failed` keeps its last answer.
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         let e = self.entry();
         // ORDERING: Relaxed — published by the AcqRel swap below.
         let failed = e.failed.load(Ordering::Relaxed);
@@ -221,7 +223,8 @@ impl Registration {
     }
 
     /// Mark the device failed (a fault recovered elsewhere; tests).
-    pub fn mark_failed(&self) {
+    #[cfg(test)]
+    pub(crate) fn mark_failed(&self) {
         // ORDERING: SeqCst — as the handler's store.
         self.entry().failed.store(true, Ordering::SeqCst);
     }
@@ -230,7 +233,7 @@ impl Registration {
     /// device's range while it runs fails the device instead of the
     /// process. Returns whether the device is failed after the copy.
     #[inline]
-    pub fn in_copy(&self, copy: impl FnOnce()) -> bool {
+    pub(crate) fn in_copy(&self, copy: impl FnOnce()) -> bool {
         let prev = IN_COPY.with(|c| c.replace(self.slot + 1));
         // ORDERING: compiler fence — the marker is set before the copy's
         // first access and cleared after its last, as the handler (on
@@ -245,7 +248,8 @@ impl Registration {
     }
 
     /// The start of the watched range (tests aim injected faults at it).
-    pub fn base(&self) -> *const u8 {
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub(crate) fn base(&self) -> *const u8 {
         // ORDERING: Relaxed — read by the owner.
         self.entry().base.load(Ordering::Relaxed) as *const u8
     }
@@ -265,13 +269,15 @@ pub fn recovered_faults() -> usize {
 
 /// A test hook run inside the copy marker (after it is set, before the
 /// kernel copies): tests use it to deliver a synthetic SIGBUS to the
-/// copying thread. `None` in production; one Relaxed load per copy.
+/// copying thread. Compiled only with the `test-hooks` feature (and in
+/// this crate's unit tests): a build without it has no hook and no load.
+#[cfg(any(test, feature = "test-hooks"))]
 static TEST_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Install (or with `None` remove) the copy hook: `hook(base)` runs on the
 /// copying thread inside every device copy, with the start of the
-/// device's range. For tests only.
-#[doc(hidden)]
+/// device's range. For tests only (the `test-hooks` feature).
+#[cfg(feature = "test-hooks")]
 pub fn set_test_copy_hook(hook: Option<fn(*const u8)>) {
     let p = hook.map_or(std::ptr::null_mut(), |f| f as *mut ());
     // ORDERING: Release — publishes the function pointer; pairs with the
@@ -279,6 +285,7 @@ pub fn set_test_copy_hook(hook: Option<fn(*const u8)>) {
     TEST_HOOK.store(p, Ordering::Release);
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 #[inline]
 fn maybe_run_test_hook(r: &Registration) {
     // ORDERING: Acquire — pairs with `set_test_copy_hook`.
@@ -291,6 +298,10 @@ fn maybe_run_test_hook(r: &Registration) {
         f(r.base());
     }
 }
+
+#[cfg(not(any(test, feature = "test-hooks")))]
+#[inline(always)]
+fn maybe_run_test_hook(_: &Registration) {}
 
 /// The handler that was installed before ours (chained for faults we do
 /// not own). Written once, before our handler is installed.
@@ -325,7 +336,7 @@ fn our_action() -> libc::sigaction {
 
 /// Install the process-wide SIGBUS handler (once; idempotent). Called by
 /// the first [`Registration::new`].
-pub fn install() {
+pub(crate) fn install() {
     // Miri cannot run `sigaction`; nothing under Miri faults for real.
     if cfg!(miri) {
         return;
