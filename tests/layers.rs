@@ -11,7 +11,10 @@
 //! - an import circle between files (a child module's use of the `mod.rs`
 //!   or file that declares it is not an edge: Rust's module tree is that
 //!   way round by construction),
-//! - the `unsafe` keyword in a file the table does not name, or a file
+//! - `#[path]`, `include!`, `extern crate`, a bare `crate` token or a
+//!   crate path in a `lib.rs` macro (each would hide an import),
+//! - the `unsafe` keyword (or `#[no_mangle]`, `#[export_name]`,
+//!   `#[link_section]`) in a file the table does not name, or a file
 //!   without `#![forbid(unsafe_code)]` (itself or at its layer's root)
 //!   where the table names none.
 //!
@@ -182,10 +185,10 @@ fn tokens(src: &str) -> Vec<Tok> {
             }
         } else if ch == '"' {
             i = skip_string(&c, i + 1);
-        } else if (ch == 'r' || (ch == 'b' && c.get(i + 1) == Some(&'r')))
-            && raw_string_start(&c, if ch == 'b' { i + 1 } else { i }).is_some()
+        } else if (ch == 'r' || (prefix(&c, i) && c.get(i + 1) == Some(&'r')))
+            && raw_string_start(&c, if ch == 'r' { i } else { i + 1 }).is_some()
         {
-            let at = if ch == 'b' { i + 1 } else { i };
+            let at = if ch == 'r' { i } else { i + 1 };
             let (hashes, body) = raw_string_start(&c, at).unwrap();
             i = body;
             loop {
@@ -196,7 +199,7 @@ fn tokens(src: &str) -> Vec<Tok> {
                 }
                 i += 1;
             }
-        } else if ch == 'b' && c.get(i + 1) == Some(&'"') {
+        } else if prefix(&c, i) && c.get(i + 1) == Some(&'"') {
             i = skip_string(&c, i + 2);
         } else if ch == 'b' && c.get(i + 1) == Some(&'\'') {
             i = skip_char(&c, i + 1).expect("byte literal");
@@ -227,6 +230,11 @@ fn tokens(src: &str) -> Vec<Tok> {
     out
 }
 
+/// A `b` or `c` literal prefix at `i` (not the end of an identifier).
+fn prefix(c: &[char], i: usize) -> bool {
+    (c[i] == 'b' || c[i] == 'c') && !(i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_'))
+}
+
 /// Past the closing quote of a string whose body starts at `i`.
 fn skip_string(c: &[char], mut i: usize) -> usize {
     while i < c.len() {
@@ -241,10 +249,8 @@ fn skip_string(c: &[char], mut i: usize) -> usize {
 
 /// `r"`, `r#"`, …: the number of hashes and where the body starts.
 fn raw_string_start(c: &[char], at: usize) -> Option<(usize, usize)> {
-    if c.get(at) != Some(&'r') || at > 0 && (c[at - 1].is_alphanumeric() && c[at - 1] != 'b') {
-        return None;
-    }
-    if at > 0 && c[at - 1] == 'b' && at > 1 && (c[at - 2].is_alphanumeric() || c[at - 2] == '_') {
+    let lit_prefix = at > 0 && (c[at - 1] == 'b' || c[at - 1] == 'c') && prefix(c, at - 1);
+    if c.get(at) != Some(&'r') || at > 0 && c[at - 1].is_alphanumeric() && !lit_prefix {
         return None;
     }
     if at > 0 && c[at - 1] == '_' {
@@ -296,9 +302,10 @@ fn paths(f: &File) -> Vec<Vec<String>> {
                 }
             }
             Tok::Ident(k)
-                if (k == "crate" || k == "super" || k == "self")
+                if (k == "crate" || k == "super" || k == "self" || k == "daxkv")
                     && t.get(i + 1) == Some(&Tok::PathSep)
-                    && !(i > 0 && t[i - 1] == Tok::PathSep) =>
+                    // not `a::crate`; a leading `::daxkv` is the crate
+                    && !(i > 1 && t[i - 1] == Tok::PathSep && matches!(t[i - 2], Tok::Ident(_))) =>
             {
                 let mut here: Vec<String> = f.module.clone();
                 here.extend(inline.iter().map(|(n, _)| n.clone()));
@@ -307,17 +314,20 @@ fn paths(f: &File) -> Vec<Vec<String>> {
                     let mut base = Vec::new();
                     let mut segs = p.into_iter().peekable();
                     match segs.next().as_deref() {
-                        Some("crate") => {}
+                        Some("crate" | "daxkv") => {}
                         Some("self") => base.clone_from(&here),
                         Some("super") => {
                             base.clone_from(&here);
                             base.pop();
-                            while segs.peek().is_some_and(|s| s == "super") {
-                                segs.next();
-                                base.pop();
-                            }
                         }
                         _ => unreachable!(),
+                    }
+                    // `self::super::super::x`, `super::self::x`: every
+                    // leading `self` / `super` moves from where we are.
+                    while let Some(s) = segs.next_if(|s| s == "super" || s == "self") {
+                        if s == "super" {
+                            base.pop();
+                        }
                     }
                     base.extend(segs.filter(|s| s != "self"));
                     out.push(base);
@@ -378,11 +388,138 @@ fn resolve<'a>(path: &[String], modules: &'a BTreeMap<Vec<String>, usize>) -> Op
     (0..=path.len()).rev().find_map(|k| modules.get(&path[..k]))
 }
 
+/// Words that mark unsafe code: the keyword, and attributes that are
+/// unsafe without it in edition 2021 (`forbid(unsafe_code)` rejects them).
+const UNSAFE_WORDS: [&str; 4] = ["unsafe", "no_mangle", "export_name", "link_section"];
+
+/// The file holds `#![forbid(unsafe_code)]` as code (not in a comment).
+fn forbids(text: &str) -> bool {
+    let want = [
+        Tok::Hash,
+        Tok::Punct('!'),
+        Tok::Punct('['),
+        Tok::Ident("forbid".into()),
+        Tok::Punct('('),
+        Tok::Ident("unsafe_code".into()),
+        Tok::Punct(')'),
+        Tok::Punct(']'),
+    ];
+    tokens(text).windows(want.len()).any(|w| w == want)
+}
+
+/// `#[path = …]` (an attribute, not a `path` identifier elsewhere).
+fn mounts_a_path(t: &[Tok]) -> bool {
+    t.windows(4).any(|w| {
+        w[0] == Tok::Hash
+            && w[1] == Tok::Punct('[')
+            && w[2] == Tok::Ident("path".into())
+            && w[3] == Tok::Punct('=')
+    })
+}
+
+/// `crate` neither starting a path, nor in `pub(crate)`, nor after
+/// `extern` (reported on its own).
+fn bare_crate(t: &[Tok]) -> bool {
+    (0..t.len()).any(|i| {
+        t[i] == Tok::Ident("crate".into())
+            && t.get(i + 1) != Some(&Tok::PathSep)
+            && !(i > 0 && t[i - 1] == Tok::Punct('(') && t.get(i + 1) == Some(&Tok::Punct(')')))
+            && !(i > 0 && t[i - 1] == Tok::Ident("extern".into()))
+    })
+}
+
+/// Paths to the crate inside the bodies of `macro_rules!` definitions.
+fn macro_paths(t: &[Tok]) -> bool {
+    let mut i = 0;
+    while i + 3 < t.len() {
+        if t[i] == Tok::Ident("macro_rules".into()) && t[i + 1] == Tok::Punct('!') {
+            let mut depth = 0usize;
+            let mut k = i + 3;
+            while k < t.len() {
+                match &t[k] {
+                    Tok::Punct('{' | '(' | '[') => depth += 1,
+                    Tok::Punct('}' | ')' | ']') => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    Tok::Ident(w)
+                        if (w == "crate" || w == "daxkv")
+                            && t.get(k + 1) == Some(&Tok::PathSep) =>
+                    {
+                        return true;
+                    }
+                    _ => {}
+                }
+                k += 1;
+            }
+            i = k;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// `include!(…)`.
+fn includes(t: &[Tok]) -> bool {
+    t.windows(2)
+        .any(|w| w[0] == Tok::Ident("include".into()) && w[1] == Tok::Punct('!'))
+}
+
 #[derive(Default)]
 struct Findings {
     against_rule: Vec<String>,
     circles: Vec<String>,
     unsafe_misplaced: Vec<String>,
+}
+
+/// Forms that would hide an import from the path scan.
+fn hiding_forms(f: &File, toks: &[Tok]) -> Vec<String> {
+    let mut out = Vec::new();
+    if bare_crate(toks) {
+        out.push(format!(
+            "src/{}: a bare `crate` token (a macro can build a path from it that this check cannot follow)",
+            f.rel.display()
+        ));
+    }
+    for (k, what) in [
+        (&["path"][..], "a #[path] attribute"),
+        (&["include"][..], "include!"),
+        (&["extern", "crate"][..], "extern crate"),
+    ] {
+        if toks
+            .windows(k.len())
+            .any(|w| w.iter().zip(k).all(|(t, k)| *t == Tok::Ident((*k).into())))
+            && (k[0] != "path" || mounts_a_path(toks))
+            && (k[0] != "include" || includes(toks))
+        {
+            out.push(format!(
+                "src/{}: {what} mounts code this check cannot place in a layer",
+                f.rel.display()
+            ));
+        }
+    }
+    out
+}
+
+/// A layer with no unsafe code says so once, at its root.
+fn unforbidden_roots(rule: &BTreeMap<String, Row>, files: &[File]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, row) in rule {
+        let root = files
+            .iter()
+            .find(|r| r.module.len() == 1 && r.module[0] == *name);
+        if let Some(r) = root {
+            if row.unsafe_in.is_empty() && !forbids(&r.text) {
+                out.push(format!(
+                    "src/{}: layer `{name}` has no unsafe code in docs/design.md §3 but no #![forbid(unsafe_code)] at its root",
+                    r.rel.display()
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn check(rule: &BTreeMap<String, Row>, files: &[File]) -> Findings {
@@ -395,7 +532,18 @@ fn check(rule: &BTreeMap<String, Row>, files: &[File]) -> Findings {
     let mut found = Findings::default();
     let mut edges: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
     for (i, f) in files.iter().enumerate() {
-        if f.module.is_empty() || f.rel == Path::new("main.rs") {
+        if f.module.is_empty() {
+            // lib.rs is above every layer, but a macro it defines expands
+            // in the layer that calls it.
+            if macro_paths(&tokens(&f.text)) {
+                found.against_rule.push(
+                    "src/lib.rs: a macro names a crate path (it would import from where it is called)"
+                        .to_string(),
+                );
+            }
+            continue;
+        }
+        if f.rel == Path::new("main.rs") {
             continue;
         }
         let from = layer(&f.module).unwrap();
@@ -428,9 +576,12 @@ fn check(rule: &BTreeMap<String, Row>, files: &[File]) -> Findings {
                 edges.entry(i).or_default().insert(j);
             }
         }
-        let has_unsafe = tokens(&f.text)
-            .iter()
-            .any(|t| *t == Tok::Ident("unsafe".into()));
+        let toks = tokens(&f.text);
+        let has_unsafe = toks.iter().any(|t| match t {
+            Tok::Ident(s) => UNSAFE_WORDS.contains(&s.as_str()),
+            _ => false,
+        });
+        found.against_rule.extend(hiding_forms(f, &toks));
         let stem = f.module.last().unwrap();
         let named = row.unsafe_in.contains(stem) && f.module.len() == 2;
         if has_unsafe && !named {
@@ -443,13 +594,13 @@ fn check(rule: &BTreeMap<String, Row>, files: &[File]) -> Findings {
         // cover the files the table names too.
         let folder_root = f.rel.ends_with("mod.rs") && f.module.len() == 1;
         if !named && !folder_root {
-            let own = f.text.contains("#![forbid(unsafe_code)]");
+            let own = forbids(&f.text);
             // `forbid` in a module covers the modules it declares.
             let root = files.iter().any(|r| {
                 !r.module.is_empty()
                     && r.module.len() < f.module.len()
                     && f.module.starts_with(&r.module)
-                    && r.text.contains("#![forbid(unsafe_code)]")
+                    && forbids(&r.text)
             });
             if !own && !root {
                 found.unsafe_misplaced.push(format!(
@@ -459,20 +610,9 @@ fn check(rule: &BTreeMap<String, Row>, files: &[File]) -> Findings {
             }
         }
     }
-    // A layer with no unsafe code says so once, at its root.
-    for (name, row) in rule {
-        let root = files
-            .iter()
-            .find(|r| r.module.len() == 1 && r.module[0] == *name);
-        if let Some(r) = root {
-            if row.unsafe_in.is_empty() && !r.text.contains("#![forbid(unsafe_code)]") {
-                found.unsafe_misplaced.push(format!(
-                    "src/{}: layer `{name}` has no unsafe code in docs/design.md §3 but no #![forbid(unsafe_code)] at its root",
-                    r.rel.display()
-                ));
-            }
-        }
-    }
+    found
+        .unsafe_misplaced
+        .extend(unforbidden_roots(rule, files));
     for c in circles(&edges) {
         found.circles.push(
             c.iter()
@@ -650,6 +790,77 @@ fn the_checker_finds_each_kind_of_breach() {
         .unsafe_misplaced
         .iter()
         .any(|e| e.contains("device/copy2.rs")));
+}
+
+/// Each way around the checker a reviewer found is caught.
+#[test]
+fn the_checker_sees_through_indirect_imports() {
+    let rule = rule();
+    let file = |rel: &str, text: &str| {
+        let mut module: Vec<String> = rel
+            .trim_end_matches(".rs")
+            .split('/')
+            .map(str::to_string)
+            .collect();
+        if module.last().is_some_and(|l| l == "mod" || l == "lib") {
+            module.pop();
+        }
+        File {
+            rel: rel.into(),
+            module,
+            text: text.into(),
+        }
+    };
+    let forbid = "#![forbid(unsafe_code)]\n";
+    let base = || {
+        vec![
+            file("lib.rs", "pub mod device; pub mod engine;"),
+            file("device/mod.rs", "pub mod slot;"),
+            file("engine/mod.rs", forbid),
+        ]
+    };
+    let cases: [(&str, &str); 10] = [
+        ("macro", "macro_rules! p { ($r:ident $m:ident) => { type E = $r::$m::Engine; } } p!(crate engine);"),
+        ("self::super", "type E = self::super::super::engine::Engine;"),
+        ("c-string", "const A: &CStr = cr#\"\"\"#; type E = crate::engine::Engine; const B: &CStr = c\"x\";"),
+        ("include", "include!(\"../../docs/x.rs\");"),
+        ("path", "#[path = \"../engine/x.rs\"] mod x;"),
+        ("extern crate", "extern crate self as daxkv;"),
+        ("daxkv path", "type E = ::daxkv::engine::Engine;"),
+        ("comment forbid", "//! #![forbid(unsafe_code)]\nfn f() {}"),
+        ("no_mangle", "#[no_mangle] pub extern \"C\" fn f() {}"),
+        ("lib macro", ""),
+    ];
+    for (what, text) in cases {
+        let mut tree = base();
+        if what == "lib macro" {
+            tree[0].text += "\nmacro_rules! eng { () => { $crate::engine::Engine } }";
+            tree.push(file("device/slot.rs", forbid));
+        } else {
+            let body = if what == "comment forbid" || what == "no_mangle" {
+                text.to_string()
+            } else {
+                format!("{forbid}{text}")
+            };
+            tree.push(file("device/slot.rs", &body));
+        }
+        let found = check(&rule, &tree);
+        let n = found.against_rule.len() + found.circles.len() + found.unsafe_misplaced.len();
+        assert!(n > 0, "{what}: not caught");
+    }
+    // And a clean file passes.
+    let mut tree = base();
+    tree.push(file(
+        "device/slot.rs",
+        &format!("{forbid}pub(crate) fn f() {{}} use crate::device::slot as _s;"),
+    ));
+    let found = check(&rule, &tree);
+    assert!(
+        found.against_rule.is_empty() && found.unsafe_misplaced.is_empty(),
+        "{:?} {:?}",
+        found.against_rule,
+        found.unsafe_misplaced
+    );
 }
 
 #[test]
