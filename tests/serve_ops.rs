@@ -409,6 +409,17 @@ fn the_status_table_lines_up_in_binary_units() {
         v["adapters"][0]["status"]["devices"][1]["max_dax_size_bytes"],
         json!(64u64 << 20)
     );
+    // A removed device stays listed but is not counted.
+    srv.ok(&["remove", "memfd:two", "--mode", "evict"]);
+    let table = srv.ok(&["status"]);
+    assert!(
+        table
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with("adapter 0: 2 devices, ")),
+        "{table}"
+    );
+    assert!(table.contains("removed"), "{table}");
     srv.stop();
 }
 

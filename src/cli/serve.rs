@@ -639,13 +639,14 @@ pub fn status_table(status: &Value) -> String {
         } else {
             ", no device takes new keys (add one)"
         };
-        let n = st["num_devices"].as_u64();
+        // Removed devices stay listed (their ids are never reused) but
+        // are not counted: the header is what serves now.
+        let n = devices.iter().filter(|d| d["state"] != "removed").count();
         let _ = writeln!(
             out,
-            "adapter {}: {} device{}, {} of {} used, healthy: {}{stalled}",
+            "adapter {}: {n} device{}, {} of {} used, healthy: {}{stalled}",
             a["adapter_index"],
-            st["num_devices"],
-            if n == Some(1) { "" } else { "s" },
+            if n == 1 { "" } else { "s" },
             size(&st["total_used_bytes"]),
             size(&st["max_dax_size_bytes"]),
             st["is_healthy"],
