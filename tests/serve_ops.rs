@@ -290,7 +290,7 @@ fn health_is_503_with_a_reason_when_no_device_can_take_a_store() {
         srv.health(),
         (
             503,
-            json!({"status": "unhealthy", "reason": "no device can take a store: every device is draining, failed or closed (add one)"})
+            json!({"status": "unhealthy", "reason": "no device can take a store: device 0 (memfd) is draining (add one)"})
         )
     );
     srv.ok(&["add", "memfd:two", "64MiB"]);

@@ -40,7 +40,7 @@ use std::sync::{Arc, MutexGuard};
 
 use super::pool::{next_writable, Device, DeviceSpec, DeviceState};
 use super::{DeviceId, DeviceInfo, Engine, EngineError, HotplugOp, HotplugOutcome};
-use crate::device::arena::{ArenaSource, ArenaSpec};
+use crate::device::arena::{ArenaSource, ArenaSpec, DeviceIdentity};
 use crate::device::core::{CoreConfig, PutOutcome};
 use crate::device::error::{OpenError, PutError};
 use crate::key::Key;
@@ -295,6 +295,12 @@ pub struct ResizeReport {
     pub state: DeviceState,
 }
 
+/// Unicode's bidirectional formatting characters (embeddings, overrides,
+/// isolates and marks): they reorder how a line reads on a terminal.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 /// `bytes` as `truncate -s` reads it: `256M` for 256 MiB (its K, M, G
 /// and T are binary), else the byte count.
 fn truncate_size(bytes: usize) -> String {
@@ -306,57 +312,137 @@ fn truncate_size(bytes: usize) -> String {
     bytes.to_string()
 }
 
+/// Where `add --create` may make files: directories under these (their
+/// real paths), the memory file systems meant for it. A server usually
+/// runs as root: creating anywhere else would let a client make files
+/// such as `/etc/nologin` or `/run/nologin`.
+pub const CREATE_ROOTS: [&str; 2] = ["/dev/shm", "/dev/hugepages"];
+
+/// A file an add with `create` made: a handle on its directory, its name
+/// there and its inode, so that undoing the add removes that file and no
+/// other (a directory swapped for a symlink, or a file put in its place,
+/// changes nothing).
+#[derive(Debug)]
+pub(super) struct Created {
+    dir: std::fs::File,
+    name: std::ffi::OsString,
+    id: (u64, u64),
+}
+
+impl Created {
+    /// Remove the file if its name still names it.
+    fn undo(&self) {
+        if crate::host::sys::identity_at(&self.dir, &self.name).ok() == Some(self.id) {
+            let _ = crate::host::sys::unlink_at(&self.dir, &self.name);
+        }
+    }
+
+    /// Whether the file at `path` is this one.
+    fn is_at(&self, path: &std::path::Path) -> bool {
+        matches!(
+            DeviceIdentity::of_path(path),
+            Some(DeviceIdentity::File { dev, ino }) if (dev, ino) == self.id
+        )
+    }
+}
+
+/// Undoes a create when dropped, unless disarmed. Declared after the
+/// admin guard, it drops first: the file is removed while no other add
+/// can map it.
+struct Undo(Option<Created>);
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.undo();
+        }
+    }
+}
+
 /// Create `path` as a regular file of `bytes` for an add with `create`:
-/// its directory must be on a file system the arena maps (checked before
-/// anything is created), and an existing file is never taken over (a file
-/// that appeared since the caller looked is refused, not grown).
-fn create_file(path: &std::path::Path, bytes: usize) -> Result<(), HotplugError> {
-    use std::os::unix::fs::OpenOptionsExt as _;
+/// in a real directory under [`CREATE_ROOTS`], on a file system the arena
+/// maps, with room for it (its blocks reserved now), never over an
+/// existing file or through a symlink. Everything after the directory is
+/// opened is relative to that handle.
+fn create_file(path: &std::path::Path, bytes: usize) -> Result<Created, HotplugError> {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
     let shown = path.display();
+    let fail = |why: String| HotplugError::Create(format!("cannot create {shown}: {why}"));
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => std::path::Path::new("."),
     };
-    if !dir.is_dir() {
-        return Err(HotplugError::Create(format!(
-            "cannot create {shown}: its directory {} does not exist",
-            dir.display()
+    let Some(name) = path.file_name() else {
+        return Err(fail("it does not end in a file name".into()));
+    };
+    let dirf = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                fail(format!("its directory {} does not exist", dir.display()))
+            } else {
+                fail(format!("cannot open its directory {}: {e}", dir.display()))
+            }
+        })?;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", dirf.as_raw_fd()))
+        .map_err(|e| fail(format!("cannot resolve its directory: {e}")))?;
+    let under_a_root = CREATE_ROOTS
+        .iter()
+        .any(|r| std::fs::canonicalize(r).is_ok_and(|r| real.starts_with(r)));
+    if !under_a_root {
+        return Err(fail(format!(
+            "--create makes files only under {} (its directory is {}); make it yourself elsewhere, e.g. `truncate -s {} {shown}`",
+            CREATE_ROOTS.join(" or "),
+            real.display(),
+            truncate_size(bytes)
         )));
     }
-    crate::host::fstype::check_path(dir).map_err(|e| {
-        HotplugError::Create(format!(
-            "cannot create {shown}: {}",
-            crate::host::fstype::NotMemory {
-                path: path.to_path_buf(),
-                fs: e.fs,
-            }
-        ))
-    })?;
+    match crate::host::sys::fs_magic_fd(&dirf) {
+        Ok(m) if !crate::host::fstype::is_allowed(m) => {
+            return Err(HotplugError::Create(format!(
+                "cannot create {shown}: {}",
+                crate::host::fstype::NotMemory {
+                    path: path.to_path_buf(),
+                    fs: crate::host::fstype::describe(m),
+                }
+            )));
+        }
+        _ => {}
+    }
     // A file larger than the space left would map, and fail (SIGBUS) on
     // the first store past the space.
-    if let Ok(free) = crate::host::fstype::available_bytes(dir) {
+    if let Ok(free) = crate::host::fstype::available_bytes(&real) {
         if bytes as u64 > free {
-            return Err(HotplugError::Create(format!(
-                "cannot create {shown}: {} is more than the {} free on its file system",
+            return Err(fail(format!(
+                "{} is more than the {} free on its file system",
                 crate::host::units::human(bytes as u64),
                 crate::host::units::human(free)
             )));
         }
     }
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| HotplugError::Create(format!("cannot create {shown}: {e}")))?;
-    if let Err(e) = file.set_len(bytes as u64) {
-        drop(file);
-        let _ = std::fs::remove_file(path);
-        return Err(HotplugError::Create(format!(
-            "cannot size {shown} to {bytes} bytes: {e}"
+    let file = crate::host::sys::create_at(&dirf, name, 0o600).map_err(|e| fail(e.to_string()))?;
+    let md = file.metadata().map_err(|e| fail(e.to_string()))?;
+    let created = Created {
+        dir: dirf,
+        name: name.to_os_string(),
+        id: (md.dev(), md.ino()),
+    };
+    // Sized, then its blocks reserved: two creates that each fit the space
+    // left cannot both succeed (a sparse file would let them).
+    let sized = file
+        .set_len(bytes as u64)
+        .and_then(|()| crate::host::sys::allocate(&file, bytes as u64));
+    if let Err(e) = sized {
+        created.undo();
+        return Err(fail(format!(
+            "cannot reserve {} for it: {e}",
+            crate::host::units::human(bytes as u64)
         )));
     }
-    Ok(())
+    Ok(created)
 }
 
 /// Restores a device's state unless disarmed (an operation that fails
@@ -598,12 +684,7 @@ impl Engine {
         create: bool,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
     ) -> Result<(usize, DeviceInfo), HotplugError> {
-        let mut created = None;
-        let r = self.add_inner(path, size_bytes, max_size_bytes, create, &mut created, gate);
-        if let (Err(_), Some(p)) = (&r, created) {
-            // Made by this add and not added: leave nothing behind.
-            let _ = std::fs::remove_file(p);
-        }
+        let r = self.add_inner(path, size_bytes, max_size_bytes, create, gate);
         counted(self, HotplugOp::Add, r)
     }
 
@@ -614,13 +695,22 @@ impl Engine {
         size_bytes: usize,
         max_size_bytes: Option<usize>,
         create: bool,
-        created: &mut Option<std::path::PathBuf>,
         gate: impl FnOnce(&std::path::Path, usize) -> Result<(), String>,
     ) -> Result<(usize, DeviceInfo), HotplugError> {
         let admin = self.hotplug_admin()?;
+        // After `admin`: a file made here and not added is removed while
+        // `admin` is held (no other add can have mapped it meanwhile).
+        let mut undo = Undo(None);
         let path = path.trim();
         if path.is_empty() {
             return Err(HotplugError::Invalid("device_path must be non-empty"));
+        }
+        // A name that would forge a log line, garble a terminal or reorder
+        // what an operator reads (status, /metrics labels, the log).
+        if path.chars().any(|c| c.is_control() || is_bidi_control(c)) {
+            return Err(HotplugError::Invalid(
+                "device_path must not contain control or bidirectional-formatting characters",
+            ));
         }
         if size_bytes == 0 {
             return Err(HotplugError::Invalid("size_bytes must be > 0"));
@@ -674,8 +764,7 @@ impl Engine {
             match std::fs::metadata(p) {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
-                    create_file(p, size_bytes)?;
-                    *created = Some(p.to_path_buf());
+                    undo.0 = Some(create_file(p, size_bytes)?);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     return Err(HotplugError::Missing {
@@ -693,11 +782,24 @@ impl Engine {
                 .iter()
                 .find(|d| !d.state().is_tombstone() && d.path() == path)
             {
+                if undo.0.is_some() {
+                    // The file was just made: the live device of this name
+                    // maps one that is no longer here.
+                    return Err(HotplugError::Create(format!(
+                        "cannot add {path}: device {} maps a file that is no longer at this path; remove it first",
+                        d.index()
+                    )));
+                }
                 return if d.core().arena_bytes() == size_bytes {
                     Ok((d.index(), d.info()))
                 } else {
                     Err(HotplugError::SizeConflict)
                 };
+            }
+            if undo.0.as_ref().is_some_and(|c| !c.is_at(p)) {
+                return Err(HotplugError::Create(format!(
+                    "cannot add {path}: the file at this path changed while it was added"
+                )));
             }
             ArenaSource::Path(p.to_path_buf())
         };
@@ -734,6 +836,8 @@ impl Engine {
             }
             Err(e) => return Err(e.into()),
         };
+        // Added: the file stays.
+        undo.0 = None;
         drop(admin);
         self.device_index(id).ok_or(HotplugError::NotFound)
     }

@@ -125,7 +125,7 @@ mod worker;
 pub use answer::{Answer, Bitmap, Lens, LoadResult, StoreResult, TaskId, TaskKind};
 pub use hotplug::{
     check_memfd_name, is_memfd_name, HotplugError, RemoveMode, RemoveReport, ResizeReport,
-    ShrinkMode, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
+    ShrinkMode, CREATE_ROOTS, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
 };
 pub use metrics::{
     HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op, CALLER_SHARDS,
@@ -843,13 +843,34 @@ impl Engine {
                 return Err(format!("device {} ({}) is unhealthy", d.index(), d.path()));
             }
         }
-        if !devs.iter().any(|d| d.state().is_writable()) {
-            return Err(if devs.is_empty() {
-                "no device can take a store: there is no device (add one)".into()
-            } else {
-                "no device can take a store: every device is draining, failed or closed (add one)"
-                    .into()
-            });
+        // A resizing device takes stores again once its mapping has its
+        // new size (stores wait for the remap meanwhile): not a reason to
+        // be pulled from service.
+        let serves = |s: DeviceState| s.is_writable() || s == DeviceState::Resizing;
+        if !devs.iter().any(|d| serves(d.state())) {
+            if devs.is_empty() {
+                return Err("no device can take a store: there is no device (add one)".into());
+            }
+            // Name what each device is doing instead (a bounded list).
+            let mut states: Vec<String> = devs
+                .iter()
+                .take(4)
+                .map(|d| {
+                    format!(
+                        "device {} ({}) is {}",
+                        d.index(),
+                        d.path(),
+                        d.state().name()
+                    )
+                })
+                .collect();
+            if devs.len() > 4 {
+                states.push(format!("{} more", devs.len() - 4));
+            }
+            return Err(format!(
+                "no device can take a store: {} (add one)",
+                states.join(", ")
+            ));
         }
         Ok(())
     }

@@ -120,6 +120,78 @@ pub(crate) fn fs_magic_fd(file: &File) -> io::Result<i64> {
     Ok(st.f_type as i64)
 }
 
+/// `name` as a C string (`InvalidInput` for a name with a NUL byte).
+fn c_name(name: &std::ffi::OsStr) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt as _;
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// `openat(dir, name, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC,
+/// mode)`: a new regular file in the directory `dir` is open on, never an
+/// existing file and never a symlink's target.
+pub(crate) fn create_at(dir: &File, name: &std::ffi::OsStr, mode: u32) -> io::Result<File> {
+    let cname = c_name(name)?;
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `dir` owns an open fd for the duration of the call; `cname`
+    // is a NUL-terminated string that outlives it.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), cname.as_ptr(), flags, mode) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by openat and is owned by no one else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: `(st_dev, st_ino)` of the
+/// entry `name` itself (a symlink's own, never its target's).
+pub(crate) fn identity_at(dir: &File, name: &std::ffi::OsStr) -> io::Result<(u64, u64)> {
+    let cname = c_name(name)?;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `dir` owns an open fd for the call; `cname` is NUL-terminated
+    // and outlives it; `st` is writable memory of the right size.
+    let r = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            cname.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatat returned 0, so it initialized `st`.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // field types differ across targets
+    Ok((st.st_dev as u64, st.st_ino as u64))
+}
+
+/// `unlinkat(dir, name, 0)`: remove the entry `name` of the directory
+/// `dir` is open on.
+pub(crate) fn unlink_at(dir: &File, name: &std::ffi::OsStr) -> io::Result<()> {
+    let cname = c_name(name)?;
+    // SAFETY: `dir` owns an open fd for the call; `cname` is NUL-terminated
+    // and outlives it.
+    let r = unsafe { libc::unlinkat(dir.as_raw_fd(), cname.as_ptr(), 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `posix_fallocate(file, 0, len)`: the file's blocks reserved now, so a
+/// store into it never finds its file system full.
+pub(crate) fn allocate(file: &File, len: u64) -> io::Result<()> {
+    let len =
+        libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `file` owns an open fd for the duration of the call.
+    let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
 /// `libc::TMPFS_MAGIC` in [`fs_magic`]'s type.
 #[allow(clippy::unnecessary_cast)]
 pub(crate) const TMPFS_MAGIC: i64 = libc::TMPFS_MAGIC as i64;
