@@ -138,9 +138,10 @@ def run_section(name: str, health_path: str, without_dax: bool = False) -> list[
             if f.name != "commands.txt" and f.is_file():
                 text = swap_ports(f.read_text(), ports)
                 if without_dax:
+                    plugin_keys = r"(storage_plugins|extra_config)|\s+(storage_plugin|dax)\."
                     text = "".join(
                         line for line in text.splitlines(keepends=True)
-                        if not re.match(r"(storage_plugins|extra_config)|\s+(storage_plugin|dax)\.", line)
+                        if not re.match(plugin_keys, line)
                     )
                 (at / f.name).write_text(text)
         log = work / "server.log"
@@ -244,7 +245,9 @@ def test_non_mp_commands_run_as_written():
     out = run_section("non_mp", "/periodic-threads-health")
     assert '"healthy":true' in out[0], out[0]
     backends, stored, cleared, retrieved = (json.loads(o) for o in out[1:5])
-    assert backends == {"LocalCPUBackend": "LocalCPUBackend", "dax": "DaxBackend"}, backends
+    assert backends == {"LocalCPUBackend": "LocalCPUBackend", "dax": "DaxBackend"}, (
+        backends
+    )
     assert stored["status"] == "success" and stored["num_tokens"] == 512, stored
     assert cleared["status"] == "success" and cleared["num_removed"] == 512, cleared
     assert retrieved["status"] == "success" and retrieved["num_retrieved"] == 512, retrieved
