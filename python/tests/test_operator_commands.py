@@ -5,14 +5,17 @@ LMCache path, a server command and the client commands an operator runs
 against it. Each section runs here as real processes (LMCache 0.5.6's
 `lmcache server`, `lmcache bench server --mode cpu`, `lmcache kvcache
 clear`, `python -m lmcache.v1.standalone`, curl) on a memfd device, no GPU,
-with free 127.0.0.1 ports swapped in; every wait is bounded. What each
+with free 127.0.0.1 ports swapped in, from a folder laid out as the
+repository root (the reader's working directory); every wait is bounded. What each
 path must show is checked from the commands' own output: the server comes
-up, the client commands exit 0, daxkv stores and loads (its own
-`/metrics`), and Ctrl-C stops the server cleanly.
+up and names daxkv in its log, the client commands exit 0, daxkv stores
+and loads (its own `/metrics`; on the non-MP path a retrieve after LMCache's
+CPU tier was cleared), and Ctrl-C stops the server cleanly.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,6 +33,7 @@ import pytest
 pytest.importorskip("lmcache")
 
 HERE = Path(__file__).parent / "operator"
+ROOT = HERE.parent.parent.parent
 START_S = 120.0
 STEP_S = 120.0
 STOP_S = 60.0
@@ -108,10 +112,11 @@ def sample(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def run_section(name: str, health_path: str) -> list[str]:
+def run_section(name: str, health_path: str, without_dax: bool = False) -> list[str]:
     """Run section `name`: start its server, wait for `health_path` on its
     HTTP port, run the other commands (each must exit 0), stop the server
-    with SIGINT. Returns the client commands' outputs."""
+    with SIGINT. Returns the client commands' outputs and the server's log.
+    `without_dax`: the YAML without its storage plugin (the control)."""
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed (the README's commands use it)")
     cmds = sections()[name]
@@ -124,10 +129,21 @@ def run_section(name: str, health_path: str) -> list[str]:
     env["LMCACHE_TRACK_USAGE"] = "false"  # no usage reports leave the machine
     env["DO_NOT_TRACK"] = "1"
     with tempfile.TemporaryDirectory(prefix="daxkv-operator-") as tmp:
+        # Laid out as the repository root, where the reader runs them: the
+        # YAML at python/tests/operator/, its ports swapped.
         work = Path(tmp)
+        at = work / HERE.relative_to(ROOT)
+        at.mkdir(parents=True)
         for f in HERE.iterdir():
             if f.name != "commands.txt" and f.is_file():
-                (work / f.name).write_text(swap_ports(f.read_text(), ports))
+                text = swap_ports(f.read_text(), ports)
+                if without_dax:
+                    plugin_keys = r"(storage_plugins|extra_config)|\s+(storage_plugin|dax)\."
+                    text = "".join(
+                        line for line in text.splitlines(keepends=True)
+                        if not re.match(plugin_keys, line)
+                    )
+                (at / f.name).write_text(text)
         log = work / "server.log"
         with open(log, "wb") as out:
             server = subprocess.Popen(
@@ -183,7 +199,7 @@ def check_mp_round_trip(outputs: list[str], l2_name: str) -> None:
 def test_readme_shows_these_commands():
     """python/README.md shows every command of commands.txt and the YAML
     file, verbatim (the test above runs the same text)."""
-    readme = (HERE.parent.parent / "README.md").read_text()
+    readme = (ROOT / "python" / "README.md").read_text()
     for name, cmds in sections().items():
         for cmd in cmds:
             assert cmd in readme, f"python/README.md lacks the {name} command:\n{cmd}"
@@ -191,7 +207,7 @@ def test_readme_shows_these_commands():
     body = "\n".join(line for line in yaml if not line.startswith("#"))
     assert body in readme, "python/README.md's YAML differs from operator/dax-nonmp.yaml"
     # The top-level README shows the recommended path's server command.
-    top = (HERE.parent.parent.parent / "README.md").read_text()
+    top = (ROOT / "README.md").read_text()
     server = sections()["plugin"][0]
     assert server in top, f"README.md lacks the plugin server command:\n{server}"
 
@@ -210,16 +226,36 @@ def test_plugin_commands_run_as_written():
     adapter's own port shows the round trip and the second device."""
     out = run_section("plugin", "/healthcheck")
     check_mp_round_trip(out, "plugin")
+    log = out[-1]
+    assert re.search(
+        r"daxkv DaxL2Adapter init: devices=\[memfd \(1024 MiB\)\] slot_bytes=2097152 "
+        r"hotplug=on http=127\.0\.0\.1:\d+",
+        log,
+    ), log[-3000:]
     assert '"status":"ok"' in out[3] and '"device_path":"memfd:kv1"' in out[3], out[3]
     assert sample(out[4], "daxkv_device_state", l2_name="plugin", path="memfd:kv1", state="active") == 1
 
 
 def test_non_mp_commands_run_as_written():
     """Non-MP: LMCache's standalone engine (no vLLM, no GPU) loads
-    `DaxBackend` from the YAML's storage plugin keys, answers its health
-    route, and stops on Ctrl-C."""
+    `DaxBackend` from the YAML's storage plugin keys (the path run from the
+    repository root), answers its health route, stores 512 tokens, and
+    after its CPU tier is cleared retrieves all 512 again: the only other
+    backend is daxkv's, so they came from daxkv; Ctrl-C stops it."""
     out = run_section("non_mp", "/periodic-threads-health")
     assert '"healthy":true' in out[0], out[0]
+    backends, stored, cleared, retrieved = (json.loads(o) for o in out[1:5])
+    assert backends == {"LocalCPUBackend": "LocalCPUBackend", "dax": "DaxBackend"}, (
+        backends
+    )
+    assert stored["status"] == "success" and stored["num_tokens"] == 512, stored
+    assert cleared["status"] == "success" and cleared["num_removed"] == 512, cleared
+    assert retrieved["status"] == "success" and retrieved["num_retrieved"] == 512, retrieved
+    # The control: the same commands without the storage plugin retrieve
+    # nothing once the CPU tier is cleared.
+    control = run_section("non_mp", "/periodic-threads-health", without_dax=True)
+    assert json.loads(control[1]) == {"LocalCPUBackend": "LocalCPUBackend"}, control[1]
+    assert json.loads(control[4])["num_retrieved"] == 0, control[4]
     log = out[-1]
     assert "Created backend: dax (DaxBackend)" in log, log[-3000:]
     assert "daxkv DaxBackend init: device=memfd" in log, log[-3000:]

@@ -24,7 +24,6 @@ This module imports LMCache; ``import daxkv`` does not.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -43,11 +42,15 @@ try:  # LMCache 0.5.x
 except ImportError:  # pragma: no cover - later layouts
     from lmcache.native_storage_ops import Bitmap  # type: ignore[no-redef]
 
+from lmcache.logging import init_logger
+
 from daxkv._daxkv import DaxL2Core
 
 __all__ = ["DaxL2Adapter", "DaxL2AdapterConfig"]
 
-logger = logging.getLogger(__name__)
+# LMCache's own logger setup, so the line below shows in `lmcache server`'s
+# log as its built-in adapters' lines do.
+logger = init_logger(__name__)
 
 _FAULT_INJECT_MODULE = "lmcache.v1.distributed.l2_adapters.fault_inject_l2_adapter"
 
@@ -107,6 +110,23 @@ def _message(body: Any) -> str:
             if isinstance(body.get(field), str):
                 return body[field]
     return str(body)
+
+
+def _log_init(core: DaxL2Core) -> None:
+    """One INFO line naming daxkv in the server's log: the devices, the slot
+    size, hotplug, and daxkv's own HTTP address if there is one."""
+    status = core.status()
+    devices = ", ".join(
+        f"{d.get('device_path')} ({d.get('max_dax_size_bytes', 0) >> 20} MiB)"
+        for d in status.get("devices", [])
+    )
+    logger.info(
+        "daxkv DaxL2Adapter init: devices=%s slot_bytes=%d hotplug=%s http=%s",
+        f"[{devices}]" if devices else "none",
+        core.slot_bytes,
+        "on" if core.hotplug_enabled else "off",
+        core.http_address or "off",
+    )
 
 
 def _expose_through_fault_inject() -> None:
@@ -194,6 +214,7 @@ class DaxL2Adapter(L2AdapterInterface):
         self._loads_kept: dict[int, Bitmap] = {}
         self._pid = os.getpid()
         _expose_through_fault_inject()
+        _log_init(core)
 
     def _not_forked(self) -> None:
         # Before taking this class's own locks: a parent thread may have
