@@ -5,7 +5,7 @@
 //! that is poisoned (`BUS_MCEERR_AR`, "action required": the copy consumed
 //! it). The kernel's answer is SIGBUS, whose default action kills the
 //! process, and with it every device's cache. Here the process-wide SIGBUS
-//! handler ([`install`], chained to the handler it replaces) recovers from
+//! handler (`install`, chained to the handler it replaces) recovers from
 //! exactly one kind of fault and lets every other one crash as it would
 //! without it:
 //!
@@ -23,8 +23,8 @@
 //! ## The registry
 //!
 //! [`SLOTS_MAX`] fixed entries in a static array, claimed with one CAS
-//! (`FREE → TAKEN`) by an arena at open ([`Registration::new`]) and given
-//! back when its close unmaps or it drops ([`Registration::release`]). An entry holds the mapping's range (`base`, `len`) and
+//! (`FREE → TAKEN`) by an arena at open (`Registration::new`) and given
+//! back when its close unmaps or it drops (`Registration::release`). An entry holds the mapping's range (`base`, `len`) and
 //! the device's `failed` flag. The handler allocates nothing and takes no
 //! lock: it scans the array with atomic loads, reads one thread-local
 //! [`Cell`], calls `mmap`, and stores to atomics.
@@ -67,7 +67,7 @@ use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU8, AtomicUsize, Order
 use std::sync::Once;
 
 /// Devices (arenas) the registry can watch at once. An arena that finds no
-/// free entry fails to open ([`RegistryFull`]).
+/// free entry fails to open (`RegistryFull`).
 pub const SLOTS_MAX: usize = 1024;
 
 const FREE: u8 = 0;
