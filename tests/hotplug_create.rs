@@ -177,3 +177,113 @@ fn health_counts_a_resizing_device_as_serving() {
     e.set_device_state(id, DeviceState::Active).unwrap();
     e.close();
 }
+
+/// The arena maps the file the add made, not whatever the path names by
+/// the time it opens it: a spec that expects one inode refuses another.
+#[test]
+fn an_arena_that_expects_a_file_refuses_another_at_its_path() {
+    use daxkv::device::arena::{Arena, ArenaSource};
+    let dir = shm_dir();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for p in [&a, &b] {
+        std::fs::File::create(p)
+            .unwrap()
+            .set_len(SIZE as u64)
+            .unwrap();
+    }
+    let md = std::fs::metadata(&b).unwrap();
+    let spec = ArenaSpec::new(ArenaSource::Path(a.clone()), SIZE).expect_file(md.dev(), md.ino());
+    let err = Arena::open(&spec).unwrap_err().to_string();
+    assert!(err.contains("no longer the one just created"), "{err}");
+    let ok = ArenaSpec::new(ArenaSource::Path(b.clone()), SIZE).expect_file(md.dev(), md.ino());
+    assert!(Arena::open(&ok).is_ok());
+}
+
+/// `create` of a path where a file already is takes it only if it could
+/// be this server's own: one writable by others, or with a second link,
+/// is refused (a local user put it there first); without `create` the
+/// operator's add of an existing file is as before.
+#[test]
+fn create_refuses_a_file_someone_else_put_there() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let e = engine();
+    let dir = shm_dir();
+    let squat = dir.path().join("squat");
+    std::fs::File::create(&squat)
+        .unwrap()
+        .set_len(SIZE as u64)
+        .unwrap();
+    std::fs::set_permissions(&squat, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let m = create_message(add(&e, &squat, |_, _| Ok(())));
+    assert!(m.contains("did not make") && m.contains("mode 666"), "{m}");
+    assert!(squat.exists(), "the refusal removed someone's file");
+
+    let linked = dir.path().join("linked");
+    std::fs::File::create(&linked)
+        .unwrap()
+        .set_len(SIZE as u64)
+        .unwrap();
+    std::fs::hard_link(&linked, dir.path().join("other-name")).unwrap();
+    let m = create_message(add(&e, &linked, |_, _| Ok(())));
+    assert!(m.contains("2 links"), "{m}");
+
+    // Without create, an existing file is the operator's to add.
+    std::fs::set_permissions(&squat, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let r = e.hotplug_add_or_create(squat.to_str().unwrap(), SIZE, None, false, |_, _| Ok(()));
+    assert!(r.is_ok(), "{r:?}");
+    // And an add run again with create answers with the device it made.
+    let p = dir.path().join("kv");
+    let first = add(&e, &p, |_, _| Ok(())).unwrap();
+    assert_eq!(add(&e, &p, |_, _| Ok(())).unwrap(), first);
+    e.close();
+}
+
+/// `create` needs an absolute path ending in a file name: `a/`, `a/.`
+/// and relative paths are refused before anything is made.
+#[test]
+fn create_needs_an_absolute_path_to_a_file_name() {
+    let e = engine();
+    let dir = shm_dir();
+    let base = dir.path().display().to_string();
+    for bad in [
+        format!("{base}/a/"),
+        format!("{base}/b/."),
+        "relative-kv".to_string(),
+    ] {
+        let m = create_message(
+            e.hotplug_add_or_create(&bad, SIZE, None, true, |_, _| Ok(()))
+                .map(|(i, _)| i),
+        );
+        assert!(
+            m.contains("absolute path that ends in a file name"),
+            "{bad}: {m}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "something was made"
+    );
+    e.close();
+}
+
+/// Config files go through the same path check as an add.
+#[test]
+fn a_config_device_path_with_control_characters_is_refused() {
+    for bad in [
+        "/dev/shm/a\u{1b}[2J",
+        "/dev/shm/a\u{202e}b",
+        "/dev/shm/a\u{200b}b",
+        "/dev/shm/a\u{2028}b",
+    ] {
+        let json = serde_json::json!({"type": "dax", "slot_bytes": SLOT,
+            "devices": [{"device_path": bad, "max_dax_size_gb": 1}]});
+        let err = daxkv::control::config::EngineConfig::from_json(&json.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("device_path") && err.contains("control"),
+            "{bad:?}: {err}"
+        );
+    }
+}

@@ -260,6 +260,7 @@ fn device(
             }
         },
     };
+    crate::engine::check_device_path(&path).map_err(|why| err(f("device_path"), why))?;
     if crate::engine::is_memfd_name(&path) {
         crate::engine::check_memfd_name(&path, false).map_err(|why| err(f("device_path"), why))?;
     }

@@ -184,6 +184,10 @@ pub struct ArenaSpec {
     /// Where the memory limits a memfd is checked against are read
     /// ([`crate::host::memlimit`]; fake trees in tests).
     pub mem_roots: MemRoots,
+    /// For a path: the `(st_dev, st_ino)` the opened file must have (a
+    /// file just created for this arena; a file put at the path since is
+    /// refused, never mapped). `None`: whatever the path names.
+    pub expect_file: Option<(u64, u64)>,
 }
 
 impl ArenaSpec {
@@ -198,6 +202,7 @@ impl ArenaSpec {
             populate: false,
             sysfs_root: PathBuf::from("/sys"),
             mem_roots: MemRoots::default(),
+            expect_file: None,
         }
     }
 
@@ -236,6 +241,14 @@ impl ArenaSpec {
     #[must_use]
     pub fn mem_roots(mut self, roots: MemRoots) -> ArenaSpec {
         self.mem_roots = roots;
+        self
+    }
+
+    /// Map the path only if the file opened is `(st_dev, st_ino)`
+    /// ([`ArenaSpec::expect_file`]).
+    #[must_use]
+    pub fn expect_file(mut self, dev: u64, ino: u64) -> ArenaSpec {
+        self.expect_file = Some((dev, ino));
         self
     }
 }
@@ -656,6 +669,22 @@ impl Arena {
                 source: e,
             })?;
         check_opened(path, &file, kind == ArenaKind::DevDax)?;
+        if let Some(want) = spec.expect_file {
+            // The file opened, not the path: a rename over the path
+            // between the create and this open cannot choose what is mapped.
+            let md = file.metadata().map_err(|e| OpenError::Open {
+                path: path.into(),
+                source: e,
+            })?;
+            if (md.dev(), md.ino()) != want {
+                return Err(OpenError::Open {
+                    path: path.into(),
+                    source: std::io::Error::other(
+                        "the file at this path is no longer the one just created",
+                    ),
+                });
+            }
+        }
         let what = path.display().to_string();
         let map = map_fd(&file, len, spec.populate, &what)?;
         Ok(Arena::new(

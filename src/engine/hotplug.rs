@@ -295,10 +295,26 @@ pub struct ResizeReport {
     pub state: DeviceState,
 }
 
-/// Unicode's bidirectional formatting characters (embeddings, overrides,
-/// isolates and marks): they reorder how a line reads on a terminal.
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+/// Characters a device path may not hold: controls, Unicode's format
+/// characters that reorder or hide text (bidirectional embeddings,
+/// overrides, isolates and marks; zero-width spaces and joiners; the BOM)
+/// and its line and paragraph separators. A path is written to the log,
+/// `daxkv status` and `/metrics` labels: these would forge lines, garble a
+/// terminal or make two names look alike.
+fn is_hidden_or_control(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+}
+
+/// Refuse a device path holding a character of `is_hidden_or_control`'s
+/// set (the add of every face, and config files).
+pub fn check_device_path(path: &str) -> Result<(), &'static str> {
+    if path.chars().any(is_hidden_or_control) {
+        return Err("must not contain control, invisible or bidirectional-formatting characters");
+    }
+    Ok(())
 }
 
 /// `bytes` as `truncate -s` reads it: `256M` for 256 MiB (its K, M, G
@@ -359,6 +375,30 @@ impl Drop for Undo {
     }
 }
 
+/// An add with `create` of a path that already holds a file takes it only
+/// if it could be this server's own (an add run again): owned by this
+/// process's user, one link, writable by nobody else. A file a local user
+/// put there first (`/dev/shm` is world-writable) would otherwise become a
+/// cache device its owner can read and write.
+fn check_not_someone_elses(
+    path: &std::path::Path,
+    md: &std::fs::Metadata,
+) -> Result<(), HotplugError> {
+    use std::os::unix::fs::MetadataExt as _;
+    if md.is_file()
+        && (md.uid() != crate::host::sys::euid() || md.nlink() != 1 || md.mode() & 0o022 != 0)
+    {
+        return Err(HotplugError::Create(format!(
+            "cannot create {}: a file is already there that this server did not make (owner uid {}, mode {:o}, {} links); remove it, or add it without --create",
+            path.display(),
+            md.uid(),
+            md.mode() & 0o7777,
+            md.nlink()
+        )));
+    }
+    Ok(())
+}
+
 /// Create `path` as a regular file of `bytes` for an add with `create`:
 /// in a real directory under [`CREATE_ROOTS`], on a file system the arena
 /// maps, with room for it (its blocks reserved now), never over an
@@ -369,9 +409,17 @@ fn create_file(path: &std::path::Path, bytes: usize) -> Result<Created, HotplugE
     use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
     let shown = path.display();
     let fail = |why: String| HotplugError::Create(format!("cannot create {shown}: {why}"));
+    // `a/` and `a/.` have a file name to `Path` (`a`) but name a
+    // directory; a relative path depends on where the server runs.
+    let spelled = path.as_os_str().as_encoded_bytes();
+    if !path.is_absolute() || spelled.ends_with(b"/") || spelled.ends_with(b"/.") {
+        return Err(fail(
+            "--create needs an absolute path that ends in a file name".into(),
+        ));
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
+        _ => std::path::Path::new("/"),
     };
     let Some(name) = path.file_name() else {
         return Err(fail("it does not end in a file name".into()));
@@ -400,7 +448,22 @@ fn create_file(path: &std::path::Path, bytes: usize) -> Result<Created, HotplugE
             truncate_size(bytes)
         )));
     }
-    match crate::host::sys::fs_magic_fd(&dirf) {
+    let magic = crate::host::sys::fs_magic_fd(&dirf);
+    // A tmpfs file is memory: checked as a memfd is (MemAvailable, the
+    // cgroup's limit), not only against the file system's free space,
+    // which may be larger than RAM.
+    if magic
+        .as_ref()
+        .is_ok_and(|m| *m == crate::host::sys::TMPFS_MAGIC)
+    {
+        crate::host::memlimit::check(
+            "a tmpfs file",
+            bytes,
+            &crate::host::memlimit::MemRoots::default(),
+        )
+        .map_err(|e| fail(e.to_string()))?;
+    }
+    match magic {
         Ok(m) if !crate::host::fstype::is_allowed(m) => {
             return Err(HotplugError::Create(format!(
                 "cannot create {shown}: {}",
@@ -707,9 +770,9 @@ impl Engine {
         }
         // A name that would forge a log line, garble a terminal or reorder
         // what an operator reads (status, /metrics labels, the log).
-        if path.chars().any(|c| c.is_control() || is_bidi_control(c)) {
+        if check_device_path(path).is_err() {
             return Err(HotplugError::Invalid(
-                "device_path must not contain control or bidirectional-formatting characters",
+                "device_path must not contain control, invisible or bidirectional-formatting characters",
             ));
         }
         if size_bytes == 0 {
@@ -762,6 +825,7 @@ impl Engine {
         } else {
             let p = std::path::Path::new(path);
             match std::fs::metadata(p) {
+                Ok(md) if create => check_not_someone_elses(p, &md)?,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
                     undo.0 = Some(create_file(p, size_bytes)?);
@@ -805,6 +869,10 @@ impl Engine {
         };
         let anonymous = matches!(source, ArenaSource::Memfd);
         let mut arena = ArenaSpec::new(source, size_bytes);
+        if let Some(c) = &undo.0 {
+            // Map the file made here, whatever the path names by now.
+            arena = arena.expect_file(c.id.0, c.id.1);
+        }
         // Room to grow: the tables are sized for it (a file or device
         // defaults to its own length, which the arena reads at open).
         let default_max = anonymous.then(|| size_bytes.saturating_mul(MEMFD_GROW_FACTOR));

@@ -124,8 +124,8 @@ mod worker;
 
 pub use answer::{Answer, Bitmap, Lens, LoadResult, StoreResult, TaskId, TaskKind};
 pub use hotplug::{
-    check_memfd_name, is_memfd_name, HotplugError, RemoveMode, RemoveReport, ResizeReport,
-    ShrinkMode, CREATE_ROOTS, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
+    check_device_path, check_memfd_name, is_memfd_name, HotplugError, RemoveMode, RemoveReport,
+    ResizeReport, ShrinkMode, CREATE_ROOTS, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
 };
 pub use metrics::{
     HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op, CALLER_SHARDS,
@@ -844,8 +844,10 @@ impl Engine {
             }
         }
         // A resizing device takes stores again once its mapping has its
-        // new size (stores wait for the remap meanwhile): not a reason to
-        // be pulled from service.
+        // new size, within the drain timeout (a resize that cannot drain
+        // fails and restores the state); stores that find no active device
+        // meanwhile fail, and LMCache counts them as misses. Not a reason
+        // for a probe to pull the server from service.
         let serves = |s: DeviceState| s.is_writable() || s == DeviceState::Resizing;
         if !devs.iter().any(|d| serves(d.state())) {
             if devs.is_empty() {

@@ -192,6 +192,12 @@ pub(crate) fn allocate(file: &File, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// `geteuid()`: the user this process acts as.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// `libc::TMPFS_MAGIC` in [`fs_magic`]'s type.
 #[allow(clippy::unnecessary_cast)]
 pub(crate) const TMPFS_MAGIC: i64 = libc::TMPFS_MAGIC as i64;
