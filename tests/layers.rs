@@ -715,25 +715,27 @@ fn src_follows_the_layer_rule() {
     assert!(report.is_empty(), "{report}");
 }
 
+/// A made-up source file at `rel` (under `src/`).
+fn file(rel: &str, text: &str) -> File {
+    let mut module: Vec<String> = rel
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_string)
+        .collect();
+    if module.last().is_some_and(|l| l == "mod" || l == "lib") {
+        module.pop();
+    }
+    File {
+        rel: rel.into(),
+        module,
+        text: text.into(),
+    }
+}
+
 /// The checker itself: each kind of breach is found in a made-up tree.
 #[test]
 fn the_checker_finds_each_kind_of_breach() {
     let rule = rule();
-    let file = |rel: &str, text: &str| {
-        let mut module: Vec<String> = rel
-            .trim_end_matches(".rs")
-            .split('/')
-            .map(str::to_string)
-            .collect();
-        if module.last().is_some_and(|l| l == "mod" || l == "lib") {
-            module.pop();
-        }
-        File {
-            rel: rel.into(),
-            module,
-            text: text.into(),
-        }
-    };
     let forbid = "#![forbid(unsafe_code)]\n";
     let tree = vec![
         file("lib.rs", "pub mod device; pub mod engine; pub mod key;"),
@@ -796,21 +798,6 @@ fn the_checker_finds_each_kind_of_breach() {
 #[test]
 fn the_checker_sees_through_indirect_imports() {
     let rule = rule();
-    let file = |rel: &str, text: &str| {
-        let mut module: Vec<String> = rel
-            .trim_end_matches(".rs")
-            .split('/')
-            .map(str::to_string)
-            .collect();
-        if module.last().is_some_and(|l| l == "mod" || l == "lib") {
-            module.pop();
-        }
-        File {
-            rel: rel.into(),
-            module,
-            text: text.into(),
-        }
-    };
     let forbid = "#![forbid(unsafe_code)]\n";
     let base = || {
         vec![

@@ -5,86 +5,15 @@
 //! the first one migrated away and the new one force-removed while the
 //! workload verifies every object it reads back, and `/metrics` shows it.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use daxkv::cli::serve::request;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_daxkv");
-
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Serve {
-    fn start(args: &[&str]) -> Serve {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve").args(["--http", "127.0.0.1:0"]).args(args);
-        Serve::spawn(&mut cmd)
-    }
-
-    /// Spawn `cmd` (a `daxkv serve` command line) with piped output and
-    /// wait for the line that says where it serves.
-    fn spawn(cmd: &mut Command) -> Serve {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("daxkv: serving on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Serve { child, addr }
-    }
-
-    fn get(&self, path: &str) -> (u16, String) {
-        request(&self.addr, "GET", path, None, None).unwrap()
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let (s, b) = request(&self.addr, "POST", path, Some(body), None).unwrap();
-        (s, serde_json::from_str(&b).unwrap())
-    }
-
-    fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(BIN)
-            .args(args)
-            .args(["--server", &self.addr])
-            .output()
-            .unwrap()
-    }
-
-    /// Send `sig`; the process must exit 0 within 30 s and its port close.
-    fn stop_with(mut self, sig: i32) -> String {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id().cast_signed(), sig) };
-        let t0 = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "serve did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut self.child.stderr.take().unwrap(), &mut err).unwrap();
-        assert!(status.success(), "exit {status:?}; stderr:\n{err}");
-        assert!(
-            std::net::TcpStream::connect(&self.addr).is_err(),
-            "the control plane still listens after exit"
-        );
-        err
-    }
-}
+#[path = "common/serve.rs"]
+mod serve_common;
+use serve_common::{Serve, BIN};
 
 fn metric(text: &str, name: &str) -> u64 {
     text.lines()
@@ -735,7 +664,8 @@ fn the_status_table_never_prints_control_characters() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("400") && err.contains("control or bidirectional-formatting characters"),
+        err.contains("400")
+            && err.contains("control, invisible or bidirectional-formatting characters"),
         "{err}"
     );
     assert!(

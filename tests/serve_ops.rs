@@ -5,108 +5,14 @@
 //! the 409 on the last device), `/health`'s 503 and its reason, the status
 //! table's columns and sizes, and the server's log line per operation.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use daxkv::cli::serve::request;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_daxkv");
-
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Serve {
-    fn start(args: &[&str]) -> Serve {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--http", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("daxkv: serving on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Serve { child, addr }
-    }
-
-    fn cli(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .args(args)
-            .args(["--server", &self.addr])
-            .output()
-            .unwrap()
-    }
-
-    /// Run a command that must succeed; its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.cli(args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// Run a command that must fail with exit 1; its stderr.
-    fn fails(&self, args: &[&str]) -> String {
-        let out = self.cli(args);
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-        err
-    }
-
-    fn health(&self) -> (u16, Value) {
-        let (code, body) = request(&self.addr, "GET", "/health", None, None).unwrap();
-        (code, serde_json::from_str(&body).unwrap())
-    }
-
-    /// `(path, state)` of every device, from `status --json`.
-    fn devices(&self) -> Vec<(String, String)> {
-        let v: Value = serde_json::from_str(&self.ok(&["status", "--json"])).unwrap();
-        v["adapters"][0]["status"]["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| {
-                (
-                    d["device_path"].as_str().unwrap().to_string(),
-                    d["state"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
-    }
-
-    /// SIGTERM; exit 0 within 30 s; its stderr.
-    fn stop(mut self) -> String {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id().cast_signed(), libc::SIGTERM) };
-        let t0 = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "serve did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut self.child.stderr.take().unwrap(), &mut err).unwrap();
-        assert!(status.success(), "exit {status:?}; stderr:\n{err}");
-        err
-    }
-}
+#[path = "common/serve.rs"]
+mod serve_common;
+use serve_common::Serve;
 
 /// A fresh folder in /dev/shm (tmpfs), removed at the end.
 fn shm_dir() -> tempfile::TempDir {

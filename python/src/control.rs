@@ -194,6 +194,26 @@ pub fn start_metrics_http(
     serve(cfg, Registry::new(), engine, l2_name)
 }
 
+/// Run `start` (one of the above) with the GIL released and note the
+/// server's listening socket for `fork`; if it fails, close `engine` (its
+/// devices and workers) before handing the error back: the constructor
+/// that called this returns no object to close later.
+pub fn start_or_close<F>(py: Python<'_>, engine: &Engine, start: F) -> PyResult<HttpServer>
+where
+    F: Send + pyo3::marker::Ungil + FnOnce() -> PyResult<HttpServer>,
+{
+    match crate::gil::release(py, start) {
+        Ok(s) => {
+            crate::fork::listening(py, s.listener_fd());
+            Ok(s)
+        }
+        Err(err) => {
+            engine.close();
+            Err(err)
+        }
+    }
+}
+
 fn serve(
     cfg: HttpConfig,
     registry: Registry,

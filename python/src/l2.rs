@@ -597,17 +597,9 @@ impl DaxL2Core {
             Some(h) => {
                 let e = engine.clone();
                 let l2_name = &control.l2_name;
-                match crate::gil::release(py, || crate::control::start_metrics_http(h, e, l2_name))
-                {
-                    Ok(s) => {
-                        crate::fork::listening(py, s.listener_fd());
-                        Some(s)
-                    }
-                    Err(err) => {
-                        engine.close();
-                        return Err(err);
-                    }
-                }
+                Some(crate::control::start_or_close(py, &engine, || {
+                    crate::control::start_metrics_http(h, e, l2_name)
+                })?)
             }
             None => None,
         };

@@ -588,17 +588,9 @@ impl DaxConnector {
         let http = match control.http {
             Some(h) => {
                 let (e, root) = (engine.clone(), cfg.sysfs_root.clone());
-                match crate::gil::release(py, || control::start_http(h, e, root, &control.l2_name))
-                {
-                    Ok(s) => {
-                        crate::fork::listening(py, s.listener_fd());
-                        Some(s)
-                    }
-                    Err(err) => {
-                        engine.close();
-                        return Err(err);
-                    }
-                }
+                Some(control::start_or_close(py, &engine, || {
+                    control::start_http(h, e, root, &control.l2_name)
+                })?)
             }
             None => None,
         };
