@@ -85,6 +85,7 @@ impl Inner {
     pub(super) fn harvest_stores(&self, mut out: Option<&mut Vec<(TaskId, StoreResult)>>) -> usize {
         let inner = self;
         let Some(mut cqs) = try_lock(&inner.cqs[TaskKind::Store.idx()]) else {
+            inner.metrics.record_cq_lock_miss(TaskKind::Store);
             return 0;
         };
         let mut got = 0;
@@ -322,6 +323,8 @@ impl Engine {
                 while let Ok(Some(_)) = cq.pop() {}
                 cq.sync();
             }
+        } else {
+            self.inner.metrics.record_cq_lock_miss(kind);
         }
     }
 }

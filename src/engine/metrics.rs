@@ -313,6 +313,9 @@ pub struct Metrics {
     workers: usize,
     /// `[operation][outcome]` (cold path: one shared line is fine).
     hotplug: [[AtomicU64; 3]; 4],
+    /// Per task kind, collectors that found the completion rings' lock
+    /// held by another collector ([`Contention`]). Written only on a miss.
+    cq_lock_misses: [AtomicU64; 3],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -333,7 +336,15 @@ impl Metrics {
                 .collect(),
             workers,
             hotplug: Default::default(),
+            cq_lock_misses: Default::default(),
         }
+    }
+
+    /// A collector of `kind` found the completion rings' lock held.
+    #[inline]
+    pub(super) fn record_cq_lock_miss(&self, kind: TaskKind) {
+        // ORDERING: Relaxed — a statistic.
+        self.cq_lock_misses[kind.idx()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Record a finished task on worker shard `worker`: `keys` keys of
@@ -518,7 +529,53 @@ impl MetricsSnapshot {
     }
 }
 
+/// Where submitters and collectors met each other on a shared structure,
+/// counted since the engine opened ([`Engine::contention`]). These are the
+/// only points of the submit and collect paths where one thread's
+/// operation fails because of another's and is retried or skipped; every
+/// other shared word they write is a single read-modify-write that always
+/// succeeds (docs/performance.md, "Many submitters"). Each counter is
+/// written only when the event happens, so an uncontended run adds no
+/// shared write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Contention {
+    /// Record claims that lost a bit of the task table's free set to
+    /// another submitter and looked again.
+    pub record_claim_retries: u64,
+    /// Per task kind (store, lookup, load), collectors that found the
+    /// completion rings' lock held by another and skipped the drain (they
+    /// then look at their own record only: nobody waits on the lock).
+    pub completion_lock_misses: [u64; 3],
+}
+
+impl Contention {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &Contention) -> Contention {
+        let mut m = [0; 3];
+        for (i, v) in m.iter_mut().enumerate() {
+            *v = self.completion_lock_misses[i].saturating_sub(earlier.completion_lock_misses[i]);
+        }
+        Contention {
+            record_claim_retries: self
+                .record_claim_retries
+                .saturating_sub(earlier.record_claim_retries),
+            completion_lock_misses: m,
+        }
+    }
+}
+
 impl Engine {
+    /// The contention counters now ([`Contention`]; a racy snapshot).
+    pub fn contention(&self) -> Contention {
+        // ORDERING: Relaxed — statistics.
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let m = &self.inner.metrics.cq_lock_misses;
+        Contention {
+            record_claim_retries: self.inner.tasks.claim_retries(),
+            completion_lock_misses: [get(&m[0]), get(&m[1]), get(&m[2])],
+        }
+    }
+
     /// The engine's counters summed now (a scrape; cold path). Encoded as
     /// Prometheus text by the control plane (`control::metrics::encode`).
     pub fn metrics(&self) -> MetricsSnapshot {

@@ -128,8 +128,8 @@ pub use hotplug::{
     ResizeReport, ShrinkMode, CREATE_ROOTS, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
 };
 pub use metrics::{
-    HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op, CALLER_SHARDS,
-    DURATION_BUCKETS,
+    Contention, HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op,
+    CALLER_SHARDS, DURATION_BUCKETS,
 };
 pub use options::{EngineOptions, Signal};
 #[cfg(feature = "test-hooks")]

@@ -77,6 +77,12 @@ pub struct RecordSet {
     /// Word where the next claim starts looking (spreads claimers; only a
     /// hint).
     hint: AtomicUsize,
+    /// Claims that lost a bit to another claimer (`fetch_or` found it set):
+    /// the one place two submitters can make each other retry. Written
+    /// only on a loss, so the uncontended claim never touches it. A
+    /// statistic that orders nothing, so a `std` atomic: the loom models
+    /// need not explore it.
+    retries: std::sync::atomic::AtomicU64,
 }
 
 impl RecordSet {
@@ -98,6 +104,7 @@ impl RecordSet {
             words,
             len,
             hint: AtomicUsize::new(0),
+            retries: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -138,6 +145,9 @@ impl RecordSet {
                     self.hint.store(w, Ordering::Relaxed);
                     return Some((w * 64) as u32 + bit.trailing_zeros());
                 }
+                // ORDERING: Relaxed — a statistic (`retries`).
+                self.retries
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 cur = prev | bit;
             }
         }
@@ -153,6 +163,12 @@ impl RecordSet {
         // claimer's Acquire `fetch_or` in `claim`.
         let prev = self.words[w].fetch_and(!bit, Ordering::Release);
         assert!(prev & bit != 0, "record {i} released twice");
+    }
+
+    /// Claims so far that lost a bit to another claimer and looked again.
+    pub fn claim_retries(&self) -> u64 {
+        // ORDERING: Relaxed — a statistic.
+        self.retries.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Records taken now (a racy snapshot, for status and tests).

@@ -248,6 +248,11 @@ impl TaskTable {
         self.slots.len()
     }
 
+    /// Record claims that lost a bit to another submitter ([`RecordSet::claim_retries`]).
+    pub(super) fn claim_retries(&self) -> u64 {
+        self.free.claim_retries()
+    }
+
     /// Records holding a task in flight or a result not collected.
     pub(super) fn in_use(&self) -> usize {
         self.free.in_use()
