@@ -85,9 +85,17 @@ enum Cmd {
         /// When workers signal completions.
         #[arg(long, value_enum, default_value_t = SignalArg::WhenWaiting)]
         signal: SignalArg,
-        /// Tasks in flight per phase.
+        /// Tasks in flight per phase (per submitter).
         #[arg(long, default_value_t = 8)]
         inflight: usize,
+        /// Submitting threads, each with its own Submitter, splitting each
+        /// phase's tasks and collecting their own results by id.
+        #[arg(long, default_value_t = 1)]
+        submitters: usize,
+        /// Milliseconds the engine sits open with nothing submitted while
+        /// the process's CPU time is measured (0 skips it).
+        #[arg(long, default_value_t = 1000)]
+        idle_ms: u64,
         /// Rounds per size, each measuring the raw limit before and after
         /// the phase it bounds; ratios are the median of the rounds.
         #[arg(long, default_value_t = 5)]
@@ -638,6 +646,8 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
             park,
             signal,
             inflight,
+            submitters,
+            idle_ms,
             rounds,
             no_prefault,
             no_pin,
@@ -676,6 +686,8 @@ fn run(cmd: Cmd) -> anyhow::Result<()> {
                     SignalArg::WhenWaiting => daxkv::engine::Signal::WhenWaiting,
                 },
                 inflight_tasks: inflight,
+                submitters,
+                idle: std::time::Duration::from_millis(idle_ms),
                 rounds,
                 prefault: !no_prefault,
                 pin: !no_pin,

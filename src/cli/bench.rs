@@ -43,7 +43,7 @@
 // touches the range); each block says why the engine is idle there.
 #![deny(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -52,7 +52,9 @@ use std::time::{Duration, Instant};
 
 use crate::device::arena::{ArenaGuard, ArenaSource, ArenaSpec};
 use crate::device::core::CoreConfig;
-use crate::engine::{DeviceSpec, Engine, EngineOptions, Signal, TaskId, WorkerPlacement};
+use crate::engine::{
+    Contention, DeviceSpec, Engine, EngineOptions, Signal, Submitter, TaskId, WorkerPlacement,
+};
 use crate::key::Key;
 use crate::plumbing::buf::Buf;
 use crate::plumbing::notify::EventFd;
@@ -128,6 +130,14 @@ pub struct BenchConfig {
     /// copies to the others, when there are enough CPUs (module doc,
     /// "Placement").
     pub pin: bool,
+    /// Submitting threads (`--submitters`), each with its own
+    /// [`Submitter`], splitting each phase's tasks (module doc, "Many
+    /// submitters").
+    pub submitters: usize,
+    /// How long the engine sits open with nothing submitted while the
+    /// process's CPU time is measured (first size, before its first round);
+    /// zero skips it.
+    pub idle: Duration,
 }
 
 /// Where a run's threads ran ([`BenchConfig::pin`]).
@@ -135,6 +145,8 @@ pub struct BenchConfig {
 pub struct Placement {
     /// The submitting (and waiting) thread's CPU.
     pub caller: usize,
+    /// Each submitting thread's CPU (the first is `caller`'s).
+    pub submitters: Vec<usize>,
     /// The workers' CPUs: worker `w` of each pool on `workers[w % len]`,
     /// and copy thread `k` of a raw pass on `workers[k % len]`, the CPU of
     /// the worker whose work it bounds.
@@ -143,18 +155,21 @@ pub struct Placement {
 
 impl Placement {
     /// The placement for `cfg` given the CPUs the thread may use: the
-    /// first for the caller, the rest for the workers, when there are at
-    /// least one more than the largest pool (else `None`: unpinned, as
-    /// two workers sharing one CPU would measure the sharing).
+    /// first `submitters` for the submitting threads (the caller on the
+    /// first), the rest for the workers, when there are at least as many
+    /// as the submitters plus the largest pool (else `None`: unpinned, as
+    /// two threads sharing one CPU would measure the sharing).
     pub fn choose(cfg: &BenchConfig, allowed: &[usize]) -> Option<Placement> {
         let pool = cfg
             .store_workers
             .max(cfg.lookup_workers)
             .max(cfg.load_workers)
             .max(1);
-        (cfg.pin && allowed.len() > pool).then(|| Placement {
+        let subs = cfg.submitters.max(1);
+        (cfg.pin && allowed.len() >= pool + subs).then(|| Placement {
             caller: allowed[0],
-            workers: allowed[1..].to_vec(),
+            submitters: allowed[..subs].to_vec(),
+            workers: allowed[subs..].to_vec(),
         })
     }
 }
@@ -174,15 +189,21 @@ pub struct RanOn {
     /// The CPUs each thread of the first size's widest raw pass read back
     /// (thread `k`), or the caller's for a pass run on the caller.
     pub raw_copies: Vec<Vec<usize>>,
+    /// The CPUs each submitting thread read back (the first size's first
+    /// store); with one submitter, the caller's.
+    pub submitters: Vec<Vec<usize>>,
 }
 
 impl RanOn {
-    /// The workers whose CPUs include one of the caller's: they compete
-    /// with the submitting thread for a CPU.
+    /// The workers whose CPUs include one of the caller's (or another
+    /// submitting thread's): they compete with a submitting thread for a
+    /// CPU.
     pub fn sharing_with_caller(&self) -> Vec<&WorkerPlacement> {
+        let mine =
+            |c: &usize| self.caller.contains(c) || self.submitters.iter().any(|s| s.contains(c));
         self.workers
             .iter()
-            .filter(|w| w.cpus.iter().any(|c| self.caller.contains(c)))
+            .filter(|w| w.cpus.iter().any(mine))
             .collect()
     }
 
@@ -216,8 +237,14 @@ impl RanOn {
             };
             format!("{} worker(s) {verb}: {}", names.len(), names.join(", "))
         };
+        let subs = if self.submitters.len() > 1 {
+            let s: Vec<String> = self.submitters.iter().map(|c| format_cpulist(c)).collect();
+            format!("; submitters {}", s.join(" "))
+        } else {
+            String::new()
+        };
         format!(
-            "ran on (read back): caller CPUs {}{}; workers {}; raw copies {}; {sharing}",
+            "ran on (read back): caller CPUs {}{}{subs}; workers {}; raw copies {}; {sharing}",
             format_cpulist(&self.caller),
             self.caller_last_cpu
                 .map_or(String::new(), |c| format!(" (last on {c})")),
@@ -232,6 +259,7 @@ impl RanOn {
             "caller_last_cpu": self.caller_last_cpu,
             "workers": self.workers.iter().map(WorkerPlacement::to_json).collect::<Vec<_>>(),
             "raw_copies": self.raw_copies,
+            "submitters": self.submitters,
             "sharing_with_caller": self
                 .sharing_with_caller()
                 .iter()
@@ -284,6 +312,8 @@ impl Default for BenchConfig {
             verify_every: 64,
             json: None,
             pin: true,
+            submitters: 1,
+            idle: Duration::from_secs(1),
         }
     }
 }
@@ -447,6 +477,42 @@ pub struct PhaseResult {
     pub ratio_to_single_thread_limit: Option<f64>,
     /// Every verified load matched its source (`None`: not a load).
     pub verified: Option<bool>,
+    /// Store and load: user + system CPU seconds of the whole process per
+    /// GB moved (10^9 bytes) over the timed pass, the waiting callers and
+    /// every worker included; median of the rounds.
+    pub cpu_s_per_gb: Option<f64>,
+    /// The same for the raw copy with the phase's worker count in the same
+    /// round (mean of its passes before and after the phase).
+    pub raw_cpu_s_per_gb: Option<f64>,
+    /// Store, lookup and load: what each submitting thread did (in thread
+    /// order); empty for the calls the caller makes itself.
+    pub submitters: Vec<SubmitterResult>,
+    /// Store, lookup and load: contention counted during the phase's
+    /// timed passes, one entry per round ([`Contention`]).
+    pub contention_rounds: Vec<Contention>,
+}
+
+/// One submitting thread's share of a phase.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SubmitterResult {
+    /// Tasks it submitted and collected per round.
+    pub tasks: usize,
+    /// Objects in them.
+    pub objects: usize,
+    /// Median over the rounds of its objects / its own seconds.
+    pub objects_per_s: f64,
+}
+
+/// The whole process's CPU time while the engine sat open with nothing
+/// submitted ([`BenchConfig::idle`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IdleCpu {
+    /// Wall seconds measured.
+    pub seconds: f64,
+    /// User CPU seconds of the process in them.
+    pub user_s: f64,
+    /// System CPU seconds.
+    pub sys_s: f64,
 }
 
 /// A whole run.
@@ -493,6 +559,8 @@ pub struct Report {
     pub limits: Vec<Limits>,
     /// Every phase of every size.
     pub results: Vec<PhaseResult>,
+    /// The idle engine's CPU time (`None`: `idle` was zero).
+    pub idle_cpu: Option<IdleCpu>,
 }
 
 /// Errors of a bench run.
@@ -755,6 +823,7 @@ pub fn preflight(cfg: &BenchConfig) -> Result<(), BenchError> {
         ("--store-workers", cfg.store_workers),
         ("--lookup-workers", cfg.lookup_workers),
         ("--load-workers", cfg.load_workers),
+        ("--submitters", cfg.submitters),
         ("--inflight", cfg.inflight_tasks),
         ("--max-objects", cfg.max_objects),
         ("--total-bytes", cfg.total_bytes),
@@ -989,6 +1058,14 @@ struct Acc {
     /// The single-thread limit of each round.
     limit1: Vec<f64>,
     verified: Option<bool>,
+    /// Process CPU seconds of each round's pass.
+    cpu_s: Vec<f64>,
+    /// Process CPU seconds of each round's raw pass at the phase's worker
+    /// count (mean of before and after).
+    raw_cpu_s: Vec<f64>,
+    /// Per submitting thread: tasks, objects, and seconds per round.
+    lanes: Vec<(usize, usize, Vec<f64>)>,
+    contention: Vec<Contention>,
 }
 
 impl Acc {
@@ -1013,6 +1090,25 @@ impl Acc {
         };
         let ratios = ratio(&self.limit);
         let ratios1 = ratio(&self.limit1);
+        let per_gb = |cpu: &[f64]| -> Option<f64> {
+            let b = bytes? as f64 / 1e9;
+            let v: Vec<f64> = cpu.iter().map(|c| c / b).collect();
+            (!v.is_empty()).then(|| median(&v))
+        };
+        let submitters = self
+            .lanes
+            .iter()
+            .map(|(tasks, objects, secs)| SubmitterResult {
+                tasks: *tasks,
+                objects: *objects,
+                objects_per_s: median(
+                    &secs
+                        .iter()
+                        .map(|&s| *objects as f64 / s.max(1e-9))
+                        .collect::<Vec<_>>(),
+                ),
+            })
+            .collect();
         let some = |v: &[f64], x: f64| (!v.is_empty()).then_some(x);
         let ops: Vec<f64> = self
             .secs
@@ -1036,6 +1132,10 @@ impl Acc {
             ratio_to_single_thread_limit: some(&ratios1, median(&ratios1)),
             ratio_rounds: ratios,
             verified: self.verified,
+            cpu_s_per_gb: per_gb(&self.cpu_s),
+            raw_cpu_s_per_gb: per_gb(&self.raw_cpu_s),
+            submitters,
+            contention_rounds: self.contention,
         }
     }
 }
@@ -1064,6 +1164,174 @@ fn pipeline<R>(
         done(t, r);
     }
     Ok(())
+}
+
+/// A phase run through submitters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Store,
+    Lookup,
+    Load,
+}
+
+/// What a phase's tasks read: the keys, the source ring, the objects.
+struct Work<'a> {
+    engine: &'a Engine,
+    keys: &'a [Key],
+    sources: &'a [Arc<[u8]>],
+    /// Objects in the phase.
+    n: usize,
+    /// Tasks in flight per submitter.
+    depth: usize,
+}
+
+/// What one submitting thread did in one pass.
+struct LaneOut {
+    start: Instant,
+    end: Instant,
+    lat_us: Vec<f64>,
+    /// Stores: tasks that succeeded; lookups and loads: keys found.
+    ok: usize,
+    /// The thread's CPUs, read back.
+    cpus: Vec<usize>,
+}
+
+/// One submitting thread's part of a pass: tasks `tasks` through `sub`,
+/// at most `w.depth` in flight, each result collected by its id (so that
+/// no thread takes another's). `dests` holds the destination buffers of
+/// the part's objects (from object `tasks.start * TASK_KEYS`).
+fn lane(
+    w: &Work<'_>,
+    sub: &mut Submitter,
+    phase: Phase,
+    tasks: std::ops::Range<usize>,
+    dests: &mut [Option<Vec<u8>>],
+) -> Result<LaneOut, BenchError> {
+    let fail = |e: &dyn std::fmt::Display| BenchError::Failed(e.to_string());
+    let range = |t: usize| t * TASK_KEYS..((t + 1) * TASK_KEYS).min(w.n);
+    let base = tasks.start * TASK_KEYS;
+    let cpus = crate::host::sys::thread_cpus().unwrap_or_default();
+    let mut lat_us = Vec::with_capacity(tasks.len());
+    let mut ok = 0;
+    let t0 = tasks.start;
+    let start = Instant::now();
+    match phase {
+        Phase::Store => pipeline(
+            &mut lat_us,
+            tasks.len(),
+            w.depth,
+            |t| {
+                let r = range(t0 + t);
+                let bufs = r
+                    .clone()
+                    .map(|i| Buf::Shared(w.sources[i % w.sources.len()].clone()))
+                    .collect();
+                sub.submit_store(w.keys[r].to_vec(), bufs)
+                    .map_err(|e| fail(&e))
+            },
+            |id| w.engine.wait_store(id, WAIT).ready(),
+            |_, r| ok += usize::from(r.success),
+        )?,
+        Phase::Lookup => pipeline(
+            &mut lat_us,
+            tasks.len(),
+            w.depth,
+            |t| {
+                sub.submit_lookup_and_lock(w.keys[range(t0 + t)].to_vec())
+                    .map_err(|e| fail(&e))
+            },
+            |id| w.engine.wait_lookup(id, WAIT).ready(),
+            |_, bm| ok += bm.count_ones(),
+        )?,
+        Phase::Load => {
+            let dests = std::cell::RefCell::new(dests);
+            pipeline(
+                &mut lat_us,
+                tasks.len(),
+                w.depth,
+                |t| {
+                    let bufs: Vec<Vec<u8>> = range(t0 + t)
+                        .map(|i| dests.borrow_mut()[i - base].take().expect("buffer home"))
+                        .collect();
+                    sub.submit_load(w.keys[range(t0 + t)].to_vec(), bufs)
+                        .map_err(|e| fail(&e))
+                },
+                |id| w.engine.wait_load(id, WAIT).ready(),
+                |t, r| {
+                    ok += r.bitmap.count_ones();
+                    for (i, b) in range(t0 + t).zip(r.bufs) {
+                        dests.borrow_mut()[i - base] = Some(b);
+                    }
+                },
+            )?;
+        }
+    }
+    Ok(LaneOut {
+        start,
+        end: Instant::now(),
+        lat_us,
+        ok,
+        cpus,
+    })
+}
+
+/// One pass of `phase` over every task, split between the submitters in
+/// contiguous parts (submitter `k` takes tasks `k·T/N .. (k+1)·T/N`). One
+/// submitter runs on the calling thread; more run on threads of their own,
+/// pinned to `cpus[k]` when `cpus` is not empty, released together by a
+/// barrier. The pass runs from the first thread's start to the last one's
+/// end.
+fn drive(
+    w: &Work<'_>,
+    subs: &mut [Submitter],
+    phase: Phase,
+    dests: &mut [Option<Vec<u8>>],
+    cpus: &[usize],
+) -> Result<(f64, Vec<LaneOut>), BenchError> {
+    let tasks = w.n.div_ceil(TASK_KEYS);
+    let n = subs.len().max(1);
+    let outs = if n == 1 {
+        vec![lane(w, &mut subs[0], phase, 0..tasks, dests)?]
+    } else {
+        let barrier = Barrier::new(n);
+        std::thread::scope(|s| {
+            let mut rest = dests;
+            let mut handles = Vec::with_capacity(n);
+            for (k, sub) in subs.iter_mut().enumerate() {
+                let (lo, hi) = (k * tasks / n, (k + 1) * tasks / n);
+                let objects = (hi * TASK_KEYS).min(w.n) - (lo * TASK_KEYS).min(w.n);
+                let (part, tail) = std::mem::take(&mut rest)
+                    .split_at_mut(if phase == Phase::Load { objects } else { 0 });
+                rest = tail;
+                let barrier = &barrier;
+                let cpu = cpus.get(k).copied();
+                handles.push(s.spawn(move || {
+                    if let Some(cpu) = cpu {
+                        // A failure shows in the CPUs read back (`RanOn`).
+                        let _ = crate::host::sys::pin_thread(cpu);
+                    }
+                    barrier.wait();
+                    lane(w, sub, phase, lo..hi, part)
+                }));
+            }
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .map_err(|_| BenchError::Failed("submitter thread panicked".into()))?
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })?
+    };
+    let first = outs.iter().map(|o| o.start).min().expect("a lane");
+    let last = outs.iter().map(|o| o.end).max().expect("a lane");
+    Ok((last.duration_since(first).as_secs_f64(), outs))
+}
+
+/// The whole process's user + system CPU seconds so far (0 where
+/// `getrusage` fails, which it does not for `RUSAGE_SELF`).
+fn cpu_now() -> f64 {
+    crate::host::sys::process_cpu_seconds().map_or(0.0, |(u, s)| u + s)
 }
 
 /// What `run` reports while it works.
@@ -1159,6 +1427,7 @@ pub fn run(
         ran_on: RanOn::default(),
         limits: Vec::new(),
         results: Vec::new(),
+        idle_cpu: None,
     };
     let allowed = crate::host::sys::thread_affinity()
         .map(|s| crate::host::sys::cpus_of(&s))
@@ -1171,11 +1440,25 @@ pub fn run(
         .placement
         .as_ref()
         .map_or(&[][..], |p| &p.workers[..]);
+    // One submitter runs on the (pinned) caller; more get a CPU each.
+    let subs_cpus = report
+        .placement
+        .as_ref()
+        .filter(|p| p.submitters.len() > 1)
+        .map_or(&[][..], |p| &p.submitters[..]);
     let run_start = CpuSample::now();
     for (index, &size) in cfg.sizes.iter().enumerate() {
         let size_start = CpuSample::now();
-        let (limits, results, ran_on) =
-            run_size(cfg, index, size, &sources_of, workers_cpus, &mut progress)?;
+        let (limits, results, ran_on, idle) = run_size(
+            cfg,
+            index,
+            size,
+            &sources_of,
+            workers_cpus,
+            subs_cpus,
+            &mut progress,
+        )?;
+        report.idle_cpu = report.idle_cpu.or(idle);
         if report.ran_on.workers.is_empty() {
             report.ran_on = ran_on;
         }
@@ -1202,8 +1485,9 @@ fn run_size(
     size: usize,
     sources_of: &[ArenaSource],
     cpus: &[usize],
+    placement_subs: &[usize],
     progress: &mut impl FnMut(Progress<'_>),
-) -> Result<(Limits, [PhaseResult; 5], RanOn), BenchError> {
+) -> Result<(Limits, [PhaseResult; 5], RanOn, Option<IdleCpu>), BenchError> {
     let fail = |e: &dyn std::fmt::Display| BenchError::Failed(e.to_string());
     let plan = cfg.plan(size);
     let (n, per_dev, ndev) = (plan.objects, plan.per_device, plan.devices);
@@ -1246,8 +1530,10 @@ fn run_size(
     };
     let engine = Engine::open(specs, size, false, opts).map_err(|e| fail(&e))?;
     let devs = engine.device_list();
-    // One submitting thread: it gets rings of its own (no submit lock).
-    let mut sub = engine.submitter().map_err(|e| fail(&e))?;
+    // Each submitting thread gets rings of its own (no submit lock).
+    let mut subs = (0..cfg.submitters.max(1))
+        .map(|_| engine.submitter().map_err(|e| fail(&e)))
+        .collect::<Result<Vec<_>, _>>()?;
     if cfg.prefault {
         for d in devs.iter() {
             if let Some(g) = d.core().raw_guard() {
@@ -1292,18 +1578,74 @@ fn run_size(
     // One raw pass with one thread, and with `threads` (the phase's worker
     // count) when that is more: `(x1, xN)`, GB/s.
     let raw_cpus = std::cell::RefCell::new(Vec::new());
+    // Also the process's CPU seconds of the pass with `threads` threads.
     let limits = |dests: &mut [Option<Vec<u8>>], pass: Pass, threads: usize| {
         let g = guards()?;
+        let c0 = cpu_now();
         let one = raw_pass(&g, per_dev, size, &sources, dests, pass, 1, cpus, &raw_cpus)?;
+        let mut cpu = cpu_now() - c0;
         let many = if threads > 1 {
-            raw_pass(
+            let c0 = cpu_now();
+            let many = raw_pass(
                 &g, per_dev, size, &sources, dests, pass, threads, cpus, &raw_cpus,
-            )?
+            )?;
+            cpu = cpu_now() - c0;
+            many
         } else {
             one
         };
-        Ok::<_, BenchError>((one, many))
+        Ok::<_, BenchError>((one, many, cpu))
     };
+    // The idle engine: open, workers started, nothing submitted yet.
+    let idle_cpu = (index == 0 && !cfg.idle.is_zero()).then(|| {
+        let (u0, s0) = crate::host::sys::process_cpu_seconds().unwrap_or_default();
+        let t = Instant::now();
+        std::thread::sleep(cfg.idle);
+        let (u1, s1) = crate::host::sys::process_cpu_seconds().unwrap_or_default();
+        IdleCpu {
+            seconds: t.elapsed().as_secs_f64(),
+            user_s: u1 - u0,
+            sys_s: s1 - s0,
+        }
+    });
+    let work = Work {
+        engine: &engine,
+        keys: &keys,
+        sources: &sources,
+        n,
+        depth,
+    };
+    let sub_cpus = placement_subs;
+    let mut sub_ran_on: Vec<Vec<usize>> = Vec::new();
+    // One pass of a phase through the submitters: (seconds, latencies,
+    // ok count), with the phase's CPU, contention and per-submitter
+    // seconds recorded in `acc`.
+    let mut pass =
+        |acc: &mut Acc, phase: Phase, dests: &mut [Option<Vec<u8>>]| -> Result<usize, BenchError> {
+            let (c0, k0) = (cpu_now(), engine.contention());
+            let (secs, outs) = drive(&work, &mut subs, phase, dests, sub_cpus)?;
+            acc.cpu_s.push(cpu_now() - c0);
+            acc.contention.push(engine.contention().since(&k0));
+            acc.secs.push(secs);
+            if sub_ran_on.is_empty() {
+                sub_ran_on = outs.iter().map(|o| o.cpus.clone()).collect();
+            }
+            let total = outs.len();
+            if acc.lanes.is_empty() {
+                for k in 0..total {
+                    let (lo, hi) = (k * tasks / total, (k + 1) * tasks / total);
+                    let objects = (hi * TASK_KEYS).min(n) - (lo * TASK_KEYS).min(n);
+                    acc.lanes.push((hi - lo, objects, Vec::new()));
+                }
+            }
+            let mut ok = 0;
+            for (o, l) in outs.into_iter().zip(acc.lanes.iter_mut()) {
+                l.2.push(o.end.duration_since(o.start).as_secs_f64());
+                acc.lat_us.extend(o.lat_us);
+                ok += o.ok;
+            }
+            Ok(ok)
+        };
 
     let mut limit_rounds = Vec::with_capacity(cfg.rounds);
     let (mut store, mut lookup, mut load, mut unlock, mut delete) = (
@@ -1329,45 +1671,14 @@ fn run_size(
         // before the store). No task is in flight: the previous round's
         // phases have all been collected.
         tell("store");
-        let (memcpy_in, nt_in, nt_in_threads) = {
-            let (mc, _) = limits(&mut dests, Pass::MemcpyIn, 1)?;
-            let (nt, ntn) = limits(&mut dests, Pass::NtIn, store_threads)?;
-            (mc, nt, ntn)
+        let (memcpy_in, nt_in, nt_in_threads, nt_cpu) = {
+            let (mc, _, _) = limits(&mut dests, Pass::MemcpyIn, 1)?;
+            let (nt, ntn, cpu) = limits(&mut dests, Pass::NtIn, store_threads)?;
+            (mc, nt, ntn, cpu)
         };
 
-        // store: completions come back in batches; match them by id.
-        let t0 = Instant::now();
-        let mut stored_ok = 0usize;
-        {
-            let mut pending: HashMap<TaskId, Instant> = HashMap::new();
-            let mut got = Vec::with_capacity(depth);
-            let mut next = 0;
-            while next < tasks || !pending.is_empty() {
-                while next < tasks && pending.len() < depth {
-                    let r = range(next);
-                    let bufs = r
-                        .clone()
-                        .map(|i| Buf::Shared(sources[i % ring].clone()))
-                        .collect();
-                    let id = sub
-                        .submit_store(keys[r].to_vec(), bufs)
-                        .map_err(|e| fail(&e))?;
-                    pending.insert(id, Instant::now());
-                    next += 1;
-                }
-                got.clear();
-                if engine.wait_stores_into(&mut got, WAIT) == 0 {
-                    return Err(BenchError::Failed("store tasks timed out".into()));
-                }
-                for &(id, r) in &got {
-                    if let Some(at) = pending.remove(&id) {
-                        store.lat_us.push(at.elapsed().as_secs_f64() * 1e6);
-                    }
-                    stored_ok += usize::from(r.success);
-                }
-            }
-        }
-        store.secs.push(t0.elapsed().as_secs_f64());
+        // store: each submitter collects its own results by id.
+        let stored_ok = pass(&mut store, Phase::Store, &mut dests)?;
         if stored_ok != tasks {
             return Err(BenchError::Failed(format!(
                 "{} of {tasks} store tasks failed ({size} bytes)",
@@ -1377,20 +1688,7 @@ fn run_size(
 
         // lookup-and-lock
         tell("lookup");
-        let t0 = Instant::now();
-        let mut hits = 0;
-        pipeline(
-            &mut lookup.lat_us,
-            tasks,
-            depth,
-            |t| {
-                sub.submit_lookup_and_lock(keys[range(t)].to_vec())
-                    .map_err(|e| fail(&e))
-            },
-            |id| engine.wait_lookup(id, WAIT).ready(),
-            |_, bm| hits += bm.count_ones(),
-        )?;
-        lookup.secs.push(t0.elapsed().as_secs_f64());
+        let hits = pass(&mut lookup, Phase::Lookup, &mut dests)?;
         if hits != n {
             return Err(BenchError::Failed(format!("lookup found {hits} of {n}")));
         }
@@ -1398,7 +1696,7 @@ fn run_size(
         // The copy-out limits into the same destination buffers (reading
         // committed slots while no task is in flight), the load's last.
         tell("load");
-        let (out, out_threads) = limits(&mut dests, Pass::Out, load_threads)?;
+        let (out, out_threads, out_cpu) = limits(&mut dests, Pass::Out, load_threads)?;
         // The raw pass may have left the right bytes in a buffer (slot i
         // can hold object i): clear the sampled ones so that the check
         // below sees what the load wrote.
@@ -1408,31 +1706,7 @@ fn run_size(
             }
         }
         // load: each task's destinations go in and come back.
-        let t0 = Instant::now();
-        let mut loaded = 0;
-        {
-            let dests_cell = std::cell::RefCell::new(&mut dests);
-            pipeline(
-                &mut load.lat_us,
-                tasks,
-                depth,
-                |t| {
-                    let bufs: Vec<Vec<u8>> = range(t)
-                        .map(|i| dests_cell.borrow_mut()[i].take().expect("buffer home"))
-                        .collect();
-                    sub.submit_load(keys[range(t)].to_vec(), bufs)
-                        .map_err(|e| fail(&e))
-                },
-                |id| engine.wait_load(id, WAIT).ready(),
-                |t, r| {
-                    loaded += r.bitmap.count_ones();
-                    for (i, b) in range(t).zip(r.bufs) {
-                        dests_cell.borrow_mut()[i] = Some(b);
-                    }
-                },
-            )?;
-        }
-        load.secs.push(t0.elapsed().as_secs_f64());
+        let loaded = pass(&mut load, Phase::Load, &mut dests)?;
         let ok = loaded == n
             && verify_ids
                 .iter()
@@ -1442,7 +1716,8 @@ fn run_size(
         // have been checked; reading the mapping changes nothing): the
         // load is compared with the mean of the passes around it.
         let (out, out_threads) = {
-            let (o, on) = limits(&mut dests, Pass::Out, load_threads)?;
+            let (o, on, cpu) = limits(&mut dests, Pass::Out, load_threads)?;
+            load.raw_cpu_s.push(mean2(out_cpu, cpu));
             (mean2(out, o), mean2(out_threads, on))
         };
         load.limit.push(out_threads);
@@ -1478,7 +1753,8 @@ fn run_size(
         // other slots): the store is compared with the mean of the passes
         // around it.
         let (nt_in, nt_in_threads) = {
-            let (nt, ntn) = limits(&mut dests, Pass::NtIn, store_threads)?;
+            let (nt, ntn, cpu) = limits(&mut dests, Pass::NtIn, store_threads)?;
+            store.raw_cpu_s.push(mean2(nt_cpu, cpu));
             (mean2(nt_in, nt), mean2(nt_in_threads, ntn))
         };
         store.limit.push(nt_in_threads);
@@ -1498,9 +1774,10 @@ fn run_size(
         caller_last_cpu: crate::host::sys::current_cpu(),
         workers: engine.worker_placement(),
         raw_copies: raw_cpus.take(),
+        submitters: sub_ran_on,
     };
     drop(devs);
-    drop(sub);
+    drop(subs);
     engine.close();
 
     let med = |f: fn(&LimitRound) -> f64| median(&limit_rounds.iter().map(f).collect::<Vec<_>>());
@@ -1526,12 +1803,13 @@ fn run_size(
             delete.finish(size, "delete", n, None, None),
         ],
         ran_on,
+        idle_cpu,
     ))
 }
 
 fn format_row(r: &PhaseResult) -> String {
     format!(
-        "{:>8} {:<7} {:>7} {:>12.0} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7} {:>8}",
+        "{:>8} {:<7} {:>7} {:>12.0} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7} {:>8} {:>7} {:>7}",
         human(r.size_bytes),
         r.phase,
         r.objects,
@@ -1545,18 +1823,51 @@ fn format_row(r: &PhaseResult) -> String {
         r.ratio_spread
             .map_or("-".into(), |x| format!("{:.1}pt", x * 100.0)),
         r.verified.map_or("-", |v| if v { "ok" } else { "FAILED" }),
+        r.cpu_s_per_gb.map_or("-".into(), |x| format!("{x:.3}")),
+        r.raw_cpu_s_per_gb.map_or("-".into(), |x| format!("{x:.3}")),
     )
+}
+
+/// The sum of per-round contention counts.
+fn contention_sum(rounds: &[Contention]) -> Contention {
+    let mut c = Contention::default();
+    for r in rounds {
+        c.record_claim_retries += r.record_claim_retries;
+        for (a, b) in c
+            .completion_lock_misses
+            .iter_mut()
+            .zip(r.completion_lock_misses)
+        {
+            *a += b;
+        }
+    }
+    c
+}
+
+fn contention_json(c: &Contention) -> serde_json::Value {
+    serde_json::json!({
+        "record_claim_retries": c.record_claim_retries,
+        "completion_lock_misses": {
+            "store": c.completion_lock_misses[0],
+            "lookup": c.completion_lock_misses[1],
+            "load": c.completion_lock_misses[2],
+        },
+    })
 }
 
 impl Report {
     /// Where the threads ran, in words.
     pub fn placement_line(&self) -> String {
         match &self.placement {
+            Some(p) if p.submitters.len() > 1 => format!(
+                "placement: submitters on CPU {:?} (the caller on {}); workers and raw copies on CPU {:?} (--no-pin: unpinned)",
+                p.submitters, p.caller, p.workers
+            ),
             Some(p) => format!(
                 "placement: caller on CPU {}; workers and raw copies on CPU {:?} (--no-pin: unpinned)",
                 p.caller, p.workers
             ),
-            None if self.config.pin => "placement: unpinned (fewer CPUs than the largest pool + 1, or no affinity)".into(),
+            None if self.config.pin => "placement: unpinned (fewer CPUs than the largest pool + the submitters, or no affinity)".into(),
             None => "placement: unpinned (--no-pin)".into(),
         }
     }
@@ -1591,8 +1902,9 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "daxkv bench {}: engine path, workers store/lookup/load {}/{}/{}, spin {} us, caller wait spin {} us, signal {}, tasks of {TASK_KEYS} keys, {} in flight, {} rounds per size, device {}",
+            "daxkv bench {}: engine path, {} submitter(s), workers store/lookup/load {}/{}/{}, spin {} us, caller wait spin {} us, signal {}, tasks of {TASK_KEYS} keys, {} in flight per submitter, {} rounds per size, device {}",
             self.version,
+            c.submitters.max(1),
             self.workers.0,
             self.workers.1,
             self.workers.2,
@@ -1652,12 +1964,12 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "\nphases (objects/s and GB/s: median of {} rounds; ratio: median of the per-round ratios store / nt_in x{st}, load / out x{lt}, each limit measured in the same round; spread: max - min of those ratios, in percentage points):",
+            "\nphases (objects/s and GB/s: median of {} rounds; ratio: median of the per-round ratios store / nt_in x{st}, load / out x{lt}, each limit measured in the same round; spread: max - min of those ratios, in percentage points; cpu/GB: user + sys CPU seconds of the whole process per GB moved over the timed pass, median of rounds; raw/GB: the same for the raw copy nt_in x{st} / out x{lt} in the same round):",
             c.rounds
         );
         let _ = writeln!(
             s,
-            "{:>8} {:<7} {:>7} {:>12} {:>8} {:>9} {:>9} {:>9} {:>6} {:>7} {:>8}",
+            "{:>8} {:<7} {:>7} {:>12} {:>8} {:>9} {:>9} {:>9} {:>6} {:>7} {:>8} {:>7} {:>7}",
             "size",
             "phase",
             "objects",
@@ -1668,12 +1980,77 @@ impl Report {
             "max us",
             "ratio",
             "spread",
-            "verified"
+            "verified",
+            "cpu/GB",
+            "raw/GB"
         );
         for r in &self.results {
             let _ = writeln!(s, "{}", format_row(r));
         }
+        if let Some(line) = self.submitters_line() {
+            let _ = writeln!(s, "{line}");
+        }
+        let _ = writeln!(s, "{}", self.contention_line());
+        if let Some(i) = self.idle_cpu {
+            let _ = writeln!(
+                s,
+                "idle: the whole process used {:.4} CPU s (user {:.4} + sys {:.4}) over {:.2} s with the engine open and nothing submitted ({:.2}% of one CPU)",
+                i.user_s + i.sys_s,
+                i.user_s,
+                i.sys_s,
+                i.seconds,
+                (i.user_s + i.sys_s) / i.seconds.max(1e-9) * 100.0
+            );
+        }
         s
+    }
+
+    /// With more than one submitter: each one's objects/s per phase (the
+    /// first size's and every other size's, in thread order).
+    fn submitters_line(&self) -> Option<String> {
+        if self.config.submitters <= 1 {
+            return None;
+        }
+        let parts: Vec<String> = self
+            .results
+            .iter()
+            .filter(|r| !r.submitters.is_empty())
+            .map(|r| {
+                let each: Vec<String> = r
+                    .submitters
+                    .iter()
+                    .map(|x| format!("{:.0}", x.objects_per_s))
+                    .collect();
+                format!("{} {} {}", human(r.size_bytes), r.phase, each.join("/"))
+            })
+            .collect();
+        Some(format!(
+            "per submitter, objects/s (median of rounds, each over its own time): {}",
+            parts.join("; ")
+        ))
+    }
+
+    /// Contention counted in the timed passes, summed over the rounds.
+    fn contention_line(&self) -> String {
+        let parts: Vec<String> = self
+            .results
+            .iter()
+            .filter(|r| !r.contention_rounds.is_empty())
+            .map(|r| {
+                let c = contention_sum(&r.contention_rounds);
+                format!(
+                    "{} {} {}/{}",
+                    human(r.size_bytes),
+                    r.phase,
+                    c.record_claim_retries,
+                    c.completion_lock_misses.iter().sum::<u64>()
+                )
+            })
+            .collect();
+        format!(
+            "contention (record-claim retries / completion-lock misses, all rounds): {}",
+            parts.join("; ")
+        )
     }
 
     /// The `--json` document (its names are a stable interface; fields may be
@@ -1702,6 +2079,8 @@ impl Report {
             "prefault": c.prefault,
             "verify_every": c.verify_every,
             "pin": c.pin,
+            "submitters": c.submitters,
+            "idle_s": c.idle.as_secs_f64(),
             "json": c.json.as_ref().map(|p| p.display().to_string()),
         });
         let limits: serde_json::Map<String, serde_json::Value> = self
@@ -1757,6 +2136,18 @@ impl Report {
                     "ratio_rounds": r.ratio_rounds,
                     "ratio_to_single_thread_limit": r.ratio_to_single_thread_limit,
                     "verified": r.verified,
+                    "cpu_s_per_gb": r.cpu_s_per_gb,
+                    "raw_cpu_s_per_gb": r.raw_cpu_s_per_gb,
+                    "submitters": r.submitters.iter().map(|x| json!({
+                        "tasks": x.tasks,
+                        "objects": x.objects,
+                        "objects_per_s": x.objects_per_s,
+                    })).collect::<Vec<_>>(),
+                    "contention": (!r.contention_rounds.is_empty()).then(|| {
+                        let mut j = contention_json(&contention_sum(&r.contention_rounds));
+                        j["rounds"] = r.contention_rounds.iter().map(contention_json).collect();
+                        j
+                    }),
                 })
             })
             .collect();
@@ -1769,6 +2160,7 @@ impl Report {
                 "throughput": "GB/s = 10^9 bytes/s",
                 "latency": "us per task",
                 "ratio": "fraction of the limit (median of rounds); ratio_spread: max - min",
+                "cpu": "cpu_s_per_gb: user + sys CPU seconds of the whole process (getrusage) per 10^9 bytes moved",
             },
             "machine": {
                 "cpu": self.cpu,
@@ -1804,6 +2196,13 @@ impl Report {
                     .collect::<serde_json::Map<_, _>>(),
             },
             "results": results,
+            "submitters": c.submitters,
+            "idle_cpu": self.idle_cpu.map(|i| json!({
+                "seconds": i.seconds,
+                "user_s": i.user_s,
+                "sys_s": i.sys_s,
+                "cpu_s": i.user_s + i.sys_s,
+            })),
         })
         .to_string()
     }

@@ -1,8 +1,8 @@
 //! # Thin syscall wrappers
 //!
 //! `memfd_create` and seals, device numbers, `statfs`, thread affinity, the
-//! page size and `SIGPIPE`: each a safe function around one libc call. The
-//! host layer's only unsafe code (the layer rule, docs/design.md §3).
+//! process's CPU time, the page size and `SIGPIPE`: each a safe function
+//! around one libc call. The host layer's only unsafe code (the layer rule, docs/design.md §3).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -313,6 +313,19 @@ pub(crate) fn current_cpu() -> Option<usize> {
     // SAFETY: sched_getcpu takes no arguments.
     let r = unsafe { libc::sched_getcpu() };
     usize::try_from(r).ok()
+}
+
+/// User and system CPU time of the whole process, all threads, so far
+/// (`getrusage(RUSAGE_SELF)`), in seconds.
+pub(crate) fn process_cpu_seconds() -> io::Result<(f64, f64)> {
+    // SAFETY: `rusage` is plain old data; all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: one live `rusage` for the kernel to fill.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut ru) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Ok((secs(ru.ru_utime), secs(ru.ru_stime)))
 }
 
 #[cfg(all(test, not(miri)))]
