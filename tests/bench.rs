@@ -139,6 +139,10 @@ fn check_library_json(report: &daxkv::cli::bench::Report) {
             "ratio_rounds",
             "ratio_to_single_thread_limit",
             "verified",
+            "cpu_s_per_gb",
+            "raw_cpu_s_per_gb",
+            "submitters",
+            "contention",
         ] {
             assert!(r.get(f).is_some(), "result lacks {f}: {r}");
         }
@@ -271,6 +275,8 @@ fn json_records_version_options_kernel_and_machine() {
         "prefault": true,
         "verify_every": 64,
         "pin": true,
+        "submitters": 1,
+        "idle_s": 1.0,
         "json": json.display().to_string(),
     });
     assert_eq!(o, &want);
@@ -643,4 +649,103 @@ fn a_pseudo_file_path_is_refused() {
         assert!(e.contains(path) && e.contains(fs), "{e}");
     }
     assert!(tried > 0, "no pseudo-file to try on this machine");
+}
+
+/// `--submitters 4`, the one command a many-core host runs: four threads,
+/// each with its own `Submitter`, split every phase's tasks; the loaded
+/// bytes are checked object by object; the JSON gives each thread's share,
+/// the contention counted in every round, the CPU per GB of the store and
+/// the load next to the raw copy's, and the idle engine's CPU.
+#[test]
+fn four_submitters_verify_bytes_and_report_shares_contention_and_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("subs.json");
+    let out = daxkv(
+        &[
+            "bench",
+            "--sizes",
+            "4K,64K",
+            "--total-bytes",
+            "4MiB",
+            "--max-objects",
+            "200",
+            "--rounds",
+            "2",
+            "--submitters",
+            "4",
+            "--json",
+        ],
+        &[&json],
+    );
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(so.contains("4 submitter(s)"), "{so}");
+    assert!(so.contains("per submitter, objects/s"), "{so}");
+    assert!(so.contains("contention (record-claim retries"), "{so}");
+    assert!(
+        so.contains("cpu/GB") && so.contains("idle: the whole process used"),
+        "{so}"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(j["options"]["submitters"], 4);
+    assert_eq!(j["submitters"], 4);
+    let finite = |v: &serde_json::Value, what: &str| -> f64 {
+        let x = v
+            .as_f64()
+            .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+        assert!(x.is_finite() && x >= 0.0, "{what} = {x}");
+        x
+    };
+    let results = j["results"].as_array().unwrap();
+    assert_eq!(results.len(), 10);
+    for r in results {
+        let phase = r["phase"].as_str().unwrap();
+        let objects = r["objects"].as_u64().unwrap();
+        let tasks = objects.div_ceil(16);
+        let subs = r["submitters"].as_array().unwrap();
+        if !["store", "lookup", "load"].contains(&phase) {
+            assert!(subs.is_empty() && r["contention"].is_null(), "{r}");
+            continue;
+        }
+        // Every task and object went through exactly one submitter.
+        assert_eq!(subs.len(), 4, "{r}");
+        let sum = |f: &str| subs.iter().map(|s| s[f].as_u64().unwrap()).sum::<u64>();
+        assert_eq!((sum("tasks"), sum("objects")), (tasks, objects), "{r}");
+        for s in subs {
+            assert!(s["objects_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        let c = &r["contention"];
+        finite(&c["record_claim_retries"], "record_claim_retries");
+        for k in ["store", "lookup", "load"] {
+            finite(&c["completion_lock_misses"][k], "completion_lock_misses");
+        }
+        assert_eq!(c["rounds"].as_array().unwrap().len(), 2, "{r}");
+        if phase == "lookup" {
+            assert!(r["cpu_s_per_gb"].is_null(), "{r}");
+        } else {
+            finite(&r["cpu_s_per_gb"], "cpu_s_per_gb");
+            finite(&r["raw_cpu_s_per_gb"], "raw_cpu_s_per_gb");
+        }
+        if phase == "load" {
+            assert_eq!(r["verified"], true, "{r}");
+        }
+    }
+    // The idle engine: its workers park, so over a second the whole
+    // process uses well under half a CPU.
+    let idle = &j["idle_cpu"];
+    let secs = finite(&idle["seconds"], "idle seconds");
+    assert!(secs >= 1.0, "{idle}");
+    let cpu = finite(&idle["cpu_s"], "idle cpu_s");
+    finite(&idle["user_s"], "idle user_s");
+    finite(&idle["sys_s"], "idle sys_s");
+    assert!(cpu < 0.5, "idle engine used {cpu} CPU s over {secs} s");
+}
+
+/// Zero submitters is refused before anything runs, naming the option.
+#[test]
+fn zero_submitters_is_refused() {
+    let mut args = TINY.to_vec();
+    args.extend(["--submitters", "0"]);
+    let line = refused(&daxkv(&args, &[]));
+    assert!(line.contains("--submitters must be > 0"), "{line}");
 }

@@ -2177,6 +2177,7 @@ impl Report {
             "signal": self.signal,
             "placement": self.placement.as_ref().map(|p| json!({
                 "caller": p.caller,
+                "submitters": p.submitters,
                 "workers": p.workers,
             })),
             "ran_on": self.ran_on.to_json(),
@@ -2348,7 +2349,25 @@ mod tests {
             "two load workers would share one CPU"
         );
         assert!(Placement::choose(&two, &[0, 1, 2]).is_some());
-        let off = BenchConfig { pin: false, ..cfg };
+        let off = BenchConfig {
+            pin: false,
+            ..cfg.clone()
+        };
         assert_eq!(Placement::choose(&off, &[0, 1, 2, 3]), None);
+        // Each submitter gets a CPU of its own, the caller the first.
+        let subs = BenchConfig {
+            submitters: 3,
+            ..cfg
+        };
+        assert_eq!(
+            Placement::choose(&subs, &[0, 1, 2]),
+            None,
+            "three submitters and a worker need four CPUs"
+        );
+        let p = Placement::choose(&subs, &[4, 5, 6, 7, 8]).unwrap();
+        assert_eq!(
+            (p.caller, p.submitters, p.workers),
+            (4, vec![4, 5, 6], vec![7, 8])
+        );
     }
 }
