@@ -36,6 +36,18 @@
 //! `/proc/stat`): the same tree's store ratio at 8 MiB went 97 / 75 / 87 %
 //! in three runs in a row unpinned, 99–101 % pinned (docs/performance.md).
 //!
+//! Many submitters: [`BenchConfig::submitters`] threads, each with its
+//! own [`Submitter`], split each store, lookup and load pass in contiguous
+//! shares of tasks, keep `inflight_tasks` each in flight and collect their
+//! own results by id (stores too: the global pop would take another
+//! thread's). One submitter runs on the caller. Around each pass the
+//! engine's [`Contention`] counts are read (the only points where one
+//! submitter or collector makes another retry or skip: a lost record
+//! claim, a missed completion-ring `try_lock`), and the process's CPU time
+//! (`getrusage`), which is reported per GB moved next to the raw copy's
+//! with the same thread count, measured the same way in the same round.
+//! The idle engine's CPU time is measured once, before the first round.
+//!
 //! Units: object sizes are binary (`4K` = `4KiB` = 4096 bytes), throughput
 //! is decimal GB/s (10^9 bytes per second), latency is µs per task.
 // Unsafe only for the raw-copy baselines on the device's own mapping
