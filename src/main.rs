@@ -628,6 +628,7 @@ fn probe(path: &std::path::Path, json: bool, sysfs_root: &std::path::Path) -> an
     Ok(())
 }
 
+#[allow(clippy::too_many_lines)] // the bench's options, one after another
 fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Bench {

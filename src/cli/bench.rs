@@ -2003,18 +2003,23 @@ impl Report {
             let _ = writeln!(s, "{line}");
         }
         let _ = writeln!(s, "{}", self.contention_line());
-        if let Some(i) = self.idle_cpu {
-            let _ = writeln!(
-                s,
-                "idle: the whole process used {:.4} CPU s (user {:.4} + sys {:.4}) over {:.2} s with the engine open and nothing submitted ({:.2}% of one CPU)",
-                i.user_s + i.sys_s,
-                i.user_s,
-                i.sys_s,
-                i.seconds,
-                (i.user_s + i.sys_s) / i.seconds.max(1e-9) * 100.0
-            );
+        if let Some(line) = self.idle_line() {
+            let _ = writeln!(s, "{line}");
         }
         s
+    }
+
+    /// The idle engine's CPU time, in words.
+    fn idle_line(&self) -> Option<String> {
+        let i = self.idle_cpu?;
+        Some(format!(
+            "idle: the whole process used {:.4} CPU s (user {:.4} + sys {:.4}) over {:.2} s with the engine open and nothing submitted ({:.2}% of one CPU)",
+            i.user_s + i.sys_s,
+            i.user_s,
+            i.sys_s,
+            i.seconds,
+            (i.user_s + i.sys_s) / i.seconds.max(1e-9) * 100.0
+        ))
     }
 
     /// With more than one submitter: each one's objects/s per phase (the

@@ -550,6 +550,7 @@ pub struct Contention {
 
 impl Contention {
     /// What happened between `earlier` and `self`.
+    #[must_use]
     pub fn since(&self, earlier: &Contention) -> Contention {
         let mut m = [0; 3];
         for (i, v) in m.iter_mut().enumerate() {
