@@ -385,4 +385,27 @@ mod tests {
             "nothing delivered twice"
         );
     }
+
+    /// A collector that finds the completion rings held by another skips
+    /// the drain and is counted (`Engine::contention`); one that gets the
+    /// lock is not.
+    #[test]
+    fn a_missed_completion_lock_is_counted() {
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(16 * SLOT), SLOT),
+        };
+        let e = Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap();
+        let before = e.contention();
+        let _ = e.query_load(TaskId(0));
+        assert_eq!(e.contention(), before, "free lock: nothing counted");
+        let held = e.inner.cqs[TaskKind::Load.idx()].lock().unwrap();
+        let _ = e.query_load(TaskId(0));
+        let _ = e.query_lookup(TaskId(0));
+        let d = e.contention().since(&before);
+        assert_eq!(d.completion_lock_misses, [0, 0, 1]);
+        assert_eq!(d.record_claim_retries, 0);
+        drop(held);
+    }
 }
