@@ -375,10 +375,7 @@ fn export_objs(objs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
     for (i, o) in objs.try_iter()?.enumerate() {
         let o = o?;
         if let Some(v) = View::memory_obj(&o).map_err(|e| {
-            PyBufferError::new_err(format!(
-                "daxkv: {what} object {i}: get_size(): {}",
-                e.value(o.py())
-            ))
+            PyBufferError::new_err(format!("daxkv: {what} object {i}: {}", e.value(o.py())))
         })? {
             out.push(v);
             continue;

@@ -111,17 +111,17 @@ impl View {
     /// The bytes LMCache's `MemoryObj.byte_array` would describe, read
     /// from the object's tensor directly: `raw_data.data_ptr()` and
     /// `get_size()` bytes. `None` (nothing taken) unless `obj` has a
-    /// `raw_data` CPU tensor that is contiguous and holds at least
-    /// `get_size()` bytes; the caller then falls back to `byte_array`.
+    /// `raw_data` contiguous CPU tensor and a `get_size`; the caller then
+    /// falls back to `byte_array`. `BufferError` when `get_size()` is
+    /// past the tensor's bytes (`byte_array` would describe memory past
+    /// it).
     pub(crate) fn memory_obj(obj: &Bound<'_, PyAny>) -> PyResult<Option<View>> {
         let py = obj.py();
         let Ok(t) = obj.getattr(pyo3::intern!(py, "raw_data")) else {
             return Ok(None);
         };
         let is = |name: &Bound<'_, PyString>| -> bool {
-            t.getattr(name)
-                .and_then(|v| v.is_truthy())
-                .unwrap_or(false)
+            t.getattr(name).and_then(|v| v.is_truthy()).unwrap_or(false)
         };
         if !is(pyo3::intern!(py, "is_cpu")) {
             return Ok(None);
@@ -145,7 +145,12 @@ impl View {
             return Ok(None);
         };
         let len = get_size.call0()?.extract::<usize>()?;
-        if len > nbytes || (ptr == 0 && len != 0) {
+        if len > nbytes {
+            return Err(PyBufferError::new_err(format!(
+                "get_size() is {len} bytes, past its tensor's {nbytes}"
+            )));
+        }
+        if ptr == 0 && len != 0 {
             return Ok(None);
         }
         Ok(Some(View {
@@ -255,10 +260,7 @@ fn clash_error(what: &str, i: usize, c: &Clash) -> PyErr {
 
 /// `(address, length)` of each export.
 fn ranges(views: &[View]) -> Vec<(usize, usize)> {
-    views
-        .iter()
-        .map(|v| (v.addr(), v.len()))
-        .collect()
+    views.iter().map(|v| (v.addr(), v.len())).collect()
 }
 
 /// LMCache's `native_plugin` connector over the daxkv engine
