@@ -36,6 +36,10 @@ and daxkv's ratio to ``dax`` (the ratio of the medians; its range is that
 of the per-round ratios). The same worker counts for every path
 (``--store-workers``, ``--lookup-workers``, ``--load-workers``).
 
+The workload (task size, in-flight count, polling, marks, comparison) is
+fixed so figures stay comparable across runs and commits: change it only
+with every published table rerun.
+
     python python/bench/bench_l2.py                   # 4K..8M, 3 rounds
     python python/bench/bench_l2.py --sizes 4K,2M --rounds 5 --json out.json
 """
