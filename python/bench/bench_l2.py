@@ -15,10 +15,30 @@ size, ``slot_bytes`` = the size, the device a prefaulted /dev/shm file):
 - load: every key loaded into preallocated LMCache memory objects, the
   bytes compared with the sources afterwards (untimed; a mismatch aborts).
 
+So that a task reported complete before its copy is done cannot win, the
+harness writes into each task's memory the moment the task is reported
+complete (inside the timed phase, the same for every path): one byte per
+4 KiB page of a store's sources and of a load's destinations is inverted.
+A store copy still reading its sources then stores inverted bytes, and a
+load copy still writing its destinations overwrites the inversion; either
+way the untimed comparison after the load (sources against destinations,
+both inverted at the same places) fails. Every path's objects are views
+into one buffer (as LMCache's L1 allocator hands them out), so the
+inversion is one strided operation per task.
+
+``--paths noop`` (not in the default list) runs the same harness against
+an adapter that copies nothing and completes every task at once: the
+harness's own ceiling (its submit, poll and collect cost in Python).
+
 Rounds are interleaved (round 1 of every path, then round 2, ...), and the
-median round is reported: objects/s, GB/s, and daxkv's ratio to ``dax``.
-The same worker counts for every path (``--store-workers``,
-``--lookup-workers``, ``--load-workers``).
+median round is reported with the range of the rounds: objects/s, GB/s,
+and daxkv's ratio to ``dax`` (the ratio of the medians; its range is that
+of the per-round ratios). The same worker counts for every path
+(``--store-workers``, ``--lookup-workers``, ``--load-workers``).
+
+The workload (task size, in-flight count, polling, marks, comparison) is
+fixed so figures stay comparable across runs and commits: change it only
+with every published table rerun.
 
     python python/bench/bench_l2.py                   # 4K..8M, 3 rounds
     python python/bench/bench_l2.py --sizes 4K,2M --rounds 5 --json out.json
@@ -45,11 +65,16 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 from lmcache.v1.distributed.api import ObjectKey  # noqa: E402
+from lmcache.v1.distributed.internal_api import L2StoreResult  # noqa: E402
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter  # noqa: E402
 from lmcache.v1.distributed.l2_adapters.config import (  # noqa: E402
     add_l2_adapters_args,
     parse_args_to_l2_adapters_config,
 )
+try:  # LMCache 0.5.x
+    from lmcache.lmcache_native import Bitmap  # noqa: E402
+except ImportError:  # later layouts
+    from lmcache.native_storage_ops import Bitmap  # type: ignore[no-redef]  # noqa: E402
 from lmcache.v1.memory_management import (  # noqa: E402
     MemoryFormat,
     MemoryObjMetadata,
@@ -57,6 +82,9 @@ from lmcache.v1.memory_management import (  # noqa: E402
 )
 
 PATHS = ("dax", "native_plugin", "plugin")
+EXTRA_PATHS = ("noop",)
+# The stride of the completion marks (module doc): one byte per page.
+MARK_STRIDE = 4096
 PHASES = ("store", "lookup", "load")
 
 
@@ -99,14 +127,76 @@ def spec(path_kind: str, dev: str, slot: int, cap: int, workers: dict[str, int])
     }
 
 
+class NoopAdapter:
+    """The harness's ceiling: the adapter calls the harness makes, each
+    completing at once with every key found and nothing copied."""
+
+    def __init__(self) -> None:
+        self._fds = {k: os.eventfd(0, os.EFD_NONBLOCK) for k in PHASES}
+        self._next = 0
+        self._stores: dict[int, Any] = {}
+        self._results: dict[int, Any] = {}
+
+    def _task(self, kind: str, n: int) -> int:
+        self._next += 1
+        if kind == "store":
+            self._stores[self._next] = L2StoreResult(True, 0)
+        else:
+            bm = Bitmap(n)
+            bm.batched_set(list(range(n)))
+            self._results[self._next] = bm
+        os.eventfd_write(self._fds[kind], 1)
+        return self._next
+
+    def get_store_event_fd(self) -> int:
+        return self._fds["store"]
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._fds["lookup"]
+
+    def get_load_event_fd(self) -> int:
+        return self._fds["load"]
+
+    def submit_store_task(self, keys: list, objects: list) -> int:
+        return self._task("store", len(keys))
+
+    def pop_completed_store_tasks(self) -> dict[int, Any]:
+        out, self._stores = self._stores, {}
+        return out
+
+    def submit_lookup_and_lock_task(self, keys: list, *layout: Any) -> int:
+        return self._task("lookup", len(keys))
+
+    def query_lookup_and_lock_result(self, task_id: int) -> Any:
+        return self._results.pop(task_id, None)
+
+    def submit_unlock(self, keys: list) -> None:
+        pass
+
+    def submit_load_task(self, keys: list, objects: list) -> int:
+        return self._task("load", len(keys))
+
+    def query_load_result(self, task_id: int) -> Any:
+        return self._results.pop(task_id, None)
+
+    def delete(self, keys: list) -> None:
+        pass
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+
+
 def build(path_kind: str, dev: str, slot: int, cap: int, workers: dict[str, int]) -> Any:
+    if path_kind == "noop":
+        return NoopAdapter()
     parser = add_l2_adapters_args(argparse.ArgumentParser())
     args = parser.parse_args(["--l2-adapter", json.dumps(spec(path_kind, dev, slot, cap, workers))])
     return create_l2_adapter(parse_args_to_l2_adapters_config(args).adapters[0])
 
 
-def memory_obj(n: int) -> TensorMemoryObj:
-    t = torch.empty(n, dtype=torch.uint8)
+def memory_obj(t: torch.Tensor) -> TensorMemoryObj:
+    n = t.numel()
     meta = MemoryObjMetadata(
         shape=torch.Size([n]),
         dtype=torch.uint8,
@@ -137,9 +227,11 @@ def pipeline(
     fd: int,
     finished: Callable[[set[int]], dict[int, Any]],
     in_flight: int,
+    on_done: Callable[[int], None],
 ) -> dict[int, Any]:
     """Submit tasks 0..n_tasks with `in_flight` outstanding; wait on `fd`
-    as LMCache's controllers do (poll, read the counter, then collect).
+    as LMCache's controllers do (poll, read the counter, then collect);
+    `on_done(task index)` as soon as a task's result is collected.
     Returns {task index: result}."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
@@ -159,7 +251,9 @@ def pipeline(
                 reset(fd)
             continue
         for tid, r in got.items():
-            results[pending.pop(tid)] = r
+            i = pending.pop(tid)
+            results[i] = r
+            on_done(i)
     return results
 
 
@@ -168,11 +262,19 @@ def bits(bm: Any, n: int) -> int:
 
 
 def one_round(a: Any, n: int, size: int, task: int, in_flight: int, run: int,
-              srcs: list[TensorMemoryObj], dsts: list[TensorMemoryObj]) -> dict[str, float]:
+              srcs: list[TensorMemoryObj], dsts: list[TensorMemoryObj],
+              src_buf: torch.Tensor, dst_buf: torch.Tensor, verify: bool) -> dict[str, float]:
     keys = [key(i, run) for i in range(n)]
     n_tasks = (n + task - 1) // task
     span = [(t * task, min(n, (t + 1) * task)) for t in range(n_tasks)]
     out: dict[str, float] = {}
+    stride = min(MARK_STRIDE, size)
+
+    def marker(buf: torch.Tensor) -> Callable[[int], None]:
+        # The module doc's completion mark: one byte per page inverted.
+        def mark(t: int) -> None:
+            buf[span[t][0] * size:span[t][1] * size:stride].bitwise_not_()
+        return mark
 
     stored: dict[int, Any] = {}
 
@@ -180,11 +282,14 @@ def one_round(a: Any, n: int, size: int, task: int, in_flight: int, run: int,
         stored.update(a.pop_completed_store_tasks())
         return {t: stored.pop(t) for t in list(ids) if t in stored}
 
+    # What the stores must keep: the sources as they are now (compared
+    # after the load, when both sides carry the marks).
     t0 = time.perf_counter()
     res = pipeline(n_tasks, lambda t: a.submit_store_task(keys[span[t][0]:span[t][1]], srcs[span[t][0]:span[t][1]]),
-                   a.get_store_event_fd(), store_done, in_flight)
+                   a.get_store_event_fd(), store_done, in_flight, marker(src_buf))
     out["store"] = time.perf_counter() - t0
-    if any(not bool(r) for r in res.values()):
+    # An L2StoreResult is an int: -1 for a failure (truthy), else the bytes.
+    if any(not (r.is_successful() if hasattr(r, "is_successful") else bool(r)) for r in res.values()):
         raise RuntimeError(f"a store task failed at {human(size)}: {res}")
 
     def query(fn: Callable[[int], Any]) -> Callable[[set[int]], dict[int, Any]]:
@@ -199,25 +304,28 @@ def one_round(a: Any, n: int, size: int, task: int, in_flight: int, run: int,
 
     t0 = time.perf_counter()
     res = pipeline(n_tasks, lambda t: a.submit_lookup_and_lock_task(keys[span[t][0]:span[t][1]], {}),
-                   a.get_lookup_and_lock_event_fd(), query(a.query_lookup_and_lock_result), in_flight)
+                   a.get_lookup_and_lock_event_fd(), query(a.query_lookup_and_lock_result), in_flight,
+                   lambda t: None)
     out["lookup"] = time.perf_counter() - t0
     hits = sum(bits(res[t], span[t][1] - span[t][0]) for t in range(n_tasks))
     if hits != n:
         raise RuntimeError(f"lookup found {hits} of {n} keys at {human(size)}")
     a.submit_unlock(keys)
 
-    for d in dsts:
-        d.tensor.zero_()
+    dst_buf.zero_()
     t0 = time.perf_counter()
     res = pipeline(n_tasks, lambda t: a.submit_load_task(keys[span[t][0]:span[t][1]], dsts[span[t][0]:span[t][1]]),
-                   a.get_load_event_fd(), query(a.query_load_result), in_flight)
+                   a.get_load_event_fd(), query(a.query_load_result), in_flight, marker(dst_buf))
     out["load"] = time.perf_counter() - t0
     hits = sum(bits(res[t], span[t][1] - span[t][0]) for t in range(n_tasks))
     if hits != n:
         raise RuntimeError(f"load found {hits} of {n} keys at {human(size)}")
-    for i, (s, d) in enumerate(zip(srcs, dsts)):
-        if not torch.equal(s.tensor, d.tensor):
-            raise RuntimeError(f"object {i} loaded with wrong bytes at {human(size)}")
+    # Sources marked once after their store, destinations once after their
+    # load: equal exactly when every byte stored was the source's before
+    # its mark and every byte loaded landed before the destination's mark.
+    if verify and not torch.equal(src_buf, dst_buf):
+        bad = next(i for i in range(n) if not torch.equal(srcs[i].tensor, dsts[i].tensor))
+        raise RuntimeError(f"object {bad} loaded with wrong bytes at {human(size)}")
     a.delete(keys)
     return out
 
@@ -225,7 +333,7 @@ def one_round(a: Any, n: int, size: int, task: int, in_flight: int, run: int,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="4K,64K,256K,2M,8M")
-    ap.add_argument("--paths", default=",".join(PATHS), help="of " + ", ".join(PATHS))
+    ap.add_argument("--paths", default=",".join(PATHS), help="of " + ", ".join(PATHS + EXTRA_PATHS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--task", type=int, default=16, help="keys per task")
     ap.add_argument("--in-flight", type=int, default=8)
@@ -240,8 +348,8 @@ def main() -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     paths = [p for p in args.paths.split(",") if p]
     for p in paths:
-        if p not in PATHS:
-            ap.error(f"--paths: unknown path {p!r} (known: {', '.join(PATHS)})")
+        if p not in PATHS + EXTRA_PATHS:
+            ap.error(f"--paths: unknown path {p!r} (known: {', '.join(PATHS + EXTRA_PATHS)})")
     if "plugin" in paths:
         try:
             import daxkv.lmcache
@@ -261,13 +369,19 @@ def main() -> int:
     for size in sizes:
         n = max(args.task, min(args.max_objects, total // size))
         cap = n * size + (64 << 20)
-        srcs = [memory_obj(size) for _ in range(n)]
-        for i, s in enumerate(srcs):
-            s.tensor.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(i)))
-        dsts = [memory_obj(size) for _ in range(n)]
+        # One buffer per side, the objects views into it (as LMCache's
+        # L1 allocator hands them out), so a task's mark is one operation.
+        src_buf = torch.randint(0, 256, (n * size,), dtype=torch.uint8,
+                                generator=torch.Generator().manual_seed(size))
+        dst_buf = torch.empty(n * size, dtype=torch.uint8)
+        srcs = [memory_obj(src_buf[i * size:(i + 1) * size]) for i in range(n)]
+        dsts = [memory_obj(dst_buf[i * size:(i + 1) * size]) for i in range(n)]
         adapters = {}
         files = []
         for p in paths:
+            if p == "noop":
+                adapters[p] = build(p, "", size, cap, workers)
+                continue
             dev = f"/dev/shm/daxkv-bench-{uuid.uuid4().hex}"
             with open(dev, "wb") as f:  # prefaulted: the first touch of tmpfs is slow
                 chunk = b"\0" * (8 << 20)
@@ -281,7 +395,8 @@ def main() -> int:
             for r in range(args.rounds):
                 for p in paths:
                     gc.collect()
-                    t = one_round(adapters[p], n, size, args.task, args.in_flight, r, srcs, dsts)
+                    t = one_round(adapters[p], n, size, args.task, args.in_flight, r, srcs, dsts,
+                                  src_buf, dst_buf, verify=p != "noop")
                     for ph in PHASES:
                         times[p][ph].append(t[ph])
         finally:
@@ -298,22 +413,30 @@ def main() -> int:
                     "gb_per_s": (n * size / med / 1e9) if ph != "lookup" else None,
                     "seconds": times[p][ph],
                 })
-        del srcs, dsts
+        del srcs, dsts, src_buf, dst_buf
 
-    base = {(r["size"], r["phase"]): r["objects_per_s"] for r in rows if r["path"] == "dax"}
+    def row(size: int, p: str, ph: str) -> dict:
+        return next(x for x in rows if x["size"] == size and x["path"] == p and x["phase"] == ph)
+
     print()
-    print(f"{'size':>8} {'phase':>6} " + " ".join(f"{p + ' obj/s':>20} {'GB/s':>6}" for p in paths)
-          + "".join(f" {p + ' / dax':>18}" for p in paths if p != "dax"))
+    print("objects/s: median [min-max] of the rounds; ratio: of the medians [min-max of the per-round ratios]")
+    print(f"{'size':>8} {'phase':>6} " + " ".join(f"{p + ' obj/s':>30} {'GB/s':>6}" for p in paths)
+          + "".join(f" {p + ' / dax':>22}" for p in paths if p not in ("dax", "noop") and "dax" in paths))
     for size in sizes:
         for ph in PHASES:
             cells = []
             ratios = []
             for p in paths:
-                r = next(x for x in rows if x["size"] == size and x["path"] == p and x["phase"] == ph)
+                r = row(size, p, ph)
+                lo, hi = (r["objects"] / max(r["seconds"]), r["objects"] / min(r["seconds"]))
                 gbs = f"{r['gb_per_s']:6.2f}" if r["gb_per_s"] is not None else f"{'-':>6}"
-                cells.append(f"{r['objects_per_s']:>20,.0f} {gbs}")
-                if p != "dax" and (size, ph) in base:
-                    ratios.append(f"{r['objects_per_s'] / base[(size, ph)]:>17.1f}x")
+                rng = f"{r['objects_per_s']:,.0f} [{lo:,.0f}-{hi:,.0f}]"
+                cells.append(f"{rng:>30} {gbs}")
+                if p not in ("dax", "noop") and "dax" in paths:
+                    b = row(size, "dax", ph)
+                    per = [bs / s_ for s_, bs in zip(r["seconds"], b["seconds"])]
+                    rt = f"{r['objects_per_s'] / b['objects_per_s']:.2f}x [{min(per):.2f}-{max(per):.2f}]"
+                    ratios.append(f"{rt:>22}")
             print(f"{human(size):>8} {ph:>6} " + " ".join(cells) + " " + " ".join(ratios))
     if args.json:
         with open(args.json, "w") as f:

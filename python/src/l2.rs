@@ -30,10 +30,14 @@
 //!
 //! ## Buffers and their lifetime
 //!
-//! Each object's bytes (its `byte_array`, a view of the logical size, so a
-//! tail chunk keeps its own length; or the object itself when it exports a
-//! buffer) are exported with `PyObject_GetBuffer` and handed to the engine
-//! as [`RawBuf`]s: zero-copy. The task entry keeps the exports *and* a
+//! Each object's bytes (what its `byte_array` describes: the logical size,
+//! so a tail chunk keeps its own length; or the object itself when it
+//! exports a buffer) are handed to the engine as [`RawBuf`]s: zero-copy.
+//! An LMCache `MemoryObj` over a contiguous CPU tensor is read from the
+//! tensor (`raw_data.data_ptr()`, `get_size()` bytes, the tensor
+//! referenced by the view), since building `byte_array` (a torch view and
+//! a ctypes array per call) costs more than the rest of a submit; anything
+//! else is exported with `PyObject_GetBuffer`. The task entry keeps the exports *and* a
 //! reference to the caller's lists (the objects, whose memory the exports
 //! describe, and the keys, for the listener events) until the result is
 //! collected or the adapter is closed (which waits for every task), so the
@@ -362,13 +366,20 @@ fn object_keys_kept(
     Ok(out)
 }
 
-/// Export each object's bytes: its `byte_array` (LMCache's `MemoryObj`),
-/// else the object itself (any buffer).
+/// Export each object's bytes: an LMCache `MemoryObj`'s tensor
+/// (`View::memory_obj`: what its `byte_array` describes, without building
+/// it), else its `byte_array`, else the object itself (any buffer).
 fn export_objs(objs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
     let what = if writable { "destination" } else { "source" };
     let mut out = Vec::new();
     for (i, o) in objs.try_iter()?.enumerate() {
         let o = o?;
+        if let Some(v) = View::memory_obj(&o).map_err(|e| {
+            PyBufferError::new_err(format!("daxkv: {what} object {i}: {}", e.value(o.py())))
+        })? {
+            out.push(v);
+            continue;
+        }
         let bytes = if o.hasattr("byte_array")? {
             o.getattr("byte_array")?
         } else {

@@ -60,18 +60,34 @@ mod store;
 /// One completion as the bridge reads it.
 type Completion = (u64, bool, String, Option<Vec<bool>>);
 
-/// An exported Python buffer, released (with the GIL) on drop.
+/// A Python object's bytes as the engine sees them: a buffer export
+/// (`PyObject_GetBuffer`), or an LMCache memory object's tensor read as
+/// LMCache's own `byte_array` reads it (`raw_data.data_ptr()`,
+/// `get_size()` bytes) without building that property's torch view and
+/// ctypes array. Either is released (with the GIL) on drop.
 pub(crate) struct View {
-    buf: Box<ffi::Py_buffer>,
+    inner: Inner,
 }
 
-// SAFETY: the export is only read (ptr, len) off the GIL; releasing it
-// (`Drop`) takes the GIL. What keeps the memory alive: an exporter that
-// owns it (bytearray, numpy) keeps it until the release; a view that does
-// not own it (LMCache's `byte_array`, a ctypes overlay on L1 memory) is
-// kept alive by the caller until the future completes — the submit
-// methods' documented contract, which LMCache's controllers keep by
-// holding the memory objects for the task.
+enum Inner {
+    Export(Box<ffi::Py_buffer>),
+    /// `len` bytes at `ptr`, inside the CPU tensor `owner` (a strong
+    /// reference: the tensor and its storage live as long as the view).
+    Tensor {
+        ptr: *mut u8,
+        len: usize,
+        owner: Option<Py<PyAny>>,
+    },
+}
+
+// SAFETY: the pointer and length are only read off the GIL; releasing the
+// export or the tensor reference (`Drop`) takes the GIL. What keeps the
+// memory alive: an exporter that owns it (bytearray, numpy) keeps it until
+// the release; a tensor view keeps its tensor (and so its storage) until
+// the drop; memory neither owns (LMCache's `byte_array`, a ctypes overlay
+// on L1 memory; the L1 allocator's slot behind a tensor) is kept for the
+// task by the caller — the submit methods' documented contract, which
+// LMCache's controllers keep by holding the memory objects for the task.
 unsafe impl Send for View {}
 
 impl View {
@@ -87,16 +103,78 @@ impl View {
         }
         // SAFETY: a successful PyObject_GetBuffer filled the struct.
         let buf = unsafe { Box::from_raw(Box::into_raw(buf).cast::<ffi::Py_buffer>()) };
-        Ok(View { buf })
+        Ok(View {
+            inner: Inner::Export(buf),
+        })
+    }
+
+    /// The bytes LMCache's `MemoryObj.byte_array` would describe, read
+    /// from the object's tensor directly: `raw_data.data_ptr()` and
+    /// `get_size()` bytes. `None` (nothing taken) unless `obj` has a
+    /// `raw_data` contiguous CPU tensor and a `get_size`; the caller then
+    /// falls back to `byte_array`. `BufferError` when `get_size()` is
+    /// past the tensor's bytes (`byte_array` would describe memory past
+    /// it).
+    pub(crate) fn memory_obj(obj: &Bound<'_, PyAny>) -> PyResult<Option<View>> {
+        let py = obj.py();
+        let Ok(t) = obj.getattr(pyo3::intern!(py, "raw_data")) else {
+            return Ok(None);
+        };
+        let is = |name: &Bound<'_, PyString>| -> bool {
+            t.getattr(name).and_then(|v| v.is_truthy()).unwrap_or(false)
+        };
+        if !is(pyo3::intern!(py, "is_cpu")) {
+            return Ok(None);
+        }
+        let contiguous = t
+            .call_method0(pyo3::intern!(py, "is_contiguous"))
+            .and_then(|v| v.is_truthy())
+            .unwrap_or(false);
+        if !contiguous {
+            return Ok(None);
+        }
+        let (Ok(ptr), Ok(nbytes)) = (
+            t.call_method0(pyo3::intern!(py, "data_ptr"))
+                .and_then(|v| v.extract::<usize>()),
+            t.getattr(pyo3::intern!(py, "nbytes"))
+                .and_then(|v| v.extract::<usize>()),
+        ) else {
+            return Ok(None);
+        };
+        let Ok(get_size) = obj.getattr(pyo3::intern!(py, "get_size")) else {
+            return Ok(None);
+        };
+        let len = get_size.call0()?.extract::<usize>()?;
+        if len > nbytes {
+            return Err(PyBufferError::new_err(format!(
+                "get_size() is {len} bytes, past its tensor's {nbytes}"
+            )));
+        }
+        if ptr == 0 && len != 0 {
+            return Ok(None);
+        }
+        Ok(Some(View {
+            inner: Inner::Tensor {
+                ptr: ptr as *mut u8,
+                len,
+                owner: Some(t.unbind()),
+            },
+        }))
     }
 
     pub(crate) fn len(&self) -> usize {
-        usize::try_from(self.buf.len).unwrap_or(0)
+        match &self.inner {
+            Inner::Export(buf) => usize::try_from(buf.len).unwrap_or(0),
+            Inner::Tensor { len, .. } => *len,
+        }
     }
 
     /// The first byte's address (for overlap checks; never dereferenced).
     pub(crate) fn addr(&self) -> usize {
-        self.buf.buf as usize
+        match &self.inner {
+            Inner::Export(buf) => buf.buf as usize,
+            Inner::Tensor { ptr, .. } => *ptr as usize,
+        }
     }
 
     /// The engine's descriptor of these bytes.
@@ -110,19 +188,25 @@ impl View {
     /// read-only export (`bytes`) may only be a store source: the engine
     /// only reads sources, though `RawBuf::new` is written for both ways.
     pub(crate) unsafe fn raw(&self) -> RawBuf {
-        // SAFETY: valid for `len` bytes while the export lives (see the
-        // `Send` note for what keeps it), which the caller extends past
-        // the task.
-        unsafe { RawBuf::new(self.buf.buf.cast::<u8>(), self.len()) }
+        let ptr = match &self.inner {
+            Inner::Export(buf) => buf.buf.cast::<u8>(),
+            Inner::Tensor { ptr, .. } => *ptr,
+        };
+        // SAFETY: valid for `len` bytes while the view lives (an export:
+        // see the `Send` note; a tensor view: `len` ≤ the tensor's
+        // `nbytes` from its contiguous start, checked in `memory_obj`, the
+        // tensor held by `owner`), which the caller extends past the task.
+        unsafe { RawBuf::new(ptr, self.len()) }
     }
 }
 
 impl Drop for View {
     fn drop(&mut self) {
-        Python::with_gil(|_| {
+        Python::with_gil(|_| match &mut self.inner {
             // SAFETY: the struct was filled by PyObject_GetBuffer and is
             // released exactly once, here, with the GIL held.
-            unsafe { ffi::PyBuffer_Release(&mut *self.buf) };
+            Inner::Export(buf) => unsafe { ffi::PyBuffer_Release(&mut **buf) },
+            Inner::Tensor { owner, .. } => drop(owner.take()),
         });
     }
 }
@@ -176,10 +260,7 @@ fn clash_error(what: &str, i: usize, c: &Clash) -> PyErr {
 
 /// `(address, length)` of each export.
 fn ranges(views: &[View]) -> Vec<(usize, usize)> {
-    views
-        .iter()
-        .map(|v| (v.buf.buf as usize, v.len()))
-        .collect()
+    views.iter().map(|v| (v.addr(), v.len())).collect()
 }
 
 /// LMCache's `native_plugin` connector over the daxkv engine

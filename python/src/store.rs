@@ -184,7 +184,7 @@ fn not_from_write_hook(what: &str) -> PyResult<()> {
 
 /// (address, length) of an export, to use off the GIL.
 fn span(v: &View) -> (usize, usize) {
-    (v.buf.buf as usize, v.len())
+    (v.addr(), v.len())
 }
 
 /// Why the restore's allocator gave no destinations.

@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import select
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -780,6 +781,48 @@ def test_overlapping_load_destinations_refused(plugin):
     with pytest.raises(ValueError, match="overlap"):
         a.submit_load_task(ks, [same, same])
     assert load(a, ks, [mv[0:100], mv[100:200]]) == [True, True]
+    assert a.pending_tasks() == 0
+
+
+def padded(data: bytes, phys: int):
+    """An LMCache memory object of `len(data)` logical bytes over a tensor
+    of `phys` bytes (the L1 allocator's alignment padding), the padding
+    0xEE."""
+    o = obj(data)
+    t = torch.full((phys,), 0xEE, dtype=torch.uint8)
+    t[: len(data)] = o.raw_data
+    o.raw_data = t
+    return o
+
+
+def test_memory_obj_read_from_its_tensor(plugin):
+    """A MemoryObj is read from its tensor (`raw_data.data_ptr()`,
+    `get_size()` bytes), as `byte_array` describes it: a padded tail chunk
+    stores and loads its logical bytes only; the task holds the tensor
+    until it is collected; a tensor that is not one contiguous CPU range
+    is still read through `byte_array`."""
+    a = plugin()
+    ks = [key(1), key(2)]
+    src = padded(b"t" * 1000, 4096)
+    assert src.get_size() == 1000 and src.raw_data.nbytes == 4096
+    t = src.raw_data
+    refs = sys.getrefcount(t)
+    tid = a.submit_store_task(ks[:1], [src])
+    assert sys.getrefcount(t) == refs + 1, "the task must hold the tensor"
+    r = drain_stores(a, {tid})[tid]
+    assert r.is_successful() and sys.getrefcount(t) == refs, "collected: the tensor let go"
+    dst = padded(b"\0" * 1000, 4096)
+    assert load(a, ks[:1], [dst]) == [True]
+    assert bytes(dst.raw_data[:1000].numpy()) == b"t" * 1000
+    assert bytes(dst.raw_data[1000:].numpy()) == b"\xee" * 3096, "the padding must stay untouched"
+    # A logical size past the tensor's bytes is refused (`byte_array`
+    # would describe memory past the tensor).
+    bad = obj(b"u" * 100)
+    bad.raw_data = bad.raw_data[:50]
+    with pytest.raises(BufferError, match="source object 0: get_size.. is 100 bytes, past its tensor's 50"):
+        a.submit_store_task(ks[1:], [bad])
+    assert a._core.exists(ks[1:]) == [False]
+    a.submit_unlock(ks)
     assert a.pending_tasks() == 0
 
 

@@ -1,0 +1,91 @@
+"""The LMCache bench's harness (python/bench/bench_l2.py) is honest: an
+adapter that reports a store complete before copying its sources fails
+the run, one that copies first passes, and the no-op ceiling runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lmcache")
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import bench_l2  # noqa: E402
+
+SIZE = 8192
+N = 64
+
+
+class MemAdapter(bench_l2.NoopAdapter):
+    """Keeps each stored object's bytes in a dict. `early`: a store is
+    reported complete at once and its sources are copied only when the
+    next phase (lookup) begins, after the harness has collected it."""
+
+    def __init__(self, early: bool) -> None:
+        super().__init__()
+        self.early = early
+        self.data: dict[Any, bytes] = {}
+        self.deferred: list[tuple[list, list]] = []
+
+    def submit_store_task(self, keys: list, objects: list) -> int:
+        if self.early:
+            self.deferred.append((list(keys), list(objects)))
+        else:
+            self._copy(keys, objects)
+        return super().submit_store_task(keys, objects)
+
+    def _copy(self, keys: list, objects: list) -> None:
+        for k, o in zip(keys, objects):
+            self.data[k] = bytes(o.tensor.numpy())
+
+    def submit_lookup_and_lock_task(self, keys: list, *layout: Any) -> int:
+        for ks, objs in self.deferred:
+            self._copy(ks, objs)
+        self.deferred.clear()
+        return super().submit_lookup_and_lock_task(keys, *layout)
+
+    def submit_load_task(self, keys: list, objects: list) -> int:
+        for k, o in zip(keys, objects):
+            o.tensor.copy_(torch.frombuffer(bytearray(self.data[k]), dtype=torch.uint8))
+        return super().submit_load_task(keys, objects)
+
+
+def run(a: Any, verify: bool = True) -> dict[str, float]:
+    src_buf = torch.randint(0, 256, (N * SIZE,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    dst_buf = torch.empty(N * SIZE, dtype=torch.uint8)
+    srcs = [bench_l2.memory_obj(src_buf[i * SIZE : (i + 1) * SIZE]) for i in range(N)]
+    dsts = [bench_l2.memory_obj(dst_buf[i * SIZE : (i + 1) * SIZE]) for i in range(N)]
+    try:
+        return bench_l2.one_round(a, N, SIZE, 16, 8, 0, srcs, dsts, src_buf, dst_buf, verify)
+    finally:
+        a.close()
+
+
+def test_an_honest_adapter_passes() -> None:
+    t = run(MemAdapter(early=False))
+    assert set(t) == {"store", "lookup", "load"} and all(v > 0 for v in t.values())
+
+
+def test_a_store_reported_before_its_copy_fails() -> None:
+    with pytest.raises(RuntimeError, match="loaded with wrong bytes"):
+        run(MemAdapter(early=True))
+
+
+def test_noop_ceiling_runs() -> None:
+    t = run(bench_l2.NoopAdapter(), verify=False)
+    assert set(t) == {"store", "lookup", "load"}
+
+
+def test_a_failed_store_fails_the_run() -> None:
+    """`L2StoreResult` is an int, -1 on failure: truthy, yet a failure."""
+
+    class Failing(MemAdapter):
+        def pop_completed_store_tasks(self) -> dict[int, Any]:
+            return {t: bench_l2.L2StoreResult(False, 0) for t in super().pop_completed_store_tasks()}
+
+    with pytest.raises(RuntimeError, match="a store task failed"):
+        run(Failing(early=False))
