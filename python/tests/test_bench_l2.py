@@ -14,7 +14,15 @@ pytest.importorskip("lmcache")
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+# The bench quiets LMCache on import (for its own runs): give the other
+# tests of this process their environment back.
+_level = os.environ.get("LMCACHE_LOG_LEVEL")
 import bench_l2  # noqa: E402
+
+if _level is None:
+    os.environ.pop("LMCACHE_LOG_LEVEL", None)
+else:
+    os.environ["LMCACHE_LOG_LEVEL"] = _level
 
 SIZE = 8192
 N = 64

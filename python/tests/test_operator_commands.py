@@ -128,6 +128,9 @@ def run_section(name: str, health_path: str, without_dax: bool = False) -> list[
     env["LMCACHE_DISABLE_BANNER"] = "1"
     env["LMCACHE_TRACK_USAGE"] = "false"  # no usage reports leave the machine
     env["DO_NOT_TRACK"] = "1"
+    # The checks read LMCache's INFO lines: a level another test of this
+    # process set (bench_l2 quiets LMCache on import) must not hide them.
+    env["LMCACHE_LOG_LEVEL"] = "INFO"
     with tempfile.TemporaryDirectory(prefix="daxkv-operator-") as tmp:
         # Laid out as the repository root, where the reader runs them: the
         # YAML at python/tests/operator/, its ports swapped.
