@@ -828,3 +828,49 @@ fn a_result_is_handed_out_once_under_racing_pollers() {
     }
     assert_eq!(e.status()["locked_key_count"], 0);
 }
+
+/// Loads of 1 MiB and more are written with streaming stores
+/// (`device::core::STREAM_LOAD_MIN_BYTES`): lengths on and off a cache
+/// line, into destinations at odd offsets (raw descriptors into one
+/// buffer), arrive whole, and nothing past a payload is written.
+#[test]
+fn large_loads_arrive_whole_at_any_length_and_offset() {
+    const BIG: usize = 2 << 20;
+    let dev = DeviceSpec {
+        path: "memfd".into(),
+        core: CoreConfig::new(ArenaSpec::memfd(4 * BIG), BIG),
+    };
+    let e = Engine::open(vec![dev], BIG, false, EngineOptions::default()).unwrap();
+    let lens = [1 << 20, (1 << 20) + 13, BIG - 1];
+    let keys: Vec<Key> = (0..3).map(k).collect();
+    let bufs = lens
+        .iter()
+        .zip(0u32..)
+        .map(|(&len, i)| Buf::from(payload(i, len)))
+        .collect();
+    let id = e.submit_store(keys.clone(), bufs).unwrap();
+    assert!(e.wait_store(id, T).ready().unwrap().success);
+    // One buffer, destinations at 1, 3 and 7 bytes past 2 MiB boundaries.
+    let mut big = vec![0xEEu8; 3 * (BIG + 64)];
+    let at = [1usize, BIG + 64 + 3, 2 * (BIG + 64) + 7];
+    let raws: Vec<RawBuf> = at
+        .iter()
+        .map(|&o| {
+            // SAFETY: `big` outlives the task (waited for below) and is
+            // not touched until its completion; the ranges are disjoint.
+            unsafe { RawBuf::new(big.as_mut_ptr().add(o), BIG) }
+        })
+        .collect();
+    let id = e.submit_load_raw(keys, raws).unwrap();
+    let r = e.wait_load(id, T).ready().unwrap();
+    assert_eq!(r.bitmap.to_vec(), [true; 3]);
+    for ((&o, &len), i) in at.iter().zip(&lens).zip(0u32..) {
+        assert_eq!(&big[o..o + len], &payload(i, len)[..], "object {i}");
+        assert!(
+            big[o + len..o + BIG].iter().all(|&b| b == 0xEE),
+            "past object {i}"
+        );
+        assert_eq!(big[o - 1], 0xEE, "before object {i}");
+    }
+    e.close();
+}

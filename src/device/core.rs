@@ -1586,6 +1586,13 @@ impl Drop for DaxCore {
     }
 }
 
+/// A session's load of at least this many bytes writes its destination
+/// with streaming stores ([`crate::device::copy::from_dax_streaming`]): a
+/// task of 16 such objects moves 16 MiB or more, past what a cache keeps,
+/// and skipping each destination line's read-for-ownership is what makes
+/// a large copy out of the mapping run at the speed of a copy in.
+pub const STREAM_LOAD_MIN_BYTES: usize = 1 << 20;
+
 /// Single-key operations under one arena guard, for a worker running a
 /// batch of keys (an engine task part).
 ///
@@ -1635,13 +1642,21 @@ impl Session<'_> {
             c.active_reads.fetch_add(1, Ordering::Relaxed);
         }
         let (len, _) = c.len_meta(s);
+        let at = s.0 as usize * c.slot_bytes;
         #[allow(unsafe_code)]
-        // SAFETY: `ArenaGuard::read`'s contract: 1. `borrow_in` borrowed
-        // slot `s` (pinned and readable): no writer can reserve it until
-        // `unpin` below, and readers only read; 2. `dst` is a caller slice,
-        // outside the mapping.
+        // SAFETY: `ArenaGuard::read`'s contract (`read_streaming` has the
+        // same): 1. `borrow_in` borrowed slot `s` (pinned and readable): no
+        // writer can reserve it until `unpin` below, and readers only read;
+        // 2. `dst` is a caller slice, outside the mapping.
         let ok = dst.len() >= len
-            && unsafe { self.g.read(s.0 as usize * c.slot_bytes, &mut dst[..len]) }.is_ok();
+            && unsafe {
+                if len >= STREAM_LOAD_MIN_BYTES {
+                    self.g.read_streaming(at, &mut dst[..len])
+                } else {
+                    self.g.read(at, &mut dst[..len])
+                }
+            }
+            .is_ok();
         c.unpin(s, gen);
         ok.then_some(len)
     }
