@@ -577,29 +577,8 @@ fn start_up_errors_are_printed_once() {
 #[test]
 fn the_cli_names_anonymous_devices() {
     let s = Serve::start(&[]);
-    let ok = |args: &[&str]| {
-        let out = s.cli(args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
-    let devices = || -> Vec<(String, String)> {
-        let v: Value = serde_json::from_str(&ok(&["status", "--json"])).unwrap();
-        v["adapters"][0]["status"]["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| {
-                (
-                    d["device_path"].as_str().unwrap().to_string(),
-                    d["state"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
-    };
+    let ok = |args: &[&str]| s.ok(args);
+    let devices = || s.devices();
     ok(&["add", "memfd", "1GiB"]);
     assert_eq!(devices(), [("memfd".into(), "active".into())]);
     let out = s.cli(&["add", "memfd", "64MiB"]);

@@ -214,6 +214,19 @@ where
     }
 }
 
+/// `"host:port"` of a face's control plane while it runs (`addr`, read
+/// at start), `None` when none was started or once `close()` stopped it.
+pub fn running_address(
+    http: &std::sync::Mutex<Option<HttpServer>>,
+    addr: Option<SocketAddr>,
+) -> Option<String> {
+    let running = http
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .is_some();
+    running.then(|| addr.map(|a| a.to_string())).flatten()
+}
+
 fn serve(
     cfg: HttpConfig,
     registry: Registry,

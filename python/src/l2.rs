@@ -662,14 +662,7 @@ impl DaxL2Core {
     #[getter]
     fn http_address(&self) -> PyResult<Option<String>> {
         self.owner.check("DaxL2Adapter")?;
-        let running = self
-            .http
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some();
-        Ok(running
-            .then(|| self.http_addr.map(|a| a.to_string()))
-            .flatten())
+        Ok(crate::control::running_address(&self.http, self.http_addr))
     }
 
     /// The engine's metrics in the Prometheus text format, every series

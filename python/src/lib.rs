@@ -717,14 +717,7 @@ impl DaxConnector {
     #[getter]
     fn http_address(&self) -> PyResult<Option<String>> {
         self.owner.check("DaxConnector")?;
-        let running = self
-            .http
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some();
-        Ok(running
-            .then(|| self.http_addr.map(|a| a.to_string()))
-            .flatten())
+        Ok(crate::control::running_address(&self.http, self.http_addr))
     }
 
     /// The `l2_name` label value (`adapter_params["l2_name"]`).

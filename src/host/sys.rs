@@ -64,12 +64,9 @@ pub(crate) fn major_minor(rdev: u64) -> (u32, u32) {
     (libc::major(rdev), libc::minor(rdev))
 }
 
-/// `statfs(path)`: the bytes an unprivileged user may still write on the
-/// file system holding `path` (`f_bavail × f_bsize`). Nothing is opened.
-pub(crate) fn fs_available_bytes(path: &std::path::Path) -> io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let cpath = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+/// `statfs(path)`: nothing is opened.
+fn statfs(path: &std::path::Path) -> io::Result<libc::statfs> {
+    let cpath = c_name(path.as_os_str())?;
     let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: `cpath` is a valid NUL-terminated string that outlives the
     // call; `st` is writable memory of the right size, filled by the kernel
@@ -79,7 +76,13 @@ pub(crate) fn fs_available_bytes(path: &std::path::Path) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: statfs returned 0, so it initialized `st`.
-    let st = unsafe { st.assume_init() };
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `statfs(path)`: the bytes an unprivileged user may still write on the
+/// file system holding `path` (`f_bavail × f_bsize`). Nothing is opened.
+pub(crate) fn fs_available_bytes(path: &std::path::Path) -> io::Result<u64> {
+    let st = statfs(path)?;
     #[allow(clippy::unnecessary_cast)] // the field types differ across targets
     Ok((st.f_bavail as u64).saturating_mul(st.f_bsize as u64))
 }
@@ -87,19 +90,7 @@ pub(crate) fn fs_available_bytes(path: &std::path::Path) -> io::Result<u64> {
 /// `statfs(path).f_type`: the magic number of the file system holding
 /// `path` (e.g. `libc::TMPFS_MAGIC`). Path-based: nothing is opened.
 pub(crate) fn fs_magic(path: &std::path::Path) -> io::Result<i64> {
-    use std::os::unix::ffi::OsStrExt;
-    let cpath = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `cpath` is a valid NUL-terminated string that outlives the
-    // call; `st` is writable memory of the right size, filled by the kernel
-    // on success.
-    let r = unsafe { libc::statfs(cpath.as_ptr(), st.as_mut_ptr()) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statfs returned 0, so it initialized `st`.
-    let st = unsafe { st.assume_init() };
+    let st = statfs(path)?;
     #[allow(clippy::unnecessary_cast)] // `__fsword_t` differs across targets
     Ok(st.f_type as i64)
 }
