@@ -112,6 +112,49 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Mixed traffic under hotplug for a bounded time, every key checked:
+    /// threads store (payloads stamped with key and number), look up and
+    /// lock, load (every byte checked), unlock and delete while a control
+    /// thread adds, drains, migrates, evicts, resizes and force-removes
+    /// devices over the real HTTP control plane. Ends with
+    /// `soak: seed=… ops=… … lost=0 corrupted=0 leaked=0`; exits 1 on any
+    /// lost or corrupted key, leaked slot / lock / task / thread / fd /
+    /// mapping, stuck task or 5xx answer.
+    Soak {
+        /// Stop after this many seconds.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Stop after this many operations (tasks and deletes), if sooner.
+        #[arg(long)]
+        max_ops: Option<u64>,
+        /// Seed of every random choice [default: from the clock; printed].
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Traffic threads.
+        #[arg(long, default_value_t = 3)]
+        threads: usize,
+        /// Bytes per slot (payloads are 64 bytes to one slot).
+        #[arg(long, default_value = "64K")]
+        slot_bytes: String,
+        /// Devices at the start (named memfds).
+        #[arg(long, default_value_t = 2)]
+        devices: usize,
+        /// Bytes of each starting device (added ones are 0.5-1.5 times it).
+        #[arg(long, default_value = "32M")]
+        device_bytes: String,
+        /// No hotplug: traffic alone.
+        #[arg(long)]
+        no_hotplug: bool,
+        /// Milliseconds between hotplug operations (at random up to twice).
+        #[arg(long, default_value_t = 100)]
+        hotplug_every_ms: u64,
+        /// Inject faults (needs a build with `--features failpoints`).
+        #[arg(long)]
+        faults: bool,
+        /// Write the report as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Say what a device path is (devdax, system_ram, unbound,
     /// regular_file, tmpfs, not_a_device, unknown, absent), its size,
     /// alignment and NUMA node, from `stat` and sysfs alone: the path is
@@ -463,6 +506,7 @@ fn main() -> std::process::ExitCode {
             }
         }
         cmd @ Cmd::Bench { .. } => run(cmd),
+        cmd @ Cmd::Soak { .. } => soak(cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -613,6 +657,86 @@ fn client(
                 println!("{k:>20}: {val}");
             }
         }
+    }
+    Ok(())
+}
+
+/// `daxkv soak`: run, print progress on stderr and the report on stdout.
+fn soak(cmd: Cmd) -> anyhow::Result<()> {
+    let Cmd::Soak {
+        seconds,
+        max_ops,
+        seed,
+        threads,
+        slot_bytes,
+        devices,
+        device_bytes,
+        no_hotplug,
+        hotplug_every_ms,
+        faults,
+        json,
+    } = cmd
+    else {
+        unreachable!("dispatched by main")
+    };
+    if faults && !cfg!(feature = "failpoints") {
+        bail!("--faults: fault injection is compiled out of this build (rebuild with `cargo build --release --features failpoints`)");
+    }
+    let size = |flag: &str, s: &str| {
+        daxkv::cli::bench::parse_size(s)
+            .with_context(|| format!("{flag}: {s:?} is not a size like 64K or 32MiB"))
+    };
+    let seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let cfg = daxkv::cli::soak::SoakConfig {
+        duration: std::time::Duration::from_secs(seconds),
+        max_ops: max_ops.unwrap_or(u64::MAX),
+        seed,
+        threads,
+        slot_bytes: size("--slot-bytes", &slot_bytes)?,
+        devices,
+        device_bytes: size("--device-bytes", &device_bytes)?,
+        hotplug: !no_hotplug,
+        hotplug_every_ms,
+        ..daxkv::cli::soak::SoakConfig::default()
+    };
+    eprintln!(
+        "soak: seed={seed} seconds={seconds} threads={threads} hotplug={}",
+        !no_hotplug
+    );
+    let report = daxkv::cli::soak::run(&cfg, &mut |line| eprintln!("{line}"))
+        .map_err(|e| anyhow::anyhow!("soak: {e}"))?;
+    for f in &report.findings {
+        println!("soak: finding: {f}");
+    }
+    for e in &report.control_errors {
+        println!("soak: control error: {e}");
+    }
+    for l in &report.leaked {
+        println!("soak: leaked: {l}");
+    }
+    if let Some((first, last, ratio)) = report.held((report.ops_per_second.len() / 2).min(300)) {
+        println!("soak: ops/s held: first {first}/s, last {last}/s ({ratio:.2}x)");
+    }
+    println!(
+        "soak: acknowledged={} reported_gone={} transient_misses={} hotplug_refused={} stuck={} control_errors={}",
+        report.keys_acknowledged,
+        report.reported_gone,
+        report.transient_misses,
+        report.hotplug_refused,
+        report.stuck,
+        report.control_errors.len()
+    );
+    println!("{}", report.summary());
+    if let Some(p) = json {
+        std::fs::write(&p, report.json())
+            .with_context(|| format!("--json {}: writing", p.display()))?;
+    }
+    if !report.clean() {
+        bail!("soak failed: {}", report.summary());
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | [`bench`](mod@bench) | the standard `daxkv bench` workload |
 //! | [`serve`] | `daxkv serve`: the engine with its control plane, as a process |
+//! | [`soak`] | `daxkv soak`: mixed traffic under hotplug, every key checked |
 //! | [`client`] | the control plane's bounded client (`daxkv status \| add \| remove \| resize`) |
 
 // The raw-copy baselines of `bench` copy through the device's own mapping
@@ -16,3 +17,4 @@
 pub mod bench;
 pub mod client;
 pub mod serve;
+pub mod soak;

@@ -1,0 +1,997 @@
+//! # `daxkv soak`: hours of mixed traffic under hotplug, checked key by key
+//!
+//! A [`Server`](super::serve::Server) runs in the process (the engine and
+//! its real HTTP control plane on 127.0.0.1, a free port). For a bounded
+//! time (and at most a bounded number of operations):
+//!
+//! - **traffic threads**, each with its own [`Submitter`] and its own keys
+//!   (never shared, so each thread's model of its keys is exact), store
+//!   tasks of 1–16 new keys, look up and lock, load, unlock and delete.
+//!   Every payload (64 bytes to one slot, random length) is stamped with
+//!   its thread, its number and its length, and filled from a generator
+//!   seeded by them: a load checks every byte.
+//! - **a control thread** drives hotplug over HTTP, as an operator or a
+//!   supervisor would: add (a `/dev/shm` file made by the server, or a
+//!   named memfd), drain, remove with `migrate` or `evict`, forced remove,
+//!   resize grow and shrink, and re-add of a removed path.
+//!
+//! **What counts.** A key is *acknowledged* when its store task succeeded.
+//! It is *reported gone* when a delete, an evicting remove or shrink, or a
+//! forced removal told the listeners (`on_keys_deleted`). An acknowledged
+//! key that a lookup misses and nothing reported gone is a *suspect*; the
+//! soak keeps it (never deletes it) and looks again once hotplug has
+//! stopped: found with its bytes, it was a transient miss (counted, not an
+//! error); not found and still not reported gone, it is **lost**. A hit with
+//! bytes other than the key's own is **corrupted**, whenever it happens. At
+//! the end every key is deleted and the engine must hold no live or
+//! borrowed slot, no lock and no task; once the server has stopped, the
+//! process must have as many threads, fds and device mappings as before it
+//! started (**leaked** otherwise). A task that never completes (past
+//! [`TASK_TIMEOUT`]) is **stuck**, and an HTTP answer 5xx (but 507, no
+//! room for the keys elsewhere: a refusal) is a **control error**; either fails the run.
+//!
+//! The last line reads
+//! `soak: seed=… ops=… bytes_verified=… hotplug_ops=… faults_injected=… lost=0 corrupted=0 leaked=0`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::client::Client;
+use super::serve::{ServeConfig, Server};
+use crate::control::http::HttpConfig;
+use crate::engine::{Answer, Engine, Listener, Submitter};
+use crate::key::Key;
+use crate::plumbing::buf::Buf;
+
+/// How long a task may take before the soak calls it stuck: far past any
+/// drain (a forced remove finishes in bounded time) on a loaded machine.
+pub const TASK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a soak runs.
+#[derive(Clone, Debug)]
+pub struct SoakConfig {
+    /// Stop after this long.
+    pub duration: Duration,
+    /// Stop after this many operations (tasks and deletes) in all.
+    pub max_ops: u64,
+    /// Seeds every thread's choices (printed, so a run can be repeated).
+    pub seed: u64,
+    /// Traffic threads.
+    pub threads: usize,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// Devices at the start (named memfds of `device_bytes` each).
+    pub devices: usize,
+    /// Bytes of each starting device, and about those of each added one.
+    pub device_bytes: usize,
+    /// Drive hotplug over HTTP.
+    pub hotplug: bool,
+    /// Milliseconds between two hotplug operations (at random up to twice
+    /// this).
+    pub hotplug_every_ms: u64,
+    /// Where added device files are made (a tmpfs directory).
+    pub shm_dir: std::path::PathBuf,
+}
+
+impl Default for SoakConfig {
+    fn default() -> Self {
+        SoakConfig {
+            duration: Duration::from_secs(10),
+            max_ops: u64::MAX,
+            seed: 1,
+            threads: 3,
+            slot_bytes: 64 << 10,
+            devices: 2,
+            device_bytes: 32 << 20,
+            hotplug: true,
+            hotplug_every_ms: 100,
+            shm_dir: "/dev/shm".into(),
+        }
+    }
+}
+
+/// What a soak found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SoakReport {
+    /// The seed it ran with.
+    pub seed: u64,
+    /// Operations completed (store, lookup, load and unlock tasks, deletes).
+    pub ops: u64,
+    /// Payload bytes read back and checked.
+    pub bytes_verified: u64,
+    /// Keys stored and acknowledged.
+    pub keys_acknowledged: u64,
+    /// Hotplug operations the server carried out (2xx).
+    pub hotplug_ops: u64,
+    /// Hotplug operations the server refused (4xx: busy, locked keys; 507:
+    /// no room elsewhere): expected under traffic.
+    pub hotplug_refused: u64,
+    /// Hotplug answers 5xx other than 507, or no answer: each one a defect.
+    pub control_errors: Vec<String>,
+    /// Faults injected (0 in a build without `failpoints`).
+    pub faults_injected: u64,
+    /// Keys acknowledged, not reported gone and not found at the end.
+    pub lost: u64,
+    /// Loads that handed back bytes other than the key's own.
+    pub corrupted: u64,
+    /// Acknowledged keys that missed while hotplug ran but were found,
+    /// with their bytes, once it stopped.
+    pub transient_misses: u64,
+    /// Keys reported gone by listeners (evictions, forced removals).
+    pub reported_gone: u64,
+    /// Tasks that did not complete within [`TASK_TIMEOUT`].
+    pub stuck: u64,
+    /// What was left behind (slots, locks, tasks, threads, fds, mappings).
+    pub leaked: Vec<String>,
+    /// Operations per second, one entry per second of the run.
+    pub ops_per_second: Vec<u64>,
+    /// Notes on the first few losses and corruptions (key, thread, number).
+    pub findings: Vec<String>,
+}
+
+impl SoakReport {
+    /// No loss, corruption, leak, stuck task or control error.
+    pub fn clean(&self) -> bool {
+        self.lost == 0
+            && self.corrupted == 0
+            && self.leaked.is_empty()
+            && self.stuck == 0
+            && self.control_errors.is_empty()
+    }
+
+    /// The median operations per second of the first and of the last
+    /// `window` seconds, and their ratio: whether throughput held.
+    pub fn held(&self, window: usize) -> Option<(u64, u64, f64)> {
+        let s = &self.ops_per_second;
+        if window == 0 || s.len() < 2 * window {
+            return None;
+        }
+        let first = median(&s[..window]);
+        let last = median(&s[s.len() - window..]);
+        Some((first, last, last as f64 / first.max(1) as f64))
+    }
+
+    /// The report as JSON (what `--json` writes).
+    pub fn json(&self) -> String {
+        let held = self.held((self.ops_per_second.len() / 2).min(300));
+        serde_json::to_string_pretty(&json!({
+            "seed": self.seed,
+            "ops": self.ops,
+            "bytes_verified": self.bytes_verified,
+            "keys_acknowledged": self.keys_acknowledged,
+            "hotplug_ops": self.hotplug_ops,
+            "hotplug_refused": self.hotplug_refused,
+            "control_errors": self.control_errors,
+            "faults_injected": self.faults_injected,
+            "lost": self.lost,
+            "corrupted": self.corrupted,
+            "transient_misses": self.transient_misses,
+            "reported_gone": self.reported_gone,
+            "stuck": self.stuck,
+            "leaked": self.leaked,
+            "findings": self.findings,
+            "ops_per_second": self.ops_per_second,
+            "held": held.map(|(first, last, ratio)| json!({"first_median": first, "last_median": last, "ratio": ratio})),
+            "clean": self.clean(),
+        }))
+        .unwrap_or_default()
+    }
+
+    /// The closing line.
+    pub fn summary(&self) -> String {
+        format!(
+            "soak: seed={} ops={} bytes_verified={} hotplug_ops={} faults_injected={} lost={} corrupted={} leaked={}",
+            self.seed,
+            self.ops,
+            self.bytes_verified,
+            self.hotplug_ops,
+            self.faults_injected,
+            self.lost,
+            self.corrupted,
+            self.leaked.len()
+        )
+    }
+}
+
+fn median(v: &[u64]) -> u64 {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s[s.len() / 2]
+}
+
+/// splitmix64: small, fast, and enough for choosing operations.
+#[derive(Clone, Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0), close enough for test choices.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The key of a thread's `n`-th object.
+fn key_of(thread: u64, n: u64) -> Key {
+    let mut b = [0u8; 24];
+    b[..8].copy_from_slice(b"daxsoak\0");
+    b[8..16].copy_from_slice(&thread.to_le_bytes());
+    b[16..].copy_from_slice(&n.to_le_bytes());
+    Key::digest(&b)
+}
+
+const HEADER: usize = 24;
+
+/// Fill `out` (the payload of `(thread, n)`, `out.len()` bytes): a header
+/// of thread, number and length, then a stream seeded by them.
+fn stamp(thread: u64, n: u64, out: &mut [u8]) {
+    let len = out.len() as u64;
+    let mut head = [0u8; HEADER];
+    head[..8].copy_from_slice(&thread.to_le_bytes());
+    head[8..16].copy_from_slice(&n.to_le_bytes());
+    head[16..].copy_from_slice(&len.to_le_bytes());
+    let h = HEADER.min(out.len());
+    out[..h].copy_from_slice(&head[..h]);
+    let mut g = Rng(thread.rotate_left(32) ^ n ^ len.rotate_left(17));
+    for chunk in out[h..].chunks_mut(8) {
+        let w = g.next().to_le_bytes();
+        chunk.copy_from_slice(&w[..chunk.len()]);
+    }
+}
+
+/// Whether `got` is exactly the payload of `(thread, n)` of `len` bytes.
+fn check(thread: u64, n: u64, len: usize, got: &[u8], scratch: &mut Vec<u8>) -> bool {
+    if got.len() != len {
+        return false;
+    }
+    scratch.clear();
+    scratch.resize(len, 0);
+    stamp(thread, n, scratch);
+    got == &scratch[..]
+}
+
+/// Keys the listeners reported gone (evictions, forced removals, deletes
+/// the traffic threads have not yet taken back out).
+#[derive(Debug, Default)]
+struct Gone {
+    keys: Mutex<HashSet<Key>>,
+    reported: AtomicU64,
+}
+
+impl Listener for Gone {
+    fn on_keys_deleted(&self, keys: &[Key]) {
+        // ORDERING: Relaxed — a counter read after the threads are joined.
+        self.reported
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let mut g = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        g.extend(keys.iter().copied());
+    }
+}
+
+impl Gone {
+    fn contains(&self, k: &Key) -> bool {
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(k)
+    }
+
+    fn forget(&self, keys: &[Key]) {
+        let mut g = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        for k in keys {
+            g.remove(k);
+        }
+    }
+}
+
+/// A key's state in its thread's model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// Its store succeeded: it must load with its bytes until reported gone.
+    Acked,
+    /// Its store task failed: it may or may not be there, but if it loads
+    /// its bytes must be its own.
+    Maybe,
+    /// Acknowledged, missed, not reported gone: looked at again at the end.
+    Suspect,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Obj {
+    n: u64,
+    len: usize,
+    held: Held,
+}
+
+/// Counters shared by the traffic threads.
+#[derive(Debug, Default)]
+struct Counts {
+    ops: AtomicU64,
+    bytes_verified: AtomicU64,
+    acked: AtomicU64,
+    corrupted: AtomicU64,
+    stuck: AtomicU64,
+    findings: Mutex<Vec<String>>,
+}
+
+impl Counts {
+    fn finding(&self, s: String) {
+        let mut f = self.findings.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.len() < 20 {
+            f.push(s);
+        }
+    }
+}
+
+/// One traffic thread: its keys, its model, its submitter.
+struct Traffic {
+    id: u64,
+    engine: Arc<Engine>,
+    sub: Submitter,
+    rng: Rng,
+    next_n: u64,
+    keys: HashMap<Key, Obj>,
+    /// Keys in `keys` that are not suspects, for random picks.
+    live: Vec<Key>,
+    counts: Arc<Counts>,
+    gone: Arc<Gone>,
+    slot_bytes: usize,
+    /// Keep at most this many keys (a share of the smallest pool).
+    max_keys: usize,
+    scratch: Vec<u8>,
+}
+
+impl Traffic {
+    fn op(&mut self) {
+        let r = self.rng.below(100);
+        if self.live.len() >= self.max_keys || ((45..55).contains(&r) && !self.live.is_empty()) {
+            self.delete_some();
+        } else if r < 45 || self.live.is_empty() {
+            self.store_some();
+        } else {
+            self.load_some();
+        }
+    }
+
+    fn count(&self, n: u64) {
+        // ORDERING: Relaxed — statistics.
+        self.counts.ops.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn store_some(&mut self) {
+        let batch = 1 + self.rng.below(16) as usize;
+        let mut keys = Vec::with_capacity(batch);
+        let mut bufs = Vec::with_capacity(batch);
+        let mut objs = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let n = self.next_n;
+            self.next_n += 1;
+            let len = 64 + self.rng.below((self.slot_bytes - 64 + 1) as u64) as usize;
+            let mut b = vec![0u8; len];
+            stamp(self.id, n, &mut b);
+            keys.push(key_of(self.id, n));
+            bufs.push(Buf::from(b));
+            objs.push(Obj {
+                n,
+                len,
+                held: Held::Maybe,
+            });
+        }
+        // Refused (closing, table full): nothing was stored.
+        let Ok(id) = self.sub.submit_store(keys.clone(), bufs) else {
+            return;
+        };
+        let ok = match self.engine.wait_store(id, TASK_TIMEOUT) {
+            Answer::Ready(r) => r.success,
+            Answer::Pending => {
+                // ORDERING: Relaxed — a counter.
+                self.counts.stuck.fetch_add(1, Ordering::Relaxed);
+                self.counts
+                    .finding(format!("store task {id:?} of thread {} stuck", self.id));
+                false
+            }
+            _ => false,
+        };
+        self.count(1);
+        for (k, mut o) in keys.into_iter().zip(objs) {
+            if ok {
+                o.held = Held::Acked;
+                // ORDERING: Relaxed — a counter.
+                self.counts.acked.fetch_add(1, Ordering::Relaxed);
+            }
+            self.keys.insert(k, o);
+            self.live.push(k);
+        }
+    }
+
+    fn pick(&mut self, most: usize) -> Vec<Key> {
+        let want = 1 + self.rng.below(most as u64) as usize;
+        let mut out = Vec::with_capacity(want);
+        for _ in 0..want.min(self.live.len()) {
+            let k = self.live[self.rng.below(self.live.len() as u64) as usize];
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+        out
+    }
+
+    fn forget(&mut self, k: &Key) {
+        self.keys.remove(k);
+        if let Some(p) = self.live.iter().position(|x| x == k) {
+            self.live.swap_remove(p);
+        }
+    }
+
+    /// A miss of `k`: expected for a `Maybe` key; for an acknowledged one,
+    /// expected only if a listener reported it gone; else a suspect.
+    fn missed(&mut self, k: Key) {
+        let Some(o) = self.keys.get_mut(&k) else {
+            return;
+        };
+        if o.held == Held::Acked {
+            if self.gone.contains(&k) {
+                self.gone.forget(&[k]);
+                self.forget(&k);
+            } else {
+                o.held = Held::Suspect;
+                if let Some(p) = self.live.iter().position(|x| *x == k) {
+                    self.live.swap_remove(p);
+                }
+            }
+        }
+    }
+
+    fn verify(&mut self, k: &Key, got: &[u8]) {
+        let Some(o) = self.keys.get(k).copied() else {
+            return;
+        };
+        if check(self.id, o.n, o.len, got, &mut self.scratch) {
+            // ORDERING: Relaxed — a counter.
+            self.counts
+                .bytes_verified
+                .fetch_add(got.len() as u64, Ordering::Relaxed);
+            if o.held == Held::Maybe {
+                // Found after a failed store task: it is there now.
+                if let Some(x) = self.keys.get_mut(k) {
+                    x.held = Held::Acked;
+                }
+            }
+        } else {
+            // ORDERING: Relaxed — a counter.
+            self.counts.corrupted.fetch_add(1, Ordering::Relaxed);
+            let head: Vec<u8> = got.iter().take(HEADER).copied().collect();
+            self.counts.finding(format!(
+                "corrupted: thread {} object {} ({} bytes) read {} bytes starting {head:02x?}",
+                self.id,
+                o.n,
+                o.len,
+                got.len()
+            ));
+        }
+    }
+
+    fn load_some(&mut self) {
+        let keys = self.pick(16);
+        let Ok(id) = self.sub.submit_lookup_and_lock(keys.clone()) else {
+            return;
+        };
+        let found = match self.engine.wait_lookup(id, TASK_TIMEOUT) {
+            Answer::Ready(b) => b,
+            Answer::Pending => {
+                // ORDERING: Relaxed — a counter.
+                self.counts.stuck.fetch_add(1, Ordering::Relaxed);
+                self.counts
+                    .finding(format!("lookup task {id:?} of thread {} stuck", self.id));
+                return;
+            }
+            _ => return,
+        };
+        self.count(1);
+        let mut hits = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            if found.test(i) {
+                hits.push(*k);
+            } else {
+                self.missed(*k);
+            }
+        }
+        if hits.is_empty() {
+            return;
+        }
+        let bufs = vec![vec![0u8; self.slot_bytes]; hits.len()];
+        if let Ok(id) = self.sub.submit_load(hits.clone(), bufs) {
+            match self.engine.wait_load(id, TASK_TIMEOUT) {
+                Answer::Ready(r) => {
+                    self.count(1);
+                    for (i, k) in hits.iter().enumerate() {
+                        match r.payload(i) {
+                            Some(p) => self.verify(k, p),
+                            None => self.missed(*k),
+                        }
+                    }
+                }
+                Answer::Pending => {
+                    // ORDERING: Relaxed — a counter.
+                    self.counts.stuck.fetch_add(1, Ordering::Relaxed);
+                    self.counts
+                        .finding(format!("load task {id:?} of thread {} stuck", self.id));
+                }
+                _ => {}
+            }
+        }
+        self.engine.submit_unlock(&hits);
+        self.count(1);
+    }
+
+    fn delete_some(&mut self) {
+        let keys = self.pick(16);
+        let _ = self.engine.delete(&keys);
+        self.count(1);
+        // Our own deletes were reported too: take them back out of the set.
+        self.gone.forget(&keys);
+        for k in &keys {
+            self.forget(k);
+        }
+    }
+
+    /// After hotplug has stopped: look at every suspect again, then delete
+    /// every key. Returns (lost, transient misses).
+    fn finish(&mut self) -> (u64, u64) {
+        let suspects: Vec<Key> = self
+            .keys
+            .iter()
+            .filter(|(_, o)| o.held == Held::Suspect)
+            .map(|(k, _)| *k)
+            .collect();
+        let (mut lost, mut transient) = (0, 0);
+        for chunk in suspects.chunks(16) {
+            let bufs = vec![vec![0u8; self.slot_bytes]; chunk.len()];
+            let got = self
+                .sub
+                .submit_load(chunk.to_vec(), bufs)
+                .ok()
+                .and_then(|id| self.engine.wait_load(id, TASK_TIMEOUT).ready());
+            for (i, k) in chunk.iter().enumerate() {
+                match got.as_ref().and_then(|r| r.payload(i)) {
+                    Some(p) => {
+                        transient += 1;
+                        self.verify(k, p);
+                    }
+                    None if self.gone.contains(k) => {}
+                    None => {
+                        lost += 1;
+                        let n = self.keys.get(k).map_or(0, |o| o.n);
+                        self.counts.finding(format!(
+                            "lost: thread {} object {n}, acknowledged, never reported gone",
+                            self.id
+                        ));
+                    }
+                }
+            }
+        }
+        let all: Vec<Key> = self.keys.keys().copied().collect();
+        for chunk in all.chunks(64) {
+            let _ = self.engine.delete(chunk);
+            self.gone.forget(chunk);
+        }
+        self.keys.clear();
+        self.live.clear();
+        (lost, transient)
+    }
+}
+
+/// The control thread's view of one device.
+#[derive(Clone, Debug)]
+struct Dev {
+    path: String,
+    index: u64,
+    state: String,
+    bytes: u64,
+    max_bytes: u64,
+    live: u64,
+}
+
+fn devices(client: &Client) -> Result<Vec<Dev>, String> {
+    let (code, body) = client
+        .request("GET", "/reconfigure/dax/l2/status", None)
+        .map_err(|e| e.to_string())?;
+    if code != 200 {
+        return Err(format!("status answered {code}: {body}"));
+    }
+    let v: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let list = v["adapters"][0]["status"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    Ok(list
+        .iter()
+        .filter_map(|d| {
+            Some(Dev {
+                path: d["device_path"].as_str()?.to_string(),
+                index: d["index"].as_u64()?,
+                state: d["state"].as_str().unwrap_or("").to_string(),
+                bytes: d["max_dax_size_bytes"].as_u64().unwrap_or(0),
+                max_bytes: d["max_slots"].as_u64().unwrap_or(0)
+                    * d["slot_bytes"].as_u64().unwrap_or(0),
+                live: d["live_slot_count"].as_u64().unwrap_or(0),
+            })
+        })
+        .collect())
+}
+
+/// What the control thread did.
+#[derive(Debug, Default)]
+struct ControlCounts {
+    ok: u64,
+    refused: u64,
+    errors: Vec<String>,
+    made: Vec<std::path::PathBuf>,
+}
+
+/// Drive hotplug until `stop`: one operation every `every` (at random up
+/// to twice that), chosen by `rng` among what the devices allow.
+fn control(
+    client: &Client,
+    cfg: &SoakConfig,
+    mut rng: Rng,
+    stop: &AtomicBool,
+    out: &mut ControlCounts,
+) {
+    let tag = format!("daxkv-soak-{}-{}", std::process::id(), cfg.seed);
+    let mut removed: Vec<String> = Vec::new();
+    let mut added = 0u64;
+    let slot = cfg.slot_bytes as u64;
+    // ORDERING: Relaxed — a stop flag polled between operations.
+    while !stop.load(Ordering::Relaxed) {
+        let nap = cfg.hotplug_every_ms + rng.below(cfg.hotplug_every_ms.max(1) + 1);
+        std::thread::sleep(Duration::from_millis(nap));
+        let devs = match devices(client) {
+            Ok(d) => d,
+            Err(e) => {
+                out.errors.push(format!("status: {e}"));
+                continue;
+            }
+        };
+        let active: Vec<&Dev> = devs.iter().filter(|d| d.state == "active").collect();
+        let open: Vec<&Dev> = devs
+            .iter()
+            .filter(|d| d.state == "active" || d.state == "draining")
+            .collect();
+        // Half the time the fullest device, so removes and shrinks move
+        // keys; else any.
+        let pick = |rng: &mut Rng, v: &[&Dev]| {
+            if rng.below(2) == 0 {
+                v.iter().max_by_key(|d| d.live).map(|d| (*d).clone())
+            } else {
+                Some(v[rng.below(v.len() as u64) as usize].clone())
+            }
+            .unwrap_or_else(|| v[0].clone())
+        };
+        let choice = rng.below(100);
+        let (op, body) = if open.len() < 2 || (choice < 20 && open.len() < 5) {
+            // Add: a re-add of a removed path, a new file, or a named memfd.
+            let size = cfg.device_bytes as u64 / 2 + rng.below(cfg.device_bytes as u64);
+            let size = size / slot * slot;
+            let path = if !removed.is_empty() && rng.below(2) == 0 {
+                removed.swap_remove(rng.below(removed.len() as u64) as usize)
+            } else if rng.below(3) == 0 {
+                added += 1;
+                format!("memfd:{tag}-{added}")
+            } else {
+                added += 1;
+                let p = cfg.shm_dir.join(format!("{tag}-{added}"));
+                out.made.push(p.clone());
+                p.to_string_lossy().into_owned()
+            };
+            let create = !path.starts_with("memfd");
+            let mut body = json!({"device_path": path, "size": size, "max_size": 2 * size});
+            if create {
+                body["create"] = json!(true);
+            }
+            ("add", body)
+        } else if choice < 35 && !active.is_empty() {
+            let d = pick(&mut rng, &active);
+            ("remove", json!({"device_index": d.index, "mode": "drain"}))
+        } else if choice < 55 {
+            let d = pick(&mut rng, &open);
+            let mode = if rng.below(2) == 0 {
+                "migrate"
+            } else {
+                "evict"
+            };
+            // Traffic nearly always holds a lock somewhere: half the removes
+            // are forced, or most would be refused.
+            let force = rng.below(2) == 0;
+            removed.push(d.path.clone());
+            (
+                "remove",
+                json!({"device_index": d.index, "mode": mode, "force": force}),
+            )
+        } else if !active.is_empty() {
+            let d = pick(&mut rng, &active);
+            let grow = rng.below(2) == 0 && d.max_bytes > d.bytes;
+            let size = if grow {
+                d.bytes + slot * (1 + rng.below((d.max_bytes - d.bytes) / slot))
+            } else {
+                (d.bytes / 2 + rng.below(d.bytes / 2 + 1)).max(slot)
+            };
+            let size = (size / slot).max(1) * slot;
+            let mode = if rng.below(3) == 0 {
+                "evict"
+            } else {
+                "migrate"
+            };
+            let force = rng.below(2) == 0;
+            (
+                "resize",
+                json!({"device_index": d.index, "size": size, "mode": mode, "force": force}),
+            )
+        } else {
+            continue;
+        };
+        match client.request("POST", &format!("/reconfigure/dax/l2/{op}"), Some(&body)) {
+            Ok((code, _)) if (200..300).contains(&code) => out.ok += 1,
+            // 4xx, and 507 (no other device has room for the keys): a
+            // refusal that leaves everything as it was.
+            Ok((code, _)) if (400..500).contains(&code) || code == 507 => out.refused += 1,
+            Ok((code, text)) => out
+                .errors
+                .push(format!("{op} {body} answered {code}: {text}")),
+            Err(e) => out.errors.push(format!("{op} {body}: {e}")),
+        }
+    }
+}
+
+/// What the process holds that a stopped server must give back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Footprint {
+    threads: usize,
+    fds: usize,
+    /// Device mappings (memfds and files of this soak).
+    maps: usize,
+}
+
+fn footprint(tag: &str) -> Footprint {
+    let count = |dir: &str| std::fs::read_dir(dir).map_or(0, Iterator::count);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    Footprint {
+        threads: count("/proc/self/task"),
+        fds: count("/proc/self/fd"),
+        maps: maps
+            .lines()
+            .filter(|l| l.contains(tag) || l.contains("/memfd:"))
+            .count(),
+    }
+}
+
+/// The engine's own count of what is still held, as leak lines.
+fn engine_leaks(engine: &Engine) -> Vec<String> {
+    let s = engine.status();
+    let mut out = Vec::new();
+    for field in [
+        "live_slot_count",
+        "borrowed_slot_count",
+        "locked_key_count",
+        "inflight_store_tasks",
+        "inflight_lookup_tasks",
+        "inflight_load_tasks",
+    ] {
+        let n = s[field].as_u64().unwrap_or(0);
+        if n != 0 {
+            out.push(format!("{field}={n} after every key was deleted"));
+        }
+    }
+    out
+}
+
+/// Run a soak; `progress` gets a line every ten seconds.
+#[allow(clippy::too_many_lines)] // setup, the threads, the checks at the end, in order
+pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakReport, String> {
+    if cfg.threads == 0 || cfg.devices == 0 {
+        return Err("--threads and --devices must be at least 1".into());
+    }
+    if cfg.slot_bytes < 4096 || cfg.device_bytes < 4 * cfg.slot_bytes {
+        return Err(format!(
+            "--slot-bytes must be at least 4096 and --device-bytes at least 4 slots (got {} and {})",
+            cfg.slot_bytes, cfg.device_bytes
+        ));
+    }
+    let tag = format!("daxkv-soak-{}-{}", std::process::id(), cfg.seed);
+    let before = footprint(&tag);
+    let mut report = SoakReport {
+        seed: cfg.seed,
+        ..SoakReport::default()
+    };
+    // The engine config, written where the server reads it.
+    let devs: Vec<Value> = (0..cfg.devices)
+        .map(|i| {
+            json!({"device_path": format!("memfd:{tag}-start{i}"),
+                   "max_dax_size_gb": cfg.device_bytes as f64 / (1u64 << 30) as f64,
+                   "max_size_gb": 2.0 * cfg.device_bytes as f64 / (1u64 << 30) as f64})
+        })
+        .collect();
+    let conf = json!({"type": "dax", "slot_bytes": cfg.slot_bytes, "devices": devs,
+                      "hotplug_enabled": true});
+    let conf_path = std::env::temp_dir().join(format!("{tag}.json"));
+    std::fs::write(&conf_path, conf.to_string())
+        .map_err(|e| format!("{}: {e}", conf_path.display()))?;
+    let started = Server::start(&ServeConfig {
+        config: Some(conf_path.clone()),
+        http: HttpConfig::default(),
+        traffic: false,
+    });
+    let _ = std::fs::remove_file(&conf_path);
+    let server = started.map_err(|e| e.to_string())?;
+    let engine = server.engine().clone();
+    let gone = Arc::new(Gone::default());
+    let listener: Arc<dyn Listener> = gone.clone();
+    engine.register_listener(&listener);
+    let addr = server.addr().ok_or("the control plane has no address")?;
+    let client = Client::new(&addr.to_string(), None, Duration::from_secs(120))
+        .map_err(|e| e.to_string())?;
+
+    let counts = Arc::new(Counts::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let total_slots = cfg.devices * (cfg.device_bytes / cfg.slot_bytes);
+    // A third of the starting pool, shared: room for migrations to land.
+    let max_keys = (total_slots / 3 / cfg.threads).max(16);
+    let t0 = Instant::now();
+    let mut ctl = ControlCounts::default();
+    let (lost, transient) = std::thread::scope(|s| {
+        let mut workers = Vec::new();
+        for t in 0..cfg.threads as u64 {
+            let sub = engine.submitter().map_err(|e| e.to_string())?;
+            let mut tr = Traffic {
+                id: t,
+                engine: engine.clone(),
+                sub,
+                rng: Rng(cfg.seed ^ (t + 1).wrapping_mul(0x2545_F491_4F6C_DD1D)),
+                next_n: 0,
+                keys: HashMap::new(),
+                live: Vec::new(),
+                counts: counts.clone(),
+                gone: gone.clone(),
+                slot_bytes: cfg.slot_bytes,
+                max_keys,
+                scratch: Vec::new(),
+            };
+            let (stop, counts) = (stop.clone(), counts.clone());
+            let max_ops = cfg.max_ops;
+            workers.push(s.spawn(move || {
+                // ORDERING: Relaxed — stop flag and op budget: advisory.
+                while !stop.load(Ordering::Relaxed) && counts.ops.load(Ordering::Relaxed) < max_ops
+                {
+                    tr.op();
+                }
+                tr
+            }));
+        }
+        let ctl_thread = cfg.hotplug.then(|| {
+            let (client, stop, ctl) = (&client, &stop, &mut ctl);
+            let rng = Rng(cfg.seed ^ 0xC0_17_20_11);
+            s.spawn(move || control(client, cfg, rng, stop, ctl))
+        });
+        // The clock: one ops/s sample a second, a progress line every ten.
+        let mut last = 0;
+        let mut tick = t0;
+        while t0.elapsed() < cfg.duration
+            // ORDERING: Relaxed — statistics.
+            && counts.ops.load(Ordering::Relaxed) < cfg.max_ops
+            && !workers.iter().any(std::thread::ScopedJoinHandle::is_finished)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+            if tick.elapsed() >= Duration::from_secs(1) {
+                tick += Duration::from_secs(1);
+                // ORDERING: Relaxed — statistics.
+                let now = counts.ops.load(Ordering::Relaxed);
+                report.ops_per_second.push(now - last);
+                last = now;
+                if report.ops_per_second.len().is_multiple_of(10) {
+                    progress(&format!(
+                        "soak: {}s ops={now} ({}/s) acked={} corrupted={} gone={}",
+                        report.ops_per_second.len(),
+                        report.ops_per_second.last().copied().unwrap_or(0),
+                        // ORDERING: Relaxed — statistics.
+                        counts.acked.load(Ordering::Relaxed),
+                        counts.corrupted.load(Ordering::Relaxed),
+                        gone.reported.load(Ordering::Relaxed),
+                    ));
+                }
+            }
+        }
+        // ORDERING: Relaxed — the joins order the rest.
+        stop.store(true, Ordering::Relaxed);
+        if let Some(c) = ctl_thread {
+            let _ = c.join();
+        }
+        let mut traffic: Vec<Traffic> = workers.into_iter().filter_map(|w| w.join().ok()).collect();
+        if traffic.len() != cfg.threads {
+            return Err("a traffic thread panicked".to_string());
+        }
+        let (mut lost, mut transient) = (0, 0);
+        for t in &mut traffic {
+            let (l, tr) = t.finish();
+            lost += l;
+            transient += tr;
+        }
+        Ok((lost, transient))
+    })?;
+    report.lost = lost;
+    report.transient_misses = transient;
+    // ORDERING: Relaxed — every thread is joined.
+    report.ops = counts.ops.load(Ordering::Relaxed);
+    report.bytes_verified = counts.bytes_verified.load(Ordering::Relaxed);
+    report.keys_acknowledged = counts.acked.load(Ordering::Relaxed);
+    report.corrupted = counts.corrupted.load(Ordering::Relaxed);
+    report.stuck = counts.stuck.load(Ordering::Relaxed);
+    report.reported_gone = gone.reported.load(Ordering::Relaxed);
+    report.hotplug_ops = ctl.ok;
+    report.hotplug_refused = ctl.refused;
+    report.control_errors = ctl.errors;
+    report.findings = std::mem::take(
+        &mut *counts
+            .findings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    report.leaked = engine_leaks(&engine);
+    drop(engine);
+    drop(listener);
+    server.stop();
+    for p in &ctl.made {
+        let _ = std::fs::remove_file(p);
+    }
+    let after = footprint(&tag);
+    if after != before {
+        report.leaked.push(format!(
+            "the process held threads/fds/device mappings {}/{}/{} before the server started and {}/{}/{} after it stopped",
+            before.threads, before.fds, before.maps, after.threads, after.fds, after.maps
+        ));
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_checks_only_its_own_key_and_length() {
+        let mut s = Vec::new();
+        for len in [1, 23, 24, 25, 64, 4097] {
+            let mut b = vec![0u8; len];
+            stamp(3, 7, &mut b);
+            assert!(check(3, 7, len, &b, &mut s), "len {len}");
+            assert!(!check(3, 8, len, &b, &mut s), "another number, len {len}");
+            assert!(!check(4, 7, len, &b, &mut s), "another thread, len {len}");
+            if len > 1 {
+                assert!(!check(3, 7, len, &b[..len - 1], &mut s));
+                let mut c = b.clone();
+                c[len - 1] ^= 1;
+                assert!(!check(3, 7, len, &c, &mut s), "last byte, len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn held_compares_medians_of_the_first_and_last_windows() {
+        let r = SoakReport {
+            ops_per_second: vec![10, 12, 11, 5, 9, 9, 8],
+            ..SoakReport::default()
+        };
+        assert_eq!(r.held(3), Some((11, 8, 8.0 / 11.0)));
+        assert_eq!(r.held(4), None);
+    }
+}

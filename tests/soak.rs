@@ -1,0 +1,129 @@
+//! `daxkv soak`: a short run is clean, and the checks it makes can fail.
+//!
+//! The soak counts the process's threads, fds and device mappings before
+//! its server starts and after it stops, so the runs here take turns (one
+//! lock) and nothing else in this binary starts threads meanwhile.
+
+use std::io::{Seek, SeekFrom, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use daxkv::cli::soak::{run, SoakConfig};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+#[test]
+fn a_short_soak_under_hotplug_verifies_bytes_and_leaks_nothing() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cfg = SoakConfig {
+        duration: Duration::from_secs(8),
+        seed: 20_261_205,
+        hotplug_every_ms: 50,
+        ..SoakConfig::default()
+    };
+    let mut lines = Vec::new();
+    let r = run(&cfg, &mut |l| lines.push(l.to_string())).expect("soak runs");
+    println!("{}\n{:?}", r.summary(), r);
+    assert!(r.clean(), "{r:?}");
+    assert!(r.ops > 100, "{r:?}");
+    assert!(r.keys_acknowledged > 0 && r.bytes_verified > 0, "{r:?}");
+    assert!(r.hotplug_ops > 0, "the control thread did nothing: {r:?}");
+    assert_eq!(r.ops_per_second.len(), 8, "{r:?}");
+    assert!(r.summary().ends_with("lost=0 corrupted=0 leaked=0"));
+    let v: serde_json::Value = serde_json::from_str(&r.json()).expect("json");
+    assert_eq!(v["clean"], true);
+    assert_eq!(v["seed"], 20_261_205);
+}
+
+/// Scribbling over the device files while the soak runs must show up as
+/// corrupted keys (the soak's check is not one that cannot fail).
+#[test]
+fn bytes_changed_under_the_soak_are_reported_corrupted() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = std::path::PathBuf::from(format!(
+        "/dev/shm/daxkv-soak-scribble-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let stop = AtomicBool::new(false);
+    let writes = AtomicU64::new(0);
+    let cfg = SoakConfig {
+        duration: Duration::from_secs(6),
+        seed: 99,
+        devices: 1,
+        hotplug_every_ms: 30,
+        shm_dir: dir.clone(),
+        ..SoakConfig::default()
+    };
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            let junk = vec![0xA5u8; 64 << 10];
+            // ORDERING: Relaxed — a stop flag.
+            while !stop.load(Ordering::Relaxed) {
+                for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(e.path()) else {
+                        continue;
+                    };
+                    let len = f.metadata().map_or(0, |m| m.len());
+                    let mut off = 0;
+                    while off + junk.len() as u64 <= len {
+                        if f.seek(SeekFrom::Start(off)).is_ok() && f.write_all(&junk).is_ok() {
+                            writes.fetch_add(1, Ordering::Relaxed);
+                        }
+                        off += 4 * junk.len() as u64;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let r = run(&cfg, &mut |_| {});
+        stop.store(true, Ordering::Relaxed);
+        r
+    })
+    .expect("soak runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("{}\n{:?}", r.summary(), r);
+    assert!(writes.load(Ordering::Relaxed) > 0, "nothing was scribbled");
+    assert!(r.corrupted > 0, "scribbled devices read back clean: {r:?}");
+    assert!(!r.clean());
+    assert!(
+        r.findings.iter().any(|f| f.starts_with("corrupted:")),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn the_command_prints_its_line_and_refuses_faults_when_compiled_out() {
+    // Its pipes are fds of this process.
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let bin = env!("CARGO_BIN_EXE_daxkv");
+    let out = std::process::Command::new(bin)
+        .args(["soak", "--seconds", "2", "--seed", "5", "--threads", "2"])
+        .output()
+        .expect("run daxkv soak");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("soak: seed=5 ops="), "{stdout}");
+    assert!(last.ends_with("lost=0 corrupted=0 leaked=0"), "{stdout}");
+    if !cfg!(feature = "failpoints") {
+        let out = std::process::Command::new(bin)
+            .args(["soak", "--seconds", "1", "--faults"])
+            .output()
+            .expect("run daxkv soak --faults");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("compiled out"), "{stderr}");
+    }
+}
