@@ -33,6 +33,8 @@
 //! The last line reads
 //! `soak: seed=… ops=… bytes_verified=… hotplug_ops=… faults_injected=… lost=0 corrupted=0 leaked=0`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
