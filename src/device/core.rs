@@ -625,36 +625,45 @@ impl DaxCore {
         self.faults.stall_armed.store(true, Ordering::Relaxed);
     }
 
-    #[inline]
+    /// The test-only stall hook: one Relaxed load and a branch when
+    /// disarmed (inlined into every lookup), the rest out of line.
+    #[inline(always)]
     #[cfg_attr(not(any(test, feature = "test-hooks")), allow(clippy::unused_self))]
     fn stall_point(&self, here: u8) {
         #[cfg(any(test, feature = "test-hooks"))]
         {
             // ORDERING: Relaxed — see `inject_stall`.
-            if !self.faults.stall_armed.load(Ordering::Relaxed) {
-                return;
-            }
-            let here = if here == STALL_AFTER_FIND {
-                StallPoint::AfterFind
-            } else {
-                StallPoint::AfterLoad
-            };
-            let f = self.faults.stall.try_lock().ok().and_then(|mut g| {
-                if g.as_ref().is_some_and(|(at, _)| *at == here) {
-                    // ORDERING: Relaxed — as above; stored under the
-                    // mutex, as `inject_stall` stores true.
-                    self.faults.stall_armed.store(false, Ordering::Relaxed);
-                    g.take().map(|(_, f)| f)
-                } else {
-                    None
-                }
-            });
-            if let Some(f) = f {
-                f(self);
+            if self.faults.stall_armed.load(Ordering::Relaxed) {
+                self.stall_armed_point(here);
             }
         }
         #[cfg(not(any(test, feature = "test-hooks")))]
         let _ = here;
+    }
+
+    /// [`DaxCore::stall_point`]'s armed path.
+    #[cfg(any(test, feature = "test-hooks"))]
+    #[cold]
+    #[inline(never)]
+    fn stall_armed_point(&self, here: u8) {
+        let here = if here == STALL_AFTER_FIND {
+            StallPoint::AfterFind
+        } else {
+            StallPoint::AfterLoad
+        };
+        let f = self.faults.stall.try_lock().ok().and_then(|mut g| {
+            if g.as_ref().is_some_and(|(at, _)| *at == here) {
+                // ORDERING: Relaxed — as above; stored under the
+                // mutex, as `inject_stall` stores true.
+                self.faults.stall_armed.store(false, Ordering::Relaxed);
+                g.take().map(|(_, f)| f)
+            } else {
+                None
+            }
+        });
+        if let Some(f) = f {
+            f(self);
+        }
     }
 
     /// Whether the fault hook fails this copy.
@@ -1177,7 +1186,9 @@ impl DaxCore {
         let mut set = ReadSet {
             core: self,
             guard: None,
-            items: Vec::new(),
+            // Room for a task's keys up front (one allocation instead of
+            // a grow per doubling); a long list of misses stays cheap.
+            items: Vec::with_capacity(keys.len().min(64)),
         };
         let Ok(g) = self.arena.enter() else {
             return set;
@@ -1676,6 +1687,11 @@ impl Session<'_> {
     /// if the key is absent or unlocked here.
     pub fn unlock(&self, key: Key) -> bool {
         self.core.unlock_in(key)
+    }
+
+    /// [`DaxCore::delete`] under this session's guard.
+    pub fn delete(&self, key: Key, force: bool) -> bool {
+        self.core.delete_in(key, force)
     }
 }
 

@@ -741,7 +741,7 @@ impl Engine {
                 // without waiting, and on a pending remap let go of the
                 // claim, wait for the remap, and do the key again.
                 match d.core().try_session() {
-                    Ok(_held) => hit |= d.core().delete(k, false),
+                    Ok(s) => hit |= s.delete(k, false),
                     Err(crate::device::arena::TryEnterError::Closed) => {}
                     Err(crate::device::arena::TryEnterError::Busy) => {
                         busy = Some(d.clone());
