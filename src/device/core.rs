@@ -919,12 +919,27 @@ impl DaxCore {
         meta: u32,
         copy: impl FnOnce(&SlotWriter<'_>) -> bool,
     ) -> Result<PutOutcome, PutError> {
+        // Cheap early exit for re-stores, the common case in LMCache.
+        if !self.arena.is_failed() && self.index.contains_live(key, self.is_key(key)) {
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        self.put_absent_with(guard, key, len, meta, copy)
+    }
+
+    /// [`DaxCore::put_with`] without its early presence check, for a
+    /// caller that has just found the key absent (the engine, under the
+    /// key's claim). Still correct for a present key: the index insert
+    /// refuses it and the put answers `AlreadyPresent`.
+    fn put_absent_with(
+        &self,
+        guard: &ArenaGuard<'_>,
+        key: Key,
+        len: usize,
+        meta: u32,
+        copy: impl FnOnce(&SlotWriter<'_>) -> bool,
+    ) -> Result<PutOutcome, PutError> {
         if self.arena.is_failed() {
             return Err(PutError::DeviceFailed);
-        }
-        // Cheap early exit for re-stores, the common case in LMCache.
-        if self.index.contains_live(key, self.is_key(key)) {
-            return Ok(PutOutcome::AlreadyPresent);
         }
         let s = self.bitmap.claim().ok_or(PutError::Full)?;
         // ORDERING: Relaxed — a counter for `usage`.
@@ -1641,6 +1656,25 @@ impl Session<'_> {
             });
         }
         c.put_with(&self.g, key, data.len(), meta, |w| w.write(0, data))
+    }
+
+    /// [`Session::put`] for a key the caller has just found absent on
+    /// this device's index under the engine's key claim: skips the early
+    /// presence check (the insert still refuses a present key).
+    pub(crate) fn put_absent(
+        &self,
+        key: Key,
+        data: &[u8],
+        meta: u32,
+    ) -> Result<PutOutcome, PutError> {
+        let c = self.core;
+        if data.len() > c.slot_bytes {
+            return Err(PutError::TooLarge {
+                len: data.len(),
+                slot_bytes: c.slot_bytes,
+            });
+        }
+        c.put_absent_with(&self.g, key, data.len(), meta, |w| w.write(0, data))
     }
 
     /// [`DaxCore::load_into`] under this session's guard. The slot is

@@ -826,8 +826,18 @@ pub(super) fn store_one(
         // under an older session is listed (a store committed after the
         // list would be lost with the device).
         let d = &devs[i];
+        // The scan above found the key on no readable device under its
+        // claim; a device that is writable but not readable was not
+        // scanned, and there a plain `put` checks first.
+        let scanned = d.state().is_readable();
         match in_session(devs, sessions, i, |s| {
-            d.state().is_writable().then(|| s.put(key, data, 0))
+            d.state().is_writable().then(|| {
+                if scanned {
+                    s.put_absent(key, data, 0)
+                } else {
+                    s.put(key, data, 0)
+                }
+            })
         }) {
             Ok(Some(Some(Ok(_)))) => return Stored::Yes,
             Ok(
