@@ -147,17 +147,16 @@ fn held_on(id: u64) -> u32 {
 /// the table is full (the guard is then not recorded, see the module doc).
 fn note_enter(id: u64) -> Option<u8> {
     HELD.with(|h| {
-        let at = match h.find(id) {
-            Some(at) => at,
-            None => {
-                let used = h.used.get();
-                if used == u8::MAX >> (8 - HELD_ARENAS_MAX) {
-                    return None;
-                }
-                let at = (!used).trailing_zeros() as usize;
-                h.used.set(used | 1 << at);
-                at
+        let at = if let Some(at) = h.find(id) {
+            at
+        } else {
+            let used = h.used.get();
+            if used == u8::MAX >> (8 - HELD_ARENAS_MAX) {
+                return None;
             }
+            let at = (!used).trailing_zeros() as usize;
+            h.used.set(used | 1 << at);
+            at
         };
         let (_, n) = h.entries[at].get();
         h.entries[at].set((id, n + 1));

@@ -627,6 +627,8 @@ impl DaxCore {
 
     /// The test-only stall hook: one Relaxed load and a branch when
     /// disarmed (inlined into every lookup), the rest out of line.
+    // Always: a call per lookup step cost ~50 instructions (perf/README.md).
+    #[allow(clippy::inline_always)]
     #[inline(always)]
     #[cfg_attr(not(any(test, feature = "test-hooks")), allow(clippy::unused_self))]
     fn stall_point(&self, here: u8) {

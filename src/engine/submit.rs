@@ -356,10 +356,10 @@ impl Inner {
             };
             let w = match rr.as_deref_mut() {
                 // A submitter's own counter: no shared write per part.
-                Some(r) => {
-                    let w = *r % workers;
-                    *r = r.wrapping_add(1);
-                    w
+                Some(own) => {
+                    let next = *own % workers;
+                    *own = own.wrapping_add(1);
+                    next
                 }
                 // ORDERING: Relaxed — round-robin spreading only.
                 None => pool.rr.fetch_add(1, Ordering::Relaxed) % workers,
