@@ -101,48 +101,82 @@ pub const HELD_ARENAS_MAX: usize = 8;
 /// Source of process-unique arena ids (never reused; 2^64 opens).
 static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The arenas this thread holds guards on and has not dropped.
+struct Held {
+    /// Bit `i` set: `entries[i]` is in use.
+    used: Cell<u8>,
+    /// `(arena id, guards)`; an entry stays at its index while its count
+    /// is above zero, so a guard remembers where it was recorded.
+    entries: [Cell<(u64, u32)>; HELD_ARENAS_MAX],
+}
+
+const _: () = assert!(HELD_ARENAS_MAX <= 8, "`Held::used` has a bit per entry");
+
+impl Held {
+    /// The entry of arena `id`: only the entries in use are looked at (a
+    /// thread usually holds none or one).
+    #[inline]
+    fn find(&self, id: u64) -> Option<usize> {
+        let mut m = self.used.get();
+        while m != 0 {
+            let at = m.trailing_zeros() as usize;
+            if self.entries[at].get().0 == id {
+                return Some(at);
+            }
+            m &= m - 1;
+        }
+        None
+    }
+}
+
 thread_local! {
-    /// `(arena id, guards)` this thread holds and has not dropped.
-    static HELD: Cell<[(u64, u32); HELD_ARENAS_MAX]> =
-        const { Cell::new([(0, 0); HELD_ARENAS_MAX]) };
+    static HELD: Held = const {
+        Held {
+            used: Cell::new(0),
+            entries: [const { Cell::new((0, 0)) }; HELD_ARENAS_MAX],
+        }
+    };
 }
 
 /// Guards this thread holds on arena `id`.
 fn held_on(id: u64) -> u32 {
-    HELD.with(|h| {
-        h.get()
-            .iter()
-            .find(|(i, _)| *i == id)
-            .map_or(0, |&(_, n)| n)
-    })
+    HELD.with(|h| h.find(id).map_or(0, |at| h.entries[at].get().1))
 }
 
-/// Record one more guard on `id`; false if the table is full (the guard
-/// is then not recorded, see the module doc).
-fn note_enter(id: u64) -> bool {
+/// Record one more guard on `id`: the index of its entry, or `None` if
+/// the table is full (the guard is then not recorded, see the module doc).
+fn note_enter(id: u64) -> Option<u8> {
     HELD.with(|h| {
-        let mut t = h.get();
-        let at = t
-            .iter()
-            .position(|(i, _)| *i == id)
-            .or_else(|| t.iter().position(|&(_, n)| n == 0));
-        let Some(at) = at else { return false };
-        t[at] = (id, t[at].1 + 1);
-        h.set(t);
-        true
-    })
-}
-
-fn note_leave(id: u64) {
-    HELD.with(|h| {
-        let mut t = h.get();
-        if let Some(e) = t.iter_mut().find(|(i, n)| *i == id && *n > 0) {
-            e.1 -= 1;
-            if e.1 == 0 {
-                *e = (0, 0);
+        let at = if let Some(at) = h.find(id) {
+            at
+        } else {
+            let used = h.used.get();
+            if used == u8::MAX >> (8 - HELD_ARENAS_MAX) {
+                return None;
             }
+            let at = (!used).trailing_zeros() as usize;
+            h.used.set(used | 1 << at);
+            at
+        };
+        let (_, n) = h.entries[at].get();
+        h.entries[at].set((id, n + 1));
+        Some(at as u8)
+    })
+}
+
+/// Drop one guard on `id` recorded at entry `at` (by `note_enter`; a
+/// guard is not `Send`, so this is the thread that recorded it).
+fn note_leave(id: u64, at: u8) {
+    HELD.with(|h| {
+        let c = &h.entries[usize::from(at)];
+        match c.get() {
+            (i, n) if i == id && n > 1 => c.set((id, n - 1)),
+            (i, 1) if i == id => {
+                c.set((0, 0));
+                h.used.set(h.used.get() & !(1 << at));
+            }
+            _ => debug_assert!(false, "a recorded guard's entry moved"),
         }
-        h.set(t);
     });
 }
 
@@ -1161,8 +1195,9 @@ pub struct ArenaGuard<'a> {
     arena: &'a Arena,
     base: *mut u8,
     len: usize,
-    /// Counted in this thread's nested-guard record (module doc).
-    recorded: bool,
+    /// The entry of this thread's nested-guard record that counts it
+    /// (module doc); `None` when the record was full.
+    recorded: Option<u8>,
 }
 
 impl std::fmt::Debug for ArenaGuard<'_> {
@@ -1181,8 +1216,8 @@ unsafe impl Sync for ArenaGuard<'_> {}
 
 impl Drop for ArenaGuard<'_> {
     fn drop(&mut self) {
-        if self.recorded {
-            note_leave(self.arena.id);
+        if let Some(at) = self.recorded {
+            note_leave(self.arena.id, at);
         }
         self.arena.leave();
     }

@@ -264,21 +264,30 @@ mod x86 {
     pub(crate) unsafe fn nt_avx512(dst: *mut u8, src: *const u8, len: usize) {
         const V: usize = 64;
         let head = head_len(dst, V, len);
-        // SAFETY: head <= len; ranges valid, disjoint and race-free (the
-        // contract's point 2).
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-        let mut off = head;
-        // 4 vectors per iteration: enough loads in flight to saturate the
-        // write-combining buffers without needing a prefetch.
-        while off + 4 * V <= len {
-            // SAFETY:
-            // 1. off + 4V <= len, so every load and store is in bounds;
-            // 2. dst + off is 64-aligned (head brought it there), as
-            //    `_mm512_stream_si512` requires;
-            // 3. loads are unaligned loads.
-            unsafe {
-                let from = src.add(off).cast::<__m512i>();
-                let to = dst.add(off).cast::<__m512i>();
+        if head > 0 {
+            // SAFETY: head <= len; ranges valid, disjoint and race-free (the
+            // contract's point 2).
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+        }
+        // Whole vectors after the head; the loops walk pointers (no offset
+        // arithmetic per store) and end at `end4` / `end`.
+        let vectors = (len - head) / V;
+        let done = head + vectors * V;
+        // SAFETY:
+        // 1. head + vectors * V = done <= len, so every pointer below stays
+        //    inside the two ranges (or one past their vector part) and every
+        //    load and store is in bounds;
+        // 2. `to` starts at dst + head, which is 64-aligned (head brought it
+        //    there), and moves in whole vectors, as `_mm512_stream_si512` requires;
+        // 3. loads are unaligned loads.
+        unsafe {
+            let mut from = src.add(head).cast::<__m512i>();
+            let mut to = dst.add(head).cast::<__m512i>();
+            let end = to.add(vectors);
+            let end4 = to.add(vectors & !3);
+            // 4 vectors per iteration: enough loads in flight to saturate
+            // the write-combining buffers without needing a prefetch.
+            while to < end4 {
                 let v0 = _mm512_loadu_si512(from);
                 let v1 = _mm512_loadu_si512(from.add(1));
                 let v2 = _mm512_loadu_si512(from.add(2));
@@ -287,19 +296,19 @@ mod x86 {
                 _mm512_stream_si512(to.add(1), v1);
                 _mm512_stream_si512(to.add(2), v2);
                 _mm512_stream_si512(to.add(3), v3);
+                from = from.add(4);
+                to = to.add(4);
             }
-            off += 4 * V;
-        }
-        while off + V <= len {
-            // SAFETY: in bounds (off + V <= len) and dst + off is 64-aligned.
-            unsafe {
-                let v = _mm512_loadu_si512(src.add(off).cast::<__m512i>());
-                _mm512_stream_si512(dst.add(off).cast::<__m512i>(), v);
+            while to < end {
+                _mm512_stream_si512(to, _mm512_loadu_si512(from));
+                from = from.add(1);
+                to = to.add(1);
             }
-            off += V;
         }
-        // SAFETY: off <= len; the tail is in bounds.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), len - off) };
+        if done < len {
+            // SAFETY: done < len; the tail is in bounds.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done) };
+        }
         // Streaming stores are weakly ordered: fence so the caller's Release
         // store that publishes this data cannot pass them.
         sfence();
@@ -314,15 +323,28 @@ mod x86 {
     pub(crate) unsafe fn nt_avx2(dst: *mut u8, src: *const u8, len: usize) {
         const V: usize = 32;
         let head = head_len(dst, V, len);
-        // SAFETY: head <= len; ranges valid, disjoint and race-free (the
-        // contract's point 2).
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-        let mut off = head;
-        while off + 4 * V <= len {
-            // SAFETY: in bounds (off + 4V <= len); dst + off is 32-aligned.
-            unsafe {
-                let from = src.add(off).cast::<__m256i>();
-                let to = dst.add(off).cast::<__m256i>();
+        if head > 0 {
+            // SAFETY: head <= len; ranges valid, disjoint and race-free (the
+            // contract's point 2).
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+        }
+        // Whole vectors after the head; the loops walk pointers (no offset
+        // arithmetic per store) and end at `end4` / `end`.
+        let vectors = (len - head) / V;
+        let done = head + vectors * V;
+        // SAFETY:
+        // 1. head + vectors * V = done <= len, so every pointer below stays
+        //    inside the two ranges (or one past their vector part) and every
+        //    load and store is in bounds;
+        // 2. `to` starts at dst + head, which is 32-aligned (head brought it
+        //    there), and moves in whole vectors, as `_mm256_stream_si256` requires;
+        // 3. loads are unaligned loads.
+        unsafe {
+            let mut from = src.add(head).cast::<__m256i>();
+            let mut to = dst.add(head).cast::<__m256i>();
+            let end = to.add(vectors);
+            let end4 = to.add(vectors & !3);
+            while to < end4 {
                 let v0 = _mm256_loadu_si256(from);
                 let v1 = _mm256_loadu_si256(from.add(1));
                 let v2 = _mm256_loadu_si256(from.add(2));
@@ -331,19 +353,19 @@ mod x86 {
                 _mm256_stream_si256(to.add(1), v1);
                 _mm256_stream_si256(to.add(2), v2);
                 _mm256_stream_si256(to.add(3), v3);
+                from = from.add(4);
+                to = to.add(4);
             }
-            off += 4 * V;
-        }
-        while off + V <= len {
-            // SAFETY: in bounds and dst + off is 32-aligned.
-            unsafe {
-                let v = _mm256_loadu_si256(src.add(off).cast::<__m256i>());
-                _mm256_stream_si256(dst.add(off).cast::<__m256i>(), v);
+            while to < end {
+                _mm256_stream_si256(to, _mm256_loadu_si256(from));
+                from = from.add(1);
+                to = to.add(1);
             }
-            off += V;
         }
-        // SAFETY: off <= len; the tail is in bounds.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), len - off) };
+        if done < len {
+            // SAFETY: done < len; the tail is in bounds.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done) };
+        }
         sfence();
     }
 

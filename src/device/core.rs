@@ -625,36 +625,47 @@ impl DaxCore {
         self.faults.stall_armed.store(true, Ordering::Relaxed);
     }
 
-    #[inline]
+    /// The test-only stall hook: one Relaxed load and a branch when
+    /// disarmed (inlined into every lookup), the rest out of line.
+    // Always: a call per lookup step cost ~50 instructions (perf/README.md).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     #[cfg_attr(not(any(test, feature = "test-hooks")), allow(clippy::unused_self))]
     fn stall_point(&self, here: u8) {
         #[cfg(any(test, feature = "test-hooks"))]
         {
             // ORDERING: Relaxed — see `inject_stall`.
-            if !self.faults.stall_armed.load(Ordering::Relaxed) {
-                return;
-            }
-            let here = if here == STALL_AFTER_FIND {
-                StallPoint::AfterFind
-            } else {
-                StallPoint::AfterLoad
-            };
-            let f = self.faults.stall.try_lock().ok().and_then(|mut g| {
-                if g.as_ref().is_some_and(|(at, _)| *at == here) {
-                    // ORDERING: Relaxed — as above; stored under the
-                    // mutex, as `inject_stall` stores true.
-                    self.faults.stall_armed.store(false, Ordering::Relaxed);
-                    g.take().map(|(_, f)| f)
-                } else {
-                    None
-                }
-            });
-            if let Some(f) = f {
-                f(self);
+            if self.faults.stall_armed.load(Ordering::Relaxed) {
+                self.stall_armed_point(here);
             }
         }
         #[cfg(not(any(test, feature = "test-hooks")))]
         let _ = here;
+    }
+
+    /// [`DaxCore::stall_point`]'s armed path.
+    #[cfg(any(test, feature = "test-hooks"))]
+    #[cold]
+    #[inline(never)]
+    fn stall_armed_point(&self, here: u8) {
+        let here = if here == STALL_AFTER_FIND {
+            StallPoint::AfterFind
+        } else {
+            StallPoint::AfterLoad
+        };
+        let f = self.faults.stall.try_lock().ok().and_then(|mut g| {
+            if g.as_ref().is_some_and(|(at, _)| *at == here) {
+                // ORDERING: Relaxed — as above; stored under the
+                // mutex, as `inject_stall` stores true.
+                self.faults.stall_armed.store(false, Ordering::Relaxed);
+                g.take().map(|(_, f)| f)
+            } else {
+                None
+            }
+        });
+        if let Some(f) = f {
+            f(self);
+        }
     }
 
     /// Whether the fault hook fails this copy.
@@ -910,12 +921,27 @@ impl DaxCore {
         meta: u32,
         copy: impl FnOnce(&SlotWriter<'_>) -> bool,
     ) -> Result<PutOutcome, PutError> {
+        // Cheap early exit for re-stores, the common case in LMCache.
+        if !self.arena.is_failed() && self.index.contains_live(key, self.is_key(key)) {
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        self.put_absent_with(guard, key, len, meta, copy)
+    }
+
+    /// [`DaxCore::put_with`] without its early presence check, for a
+    /// caller that has just found the key absent (the engine, under the
+    /// key's claim). Still correct for a present key: the index insert
+    /// refuses it and the put answers `AlreadyPresent`.
+    fn put_absent_with(
+        &self,
+        guard: &ArenaGuard<'_>,
+        key: Key,
+        len: usize,
+        meta: u32,
+        copy: impl FnOnce(&SlotWriter<'_>) -> bool,
+    ) -> Result<PutOutcome, PutError> {
         if self.arena.is_failed() {
             return Err(PutError::DeviceFailed);
-        }
-        // Cheap early exit for re-stores, the common case in LMCache.
-        if self.index.contains_live(key, self.is_key(key)) {
-            return Ok(PutOutcome::AlreadyPresent);
         }
         let s = self.bitmap.claim().ok_or(PutError::Full)?;
         // ORDERING: Relaxed — a counter for `usage`.
@@ -1177,7 +1203,9 @@ impl DaxCore {
         let mut set = ReadSet {
             core: self,
             guard: None,
-            items: Vec::new(),
+            // Room for a task's keys up front (one allocation instead of
+            // a grow per doubling); a long list of misses stays cheap.
+            items: Vec::with_capacity(keys.len().min(64)),
         };
         let Ok(g) = self.arena.enter() else {
             return set;
@@ -1632,6 +1660,25 @@ impl Session<'_> {
         c.put_with(&self.g, key, data.len(), meta, |w| w.write(0, data))
     }
 
+    /// [`Session::put`] for a key the caller has just found absent on
+    /// this device's index under the engine's key claim: skips the early
+    /// presence check (the insert still refuses a present key).
+    pub(crate) fn put_absent(
+        &self,
+        key: Key,
+        data: &[u8],
+        meta: u32,
+    ) -> Result<PutOutcome, PutError> {
+        let c = self.core;
+        if data.len() > c.slot_bytes {
+            return Err(PutError::TooLarge {
+                len: data.len(),
+                slot_bytes: c.slot_bytes,
+            });
+        }
+        c.put_absent_with(&self.g, key, data.len(), meta, |w| w.write(0, data))
+    }
+
     /// [`DaxCore::load_into`] under this session's guard. The slot is
     /// borrowed directly: no read set, no allocation.
     pub fn load_into(&self, key: Key, dst: &mut [u8]) -> Option<usize> {
@@ -1676,6 +1723,11 @@ impl Session<'_> {
     /// if the key is absent or unlocked here.
     pub fn unlock(&self, key: Key) -> bool {
         self.core.unlock_in(key)
+    }
+
+    /// [`DaxCore::delete`] under this session's guard.
+    pub fn delete(&self, key: Key, force: bool) -> bool {
+        self.core.delete_in(key, force)
     }
 }
 

@@ -138,7 +138,7 @@ pub use pool::{DeviceId, DeviceInfo, DeviceSpec, DeviceState};
 pub use submit::{Refused, Submitter, SPLIT_MIN_KEYS};
 pub use task::MAX_TABLE_KEYS;
 
-use pool::DevicePool;
+use pool::{DeviceListCache, DevicePool};
 use records::ReadySet;
 use task::TaskTable;
 pub use worker::WorkerPlacement;
@@ -614,8 +614,9 @@ impl Engine {
     /// both, `hotplug_interleavings::an_unlock_never_lands_inside_a_move` pins the
     /// first, `tests/loom_claims.rs` models the hand-over.
     pub fn submit_unlock(&self, keys: &[Key]) {
+        let mut devs = self.inner.pool.list_cache();
         for &k in keys {
-            self.unlock_one(k);
+            self.unlock_one(k, &mut devs);
         }
         self.inner
             .metrics
@@ -626,10 +627,11 @@ impl Engine {
     /// claim holder never waits on an arena: on a pending remap it lets go
     /// of the claim, waits for the remap, and does the key again (nothing
     /// was released yet: the first device that releases a lock ends it).
-    fn unlock_one(&self, k: Key) {
+    fn unlock_one(&self, k: Key, devs_now: &mut DeviceListCache<'_>) {
         loop {
             let claim = self.inner.pool.claims.claim(k);
-            let devs = self.inner.pool.list();
+            // Read under the claim (see `DevicePool::list_cache`).
+            let devs = devs_now.load();
             let mut busy = None;
             for d in devs.iter() {
                 match d.core().try_session() {
@@ -716,6 +718,7 @@ impl Engine {
             return 0;
         }
         let before = out.len();
+        let mut devs_now = self.inner.pool.list_cache();
         let mut i = 0;
         while i < keys.len() {
             let k = keys[i];
@@ -732,7 +735,7 @@ impl Engine {
                 i += 1;
                 continue;
             };
-            let devs = self.inner.pool.list();
+            let devs = devs_now.load();
             let mut hit = false;
             let mut busy = None;
             for d in devs.iter() {
@@ -741,7 +744,7 @@ impl Engine {
                 // without waiting, and on a pending remap let go of the
                 // claim, wait for the remap, and do the key again.
                 match d.core().try_session() {
-                    Ok(_held) => hit |= d.core().delete(k, false),
+                    Ok(s) => hit |= s.delete(k, false),
                     Err(crate::device::arena::TryEnterError::Closed) => {}
                     Err(crate::device::arena::TryEnterError::Busy) => {
                         busy = Some(d.clone());

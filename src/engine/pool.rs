@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use arc_swap::{ArcSwap, Guard};
+use arc_swap::{ArcSwap, Cache, Guard};
 
 use super::claims::ClaimTable;
 use super::{Engine, EngineError};
@@ -288,6 +288,9 @@ impl Entry {
     }
 }
 
+/// [`DevicePool::list_cache`]'s cache of the device list.
+pub(super) type DeviceListCache<'a> = Cache<&'a ArcSwap<Vec<Arc<Device>>>, Arc<Vec<Arc<Device>>>>;
+
 /// The device list and the state the control plane changes under one
 /// mutex.
 pub(super) struct DevicePool {
@@ -341,6 +344,17 @@ impl DevicePool {
             slot_bytes,
             claims: ClaimTable::default(),
         })
+    }
+
+    /// The device list through a cache, for a loop over many keys: each
+    /// `load` re-reads only the list's pointer and reloads when it changed
+    /// (one full load per loop instead of one per key). A `load` under a
+    /// key's claim still returns every list an earlier holder of that
+    /// claim saw: that holder's load read the new pointer before its
+    /// claim's Release, our claim's Acquire orders that before our re-read,
+    /// and a read ordered after a store sees it or a later one.
+    pub(super) fn list_cache(&self) -> DeviceListCache<'_> {
+        Cache::new(&self.devices)
     }
 
     /// The devices now, tombstones left out (lock-free; cheap).
@@ -826,8 +840,18 @@ pub(super) fn store_one(
         // under an older session is listed (a store committed after the
         // list would be lost with the device).
         let d = &devs[i];
+        // The scan above found the key on no readable device under its
+        // claim; a device that is writable but not readable was not
+        // scanned, and there a plain `put` checks first.
+        let scanned = d.state().is_readable();
         match in_session(devs, sessions, i, |s| {
-            d.state().is_writable().then(|| s.put(key, data, 0))
+            d.state().is_writable().then(|| {
+                if scanned {
+                    s.put_absent(key, data, 0)
+                } else {
+                    s.put(key, data, 0)
+                }
+            })
         }) {
             Ok(Some(Some(Ok(_)))) => return Stored::Yes,
             Ok(

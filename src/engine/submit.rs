@@ -242,6 +242,7 @@ impl Engine {
         Ok(Submitter {
             inner: self.inner.clone(),
             sqs,
+            rr: [0; 3],
         })
     }
 }
@@ -250,17 +251,20 @@ impl Inner {
     /// The shared submit path: a CAS on the worker's MPMC queue. A thread
     /// with a `Submitter` pushes to rings of its own instead.
     fn enqueue(&self, kind: TaskKind, i: Inputs) -> Enqueued {
-        self.enqueue_with(kind, i, |pool, w, e| {
+        self.enqueue_with(kind, i, None, |pool, w, e| {
             pool.shared[w].push(&pool.wakes[w], e);
         })
     }
 
     /// Record the task in the table, then hand its parts to `push`
-    /// (worker index, entry).
+    /// (worker index, entry). Parts go round-robin over the pool's workers:
+    /// by `rr` when the caller has a counter of its own (a [`Submitter`]),
+    /// else by the pool's shared one.
     fn enqueue_with(
         &self,
         kind: TaskKind,
         i: Inputs,
+        rr: Option<&mut usize>,
         push: impl FnMut(&WorkerPool, usize, Sqe),
     ) -> Enqueued {
         // Count the task before checking `closing` (the arena-gate habit):
@@ -283,7 +287,7 @@ impl Inner {
         let r = if self.closing.load(Ordering::SeqCst) {
             Err((EngineError::Closing, i))
         } else {
-            self.record_and_push(kind, i, push)
+            self.record_and_push(kind, i, rr, push)
         };
         undo.1 = r.is_err();
         r
@@ -293,9 +297,14 @@ impl Inner {
         &self,
         kind: TaskKind,
         i: Inputs,
+        mut rr: Option<&mut usize>,
         mut push: impl FnMut(&WorkerPool, usize, Sqe),
     ) -> Enqueued {
-        let Some(workers) = self.workers.load_full() else {
+        // A borrow, not a counted reference: no shared reference count is
+        // written per submit (`close` waits for `inflight` first, and its
+        // `swap` turns any borrow left into a counted reference).
+        let workers = self.workers.load();
+        let Some(workers) = workers.as_ref() else {
             return Err((EngineError::Closing, i));
         };
         let pool = &workers[kind.idx()];
@@ -345,8 +354,16 @@ impl Inner {
                 start: start as u32,
                 len: per.min(n - start.min(n)) as u32,
             };
-            // ORDERING: Relaxed — round-robin spreading only.
-            let w = pool.rr.fetch_add(1, Ordering::Relaxed) % workers;
+            let w = match rr.as_deref_mut() {
+                // A submitter's own counter: no shared write per part.
+                Some(own) => {
+                    let next = *own % workers;
+                    *own = own.wrapping_add(1);
+                    next
+                }
+                // ORDERING: Relaxed — round-robin spreading only.
+                None => pool.rr.fetch_add(1, Ordering::Relaxed) % workers,
+            };
             push(pool, w, e);
         }
         Ok(TaskId(id))
@@ -396,6 +413,8 @@ pub struct Submitter {
     inner: Arc<Inner>,
     /// Per kind, one ring to each worker.
     sqs: [Vec<Producer<Sqe>>; 3],
+    /// Per kind, this submitter's round-robin position over the workers.
+    rr: [usize; 3],
 }
 
 impl std::fmt::Debug for Submitter {
@@ -407,7 +426,8 @@ impl std::fmt::Debug for Submitter {
 impl Submitter {
     fn submit(&mut self, kind: TaskKind, i: Inputs) -> Enqueued {
         let sqs = &mut self.sqs[kind.idx()];
-        self.inner.enqueue_with(kind, i, |pool, w, e| {
+        let rr = &mut self.rr[kind.idx()];
+        self.inner.enqueue_with(kind, i, Some(rr), |pool, w, e| {
             push_sqe(&mut sqs[w], &pool.wakes[w], e);
         })
     }
