@@ -607,8 +607,8 @@ impl Engine {
         self.inner.hotplug_enabled
     }
 
-    /// The one live (not closed, removed or failed) device with this exact
-    /// path string.
+    /// The one live (not closed or removed) device with this exact path
+    /// string; a failed device is found too (remove accepts it).
     pub fn find_device(&self, path: &str) -> Result<DeviceId, HotplugError> {
         let path = path.trim();
         if path.is_empty() {
@@ -620,7 +620,7 @@ impl Engine {
             .enumerate()
             .filter(|(_, d)| {
                 let s = d.state();
-                !s.is_tombstone() && s != DeviceState::Failed && d.path() == path
+                !s.is_tombstone() && d.path() == path
             })
             .map(|(_, d)| (d.index(), d.id(), d.state()))
             .collect();
@@ -631,7 +631,7 @@ impl Engine {
         }
     }
 
-    /// The live (not closed, removed or failed) device of status index
+    /// The live (not closed or removed; failed counts) device of status index
     /// `index` (`Device::index`: tombstones keep theirs). Not a position
     /// in the pool's list, which a removed device leaves: after a removal
     /// that position named the next device (`tests/hotplug.rs::
@@ -639,7 +639,7 @@ impl Engine {
     pub fn find_device_at(&self, index: usize) -> Result<DeviceId, HotplugError> {
         let devs = self.inner.pool.list();
         match devs.iter().find(|d| d.index() == index) {
-            Some(d) if !d.state().is_tombstone() && d.state() != DeviceState::Failed => Ok(d.id()),
+            Some(d) if !d.state().is_tombstone() => Ok(d.id()),
             _ => Err(HotplugError::NotFound),
         }
     }
@@ -942,6 +942,9 @@ impl Engine {
     ) -> Result<RemoveReport, HotplugError> {
         let admin = self.hotplug_admin()?;
         let (index, dev) = self.device(id)?;
+        if dev.state() == DeviceState::Failed {
+            return Ok(self.remove_failed(&admin, index, &dev, mode, told));
+        }
         if mode == RemoveMode::Migrate
             && !self
                 .inner
@@ -1004,6 +1007,49 @@ impl Engine {
             .pool
             .retire(&admin, |d| d.id() == id, DeviceState::Removed);
         Ok(report(moved, bytes, deleted, moved + deleted))
+    }
+
+    /// Remove failed device `dev` (docs/hotplug.md, "Failed devices"):
+    /// migrate and evict both evict (its keys cannot be read; those not yet
+    /// reported go to `told`), with nothing to block them (a lock or a
+    /// borrow on a device that serves nothing holds nothing), and leave a
+    /// `removed` tombstone. Drain changes nothing: a failed device already
+    /// takes no stores.
+    fn remove_failed(
+        &self,
+        admin: &MutexGuard<'_, ()>,
+        index: usize,
+        dev: &Arc<Device>,
+        mode: RemoveMode,
+        told: &mut Vec<Key>,
+    ) -> RemoveReport {
+        let report = |mode, deleted_keys, state| RemoveReport {
+            index,
+            id: dev.id(),
+            path: dev.path().to_string(),
+            mode,
+            moved_keys: 0,
+            moved_bytes: 0,
+            deleted_keys,
+            source_slots_freed: deleted_keys,
+            state,
+        };
+        if mode == RemoveMode::Drain {
+            return report(mode, 0, DeviceState::Failed);
+        }
+        if dev.take_failure_report() {
+            told.extend(self.inner.evict_failed(dev));
+        }
+        let deleted = told.len();
+        // Copies still running on it end with the device's failure (their
+        // operations fail): wait for them up to the drain timeout.
+        let _ = quiesce(dev, true);
+        dev.set_state(DeviceState::Removing);
+        dev.core().close();
+        self.inner
+            .pool
+            .retire(admin, |d| d.id() == dev.id(), DeviceState::Removed);
+        report(RemoveMode::Evict, deleted, DeviceState::Removed)
     }
 
     /// Resize device `id` to `size_bytes` (docs/lmcache-dax-behavior.md

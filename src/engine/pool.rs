@@ -48,7 +48,10 @@ pub enum DeviceState {
     Removing = 4,
     /// Closed by the engine's close: a tombstone.
     Closed = 5,
-    /// Failed: serves nothing; the pool reports unhealthy.
+    /// Failed (a SIGBUS in one of its copies, or set by the control
+    /// plane): serves nothing, never again; its keys are reported deleted;
+    /// the pool serves on with the others, degraded (docs/hotplug.md,
+    /// "Failed devices"). Remove is the only way out.
     Failed = 6,
     /// Removed: a tombstone kept so ids are never reused.
     Removed = 7,
@@ -116,6 +119,8 @@ pub(crate) struct Device {
     path: String,
     state: AtomicU8,
     core: DaxCore,
+    /// Its keys were reported deleted after it failed (once).
+    failure_reported: AtomicBool,
 }
 
 impl Device {
@@ -147,6 +152,15 @@ impl Device {
         } else {
             s
         }
+    }
+
+    /// True for the one caller that is to report this failed device's
+    /// keys deleted (`Engine::report_failed_devices`); false ever after.
+    pub(super) fn take_failure_report(&self) -> bool {
+        // ORDERING: Relaxed — the swap's atomicity alone makes one caller
+        // the reporter; nothing is published through the flag (the keys
+        // are read under their claims after it).
+        !self.failure_reported.swap(true, Ordering::Relaxed)
     }
 
     /// Change its state (the pool's control plane only).
@@ -330,6 +344,7 @@ impl DevicePool {
                 path: spec.path,
                 state: AtomicU8::new(DeviceState::Active as u8),
                 core,
+                failure_reported: AtomicBool::new(false),
             }));
         }
         let n = devs.len() as u32;
@@ -478,6 +493,7 @@ impl DevicePool {
             path: spec.path.clone(),
             state: AtomicU8::new(DeviceState::Active as u8),
             core,
+            failure_reported: AtomicBool::new(false),
         }));
         // Under `admin`: nobody else replaces the list meanwhile.
         self.devices.store(Arc::new(v));
@@ -554,7 +570,11 @@ impl DevicePool {
             Err(e) => return Err(e),
         };
         let from = d.state();
-        if from.is_tombstone() || to == DeviceState::Closed {
+        // A failed device never serves again: remove is its only way out
+        // (its keys were reported deleted).
+        let failed_out =
+            from == DeviceState::Failed && to != DeviceState::Failed && !to.is_tombstone();
+        if from.is_tombstone() || to == DeviceState::Closed || failed_out {
             return Err(EngineError::StateChange {
                 id: id.0,
                 from: from.name(),
@@ -708,7 +728,11 @@ impl Engine {
         id: DeviceId,
         to: DeviceState,
     ) -> Result<DeviceState, EngineError> {
-        self.inner.pool.set_state(id, to, &self.inner.closing)
+        let from = self.inner.pool.set_state(id, to, &self.inner.closing)?;
+        if to == DeviceState::Failed {
+            self.report_failed_devices();
+        }
+        Ok(from)
     }
 }
 
