@@ -458,3 +458,176 @@ fn every_task_completes_after_a_device_fails_a_worker_panics_and_close() {
     assert!(t0.elapsed() < drain, "close answered every task in time");
     assert_eq!(e.status()["task_records_in_use"], 0);
 }
+
+// ----- no caller buffer is written after its task completed -----
+
+const CHILD: &str = "DAXKV_FAILPOINTS_CHILD";
+const SURVIVED: &str = "daxkv-failpoints-child: survived";
+
+/// Run test `name` alone in a child process (this binary) with `CHILD`
+/// set: a write into a protected page kills the child (SIGSEGV), which the
+/// parent reports, instead of the whole test binary.
+fn in_child(name: &str) -> Option<std::process::Output> {
+    if std::env::var(CHILD).as_deref() == Ok(name) {
+        return None;
+    }
+    Some(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, name)
+            .output()
+            .unwrap(),
+    )
+}
+
+/// An anonymous read-write mapping of `len` bytes (page-aligned), unmapped
+/// on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize) -> Mapping {
+        // SAFETY: a fresh anonymous private mapping; no address hint.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap {len} bytes");
+        Mapping { ptr: p.cast(), len }
+    }
+
+    /// Make `at..at + len` read-only: a later write there is SIGSEGV.
+    fn protect(&self, at: usize, len: usize) {
+        assert!(at + len <= self.len);
+        // SAFETY: a page-aligned range inside our own mapping.
+        let r = unsafe { libc::mprotect(self.ptr.add(at).cast(), len, libc::PROT_READ) };
+        assert_eq!(r, 0, "mprotect");
+    }
+
+    fn bytes(&self, at: usize, len: usize) -> &[u8] {
+        assert!(at + len <= self.len);
+        // SAFETY: inside our mapping; read only after the task that wrote
+        // it completed (no writer remains).
+        unsafe { std::slice::from_raw_parts(self.ptr.add(at), len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+// SAFETY: the mapping is plain memory; the test hands disjoint ranges to
+// the engine and reads a range only after its task completed.
+unsafe impl Sync for Mapping {}
+
+/// Loads of 16 keys each (split over the load workers) into an mmap'd
+/// destination, with copies slowed down; a waiter thread makes each
+/// task's destination read-only the moment the task is answered, while a
+/// device fails, two task parts panic, and close is called. A worker
+/// that wrote a destination after its task completed would kill the
+/// child with SIGSEGV; it survives, every load is answered, and every
+/// hit holds its key's bytes.
+///
+/// The mechanism checked once: protecting each destination right after
+/// its submit (before completion) kills the child with SIGSEGV.
+#[test]
+fn no_destination_is_written_after_its_load_completed() {
+    const NAME: &str = "no_destination_is_written_after_its_load_completed";
+    if let Some(o) = in_child(NAME) {
+        let (so, se) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        use std::os::unix::process::ExitStatusExt;
+        assert!(
+            o.status.success() && so.contains(SURVIVED),
+            "child ended {:?} (signal {:?})\nstdout:\n{so}\nstderr:\n{se}",
+            o.status,
+            o.status.signal()
+        );
+        return;
+    }
+    const KEYS: usize = 16;
+    const TASKS: usize = 48;
+    let e = engine(3, EngineOptions::default());
+    for i in 0..(KEYS as u32 + 8) {
+        assert!(store(&e, i));
+    }
+    for d in 0..3 {
+        e.device_faults(DeviceId(d))
+            .unwrap()
+            .copy_delay(Duration::from_micros(300));
+    }
+    let task_bytes = KEYS * SLOT;
+    let m = Mapping::new(TASKS * task_bytes);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let answered = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let mut hits = Vec::new();
+            for (t, id, first) in rx {
+                let r = match e.wait_load(id, T) {
+                    Answer::Ready(r) => r,
+                    other => panic!("load task {t}: {other:?}"),
+                };
+                // At once: a write by a worker from now on is SIGSEGV.
+                m.protect(t * task_bytes, task_bytes);
+                hits.push((t, first, r.bitmap.to_vec()));
+            }
+            hits
+        });
+        for t in 0..TASKS {
+            let first = (t % 8) as u32;
+            let bufs = (0..KEYS)
+                .map(|j| {
+                    // SAFETY: a range of our mapping no other task gets,
+                    // touched only by the engine until the task completes.
+                    unsafe {
+                        daxkv::plumbing::buf::RawBuf::new(
+                            m.ptr.add(t * task_bytes + j * SLOT),
+                            SLOT,
+                        )
+                    }
+                })
+                .collect();
+            let keys = (0..KEYS as u32).map(|j| k(first + j)).collect();
+            let id = e.submit_load_raw(keys, bufs).unwrap();
+            tx.send((t, id, first)).unwrap();
+            match t {
+                12 => e.inject_worker_panics(2),
+                24 => e.inject_device_failure(DeviceId(1)).unwrap(),
+                _ => {}
+            }
+        }
+        drop(tx);
+        e.close();
+        waiter.join().unwrap()
+    });
+    assert_eq!(answered.len(), TASKS, "every load answered");
+    let mut hit_count = 0;
+    for (t, first, bits) in answered {
+        for (j, hit) in bits.into_iter().enumerate() {
+            if hit {
+                let i = first + j as u32;
+                assert_eq!(
+                    m.bytes(t * task_bytes + j * SLOT, SLOT),
+                    &payload(i)[..],
+                    "task {t} key {i}"
+                );
+                hit_count += 1;
+            }
+        }
+    }
+    assert!(hit_count > 0);
+    println!("{SURVIVED} ({hit_count} hits)");
+}
