@@ -44,10 +44,12 @@ impl Inner {
     pub(super) fn report_failed_devices(&self) -> usize {
         let mut n = 0;
         for d in self.pool.list().iter() {
-            if d.state() != DeviceState::Failed || !d.take_failure_report() {
+            if d.state() != DeviceState::Failed {
                 continue;
             }
-            let keys = self.evict_failed(d);
+            let Some(keys) = d.report_failure_once(false, || self.evict_failed(d)) else {
+                continue;
+            };
             log_line!(
                 "daxkv: device {} ({}) failed: {} keys reported deleted; the other devices serve on",
                 d.index(),

@@ -1037,8 +1037,8 @@ impl Engine {
         if mode == RemoveMode::Drain {
             return report(mode, 0, DeviceState::Failed);
         }
-        if dev.take_failure_report() {
-            told.extend(self.inner.evict_failed(dev));
+        if let Some(keys) = dev.report_failure_once(true, || self.inner.evict_failed(dev)) {
+            told.extend(keys);
         }
         let deleted = told.len();
         // Copies still running on it end with the device's failure (their

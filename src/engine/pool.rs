@@ -119,8 +119,11 @@ pub(crate) struct Device {
     path: String,
     state: AtomicU8,
     core: DaxCore,
-    /// Its keys were reported deleted after it failed (once).
-    failure_reported: AtomicBool,
+    /// Its keys were reported deleted after it failed (once). A mutex, not
+    /// a flag: a remove of the failed device waits for a report in
+    /// progress, or it would close the device under the reporter, whose
+    /// remaining keys would then never be reported.
+    failure_reported: Mutex<bool>,
 }
 
 impl Device {
@@ -154,13 +157,34 @@ impl Device {
         }
     }
 
-    /// True for the one caller that is to report this failed device's
-    /// keys deleted (`Engine::report_failed_devices`); false ever after.
-    pub(super) fn take_failure_report(&self) -> bool {
-        // ORDERING: Relaxed — the swap's atomicity alone makes one caller
-        // the reporter; nothing is published through the flag (the keys
-        // are read under their claims after it).
-        !self.failure_reported.swap(true, Ordering::Relaxed)
+    /// Run `evict` once for this failed device, for the one caller that
+    /// is to report its keys deleted; `None` for every other caller. With
+    /// `wait`, a report in progress on another thread is waited for (a
+    /// remove: it must not close the device under the reporter); without,
+    /// it is left to that thread. Never hold an engine lock a listener
+    /// could need across the call's result: the caller tells the
+    /// listeners after it returns.
+    pub(super) fn report_failure_once(
+        &self,
+        wait: bool,
+        evict: impl FnOnce() -> Vec<Key>,
+    ) -> Option<Vec<Key>> {
+        let mut done = if wait {
+            self.failure_reported
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        } else {
+            match self.failure_reported.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        };
+        if *done {
+            return None;
+        }
+        *done = true;
+        Some(evict())
     }
 
     /// Change its state (the pool's control plane only).
@@ -344,7 +368,7 @@ impl DevicePool {
                 path: spec.path,
                 state: AtomicU8::new(DeviceState::Active as u8),
                 core,
-                failure_reported: AtomicBool::new(false),
+                failure_reported: Mutex::new(false),
             }));
         }
         let n = devs.len() as u32;
@@ -493,7 +517,7 @@ impl DevicePool {
             path: spec.path.clone(),
             state: AtomicU8::new(DeviceState::Active as u8),
             core,
-            failure_reported: AtomicBool::new(false),
+            failure_reported: Mutex::new(false),
         }));
         // Under `admin`: nobody else replaces the list meanwhile.
         self.devices.store(Arc::new(v));
