@@ -7,6 +7,7 @@
 //! Every hook here is this engine's or this device's own, so these tests
 //! run in parallel with each other and with the rest of the suite.
 
+use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -296,6 +297,15 @@ fn a_device_that_fails_mid_run_is_evicted_reported_and_removable() {
         .set_device_state(DeviceId(0), DeviceState::Active)
         .is_err());
     assert_eq!(e.find_device("memfd").unwrap(), DeviceId(0));
+    // An add of its name is not answered with the failed device.
+    let err = e
+        .hotplug_add("memfd", SLOTS * SLOT, |_, _| Ok(()))
+        .unwrap_err();
+    assert_eq!(err.status(), 409);
+    assert_eq!(
+        err.to_string(),
+        "device 0 (memfd) failed: remove it first, then add it again"
+    );
     let r = e
         .remove_device(DeviceId(0), RemoveMode::Migrate, false)
         .unwrap();
@@ -306,6 +316,12 @@ fn a_device_that_fails_mid_run_is_evicted_reported_and_removable() {
     assert_eq!(told.calls.load(Ordering::SeqCst), 1, "told once");
     assert_eq!(e.health(), Ok(None));
     assert_eq!(live_and_locked(&e), (31, 0));
+    // Removed, its name can be added again: a fresh, empty device.
+    let (index, info) = e.hotplug_add("memfd", SLOTS * SLOT, |_, _| Ok(())).unwrap();
+    assert_eq!(
+        (index, info.state, info.live_slots),
+        (2, DeviceState::Active, 0)
+    );
     e.close();
 }
 
@@ -544,12 +560,13 @@ unsafe impl Sync for Mapping {}
 #[test]
 fn no_destination_is_written_after_its_load_completed() {
     const NAME: &str = "no_destination_is_written_after_its_load_completed";
+    const KEYS: usize = 16;
+    const TASKS: usize = 48;
     if let Some(o) = in_child(NAME) {
         let (so, se) = (
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr),
         );
-        use std::os::unix::process::ExitStatusExt;
         assert!(
             o.status.success() && so.contains(SURVIVED),
             "child ended {:?} (signal {:?})\nstdout:\n{so}\nstderr:\n{se}",
@@ -558,8 +575,6 @@ fn no_destination_is_written_after_its_load_completed() {
         );
         return;
     }
-    const KEYS: usize = 16;
-    const TASKS: usize = 48;
     let e = engine(3, EngineOptions::default());
     for i in 0..(KEYS as u32 + 8) {
         assert!(store(&e, i));

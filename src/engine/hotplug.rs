@@ -176,6 +176,15 @@ pub enum HotplugError {
     /// The device is mapped already, at another size.
     #[error("device_path already active with a different size")]
     SizeConflict,
+    /// The device at this path (or the same physical device) failed and
+    /// is still in the pool (docs/hotplug.md, "Failed devices").
+    #[error("device {index} ({path}) failed: remove it first, then add it again")]
+    Failed {
+        /// Its status index.
+        index: usize,
+        /// Its path.
+        path: String,
+    },
     /// An anonymous device of this name is live at another size.
     #[error("device_path already active with a different size: {name} has {existing_bytes} bytes, not {requested_bytes}; add another anonymous device as memfd:NAME")]
     AnonymousSizeConflict {
@@ -237,6 +246,7 @@ impl HotplugError {
             HotplugError::Ambiguous { .. }
             | HotplugError::SizeConflict
             | HotplugError::AnonymousSizeConflict { .. }
+            | HotplugError::Failed { .. }
             | HotplugError::Blocked { .. }
             | HotplugError::SourceLocked { .. }
             | HotplugError::ShrinkWouldDrop
@@ -581,6 +591,18 @@ fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
     }
 }
 
+/// `Failed` if `dev` failed: an add of its path (or of the same device)
+/// is not answered with a device that serves nothing.
+fn not_failed(dev: &Device) -> Result<(), HotplugError> {
+    if dev.state() == DeviceState::Failed {
+        return Err(HotplugError::Failed {
+            index: dev.index(),
+            path: dev.path().to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Take `n` lookup locks on `key` on `dev` (locks handed over from a
 /// moved copy). Called under the key's claim, which every unlock takes
 /// too (`Engine::submit_unlock`): no unlock sees the locks in transit,
@@ -810,6 +832,7 @@ impl Engine {
             {
                 // One live device per name, as for a path: the same size
                 // is answered with it, another is a conflict.
+                not_failed(d)?;
                 let existing_bytes = d.core().arena_bytes();
                 return if existing_bytes == size_bytes {
                     Ok((d.index(), d.info()))
@@ -854,6 +877,7 @@ impl Engine {
                         d.index()
                     )));
                 }
+                not_failed(d)?;
                 return if d.core().arena_bytes() == size_bytes {
                     Ok((d.index(), d.info()))
                 } else {
@@ -907,7 +931,16 @@ impl Engine {
         // Added: the file stays.
         undo.0 = None;
         drop(admin);
-        self.device_index(id).ok_or(HotplugError::NotFound)
+        // The same physical device under another path is answered with
+        // the existing one: not if that one failed.
+        let (index, info) = self.device_index(id).ok_or(HotplugError::NotFound)?;
+        if info.state == DeviceState::Failed {
+            return Err(HotplugError::Failed {
+                index,
+                path: info.path,
+            });
+        }
+        Ok((index, info))
     }
 
     /// Remove (or drain) device `id` (docs/lmcache-dax-behavior.md §4.4).

@@ -744,7 +744,11 @@ impl Engine {
     /// Move device `id` to state `to` (the control plane's drain, migrate,
     /// resize and remove steps build on this); returns the state it had.
     /// Errors: [`EngineError::NoSuchDevice`], [`EngineError::StateChange`]
-    /// for a tombstone or a move to `Closed`, [`EngineError::Closing`].
+    /// for a tombstone, a move to `Closed`, or a failed device moved to
+    /// anything but `Removed` (a failed device never serves again),
+    /// [`EngineError::Closing`]. A move to `Failed` reports the device's
+    /// keys deleted to the listeners before it returns
+    /// ([`Engine::report_failed_devices`]).
     /// A state change takes effect for task parts that start after it;
     /// parts already running finish with the list they began with.
     pub fn set_device_state(
