@@ -119,7 +119,8 @@ fn file_core(p: &std::path::Path) -> DaxCore {
 /// key on each. The file is truncated under its mapping; a load of both
 /// keys: the process survives, device 0's key is a miss, device 1's key
 /// loads with its bytes; device 0 is `failed`, its key is a lookup miss,
-/// and a new store goes to device 1.
+/// a new store goes to device 1, health is degraded naming device 0, and
+/// its key is reported deleted.
 ///
 /// On the code before `daxkv::device::fault`: the child died of SIGBUS (signal 7)
 /// in the load worker's copy.
