@@ -23,9 +23,22 @@ cargo fmt --all -- --check
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
-# The library as an application links it: without the test-hooks feature
-# (the tests above all build with it, through the self dev-dependency).
+# The library as an application links it: without the test-hooks and
+# failpoints features (the tests above all build with them, through the
+# self dev-dependency).
 cargo clippy -p daxkv --lib --release -- -D warnings
+
+step "the default build has no fault hooks (failpoints compiles to nothing)"
+cargo build -p daxkv --lib --release
+# The rlib's metadata names every item compiled in; the hooks' names must
+# not be among them (a failpoints build's rlib holds each of them).
+for name in inject_device_failure inject_worker_panics inject_eventfd_write_failures \
+            inject_copy_delay inject_copy_faults worker_panic_point fail_writes; do
+  if grep -a -q "$name" "$out/release/libdaxkv.rlib"; then
+    echo "the default release build holds the fault hook $name" >&2
+    exit 1
+  fi
+done
 
 step "cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet

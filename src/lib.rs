@@ -68,7 +68,7 @@ pub mod control;
 pub mod cli;
 
 pub use crate::device::arena::{ArenaSource, ArenaSpec};
-#[cfg(feature = "test-hooks")]
+#[cfg(feature = "failpoints")]
 pub use crate::device::core::StallPoint;
 pub use crate::device::core::{
     CoreConfig, CoreStatus, DaxCore, PutFromPtrResult, PutOutcome, ReadSet, Reservation, SlotWriter,

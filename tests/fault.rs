@@ -13,10 +13,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use daxkv::device::arena::{Arena, ArenaSource, ArenaSpec, CopyError};
-use daxkv::engine::{DeviceId, DeviceSpec, DeviceState, Engine, EngineOptions};
+use daxkv::engine::{DeviceId, DeviceSpec, DeviceState, Engine, EngineOptions, Listener};
 use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, DaxCore, Key, PutError};
 
@@ -118,7 +119,8 @@ fn file_core(p: &std::path::Path) -> DaxCore {
 /// key on each. The file is truncated under its mapping; a load of both
 /// keys: the process survives, device 0's key is a miss, device 1's key
 /// loads with its bytes; device 0 is `failed`, its key is a lookup miss,
-/// and a new store goes to device 1.
+/// a new store goes to device 1, health is degraded naming device 0, and
+/// its key is reported deleted.
 ///
 /// On the code before `daxkv::device::fault`: the child died of SIGBUS (signal 7)
 /// in the load worker's copy.
@@ -143,6 +145,9 @@ fn a_truncated_device_file_fails_the_device_and_the_engine_serves_on() {
         },
     ];
     let e = Engine::open(devs, SLOT, false, EngineOptions::default()).unwrap();
+    let told = Arc::new(Deleted::default());
+    let l: Arc<dyn Listener> = told.clone();
+    e.register_listener(&l);
     // Key 0 on device 0, key 1 on device 1.
     e.set_device_state(DeviceId(1), DeviceState::Draining)
         .unwrap();
@@ -176,8 +181,26 @@ fn a_truncated_device_file_fails_the_device_and_the_engine_serves_on() {
     let r = e.wait_load(id, T).ready().expect("load answered");
     assert_eq!(r.payload(0), Some(&payload(2)[..]));
     assert!(daxkv::device::fault::recovered_faults() >= 1);
+    // The pool serves on, degraded, and the failed device's key is
+    // reported deleted (once, whoever reports first).
+    let reason = e.health().unwrap().expect("degraded");
+    assert!(
+        reason.starts_with(&format!("device 0 ({}) failed", p.display())),
+        "{reason}"
+    );
+    assert_eq!(*told.0.lock().unwrap(), [k(0)]);
     e.close();
     println!("{SURVIVED}");
+}
+
+/// Keys the listeners were told are deleted.
+#[derive(Default)]
+struct Deleted(std::sync::Mutex<Vec<Key>>);
+
+impl Listener for Deleted {
+    fn on_keys_deleted(&self, keys: &[Key]) {
+        self.0.lock().unwrap().extend_from_slice(keys);
+    }
 }
 
 /// (a) at the core: a store into a truncated device file fails with

@@ -941,7 +941,7 @@ fn health_and_metrics() {
         })),
         health: Some(Arc::new(move || {
             if h.load(std::sync::atomic::Ordering::SeqCst) {
-                Ok(())
+                Ok(None)
             } else {
                 Err("device 0 (memfd) failed".to_string())
             }

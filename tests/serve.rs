@@ -324,17 +324,22 @@ fn serve_refuses_browser_requests_and_admits_allowed_hosts() {
 }
 
 /// A device file truncated under a running `daxkv serve --traffic`: the
-/// server lives on, the device reads `failed` in the status, the workload
-/// goes on on the other device with no wrong bytes, and SIGINT still stops
-/// it with exit 0. Without `daxkv::device::fault` the server died of SIGBUS at the
-/// next copy into or out of the file.
+/// server lives on, the device reads `failed` in the status and in
+/// `/metrics`, `/health` stays 200 and says `degraded` naming it, the
+/// workload goes on on the other device with no wrong bytes, the CLI's
+/// `remove` (default mode, migrate) accepts the failed device and evicts
+/// it, after which `/health` is `ok` again, and SIGINT still stops the
+/// server with exit 0. Without `daxkv::device::fault` the server died of
+/// SIGBUS at the next copy into or out of the file; before failed devices
+/// had their semantics, `/health` answered 503 (a supervisor restarted the
+/// server, losing every device's cache) and remove could not find it.
 #[test]
 fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {
     let (dir, dev) = shm_device(32 << 20);
     let cfg = dir.path().join("serve.json");
     std::fs::write(
         &cfg,
-        json!({"type": "dax", "slot_bytes": 65536,
+        json!({"type": "dax", "slot_bytes": 65536, "hotplug_enabled": true,
                "devices": [{"device_path": dev.display().to_string(), "max_dax_size_gb": 0.03125},
                            {"device_path": "memfd", "max_dax_size_gb": 0.03125}]})
         .to_string(),
@@ -370,17 +375,26 @@ fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {
     assert_eq!(states, ["failed", "active"], "{body}");
     let st = &v["adapters"][0]["status"];
     assert_eq!(st["devices"][0]["is_healthy"], false, "{body}");
-    assert_eq!(st["is_healthy"], false, "{body}");
-    // `/health` says which device and why.
+    // The pool serves on: healthy, degraded, the failed device named.
+    assert_eq!(st["is_healthy"], true, "{body}");
+    assert_eq!(st["degraded"], true, "{body}");
+    assert_eq!(st["failed_devices"], json!([0]), "{body}");
+    // `/health` stays 200 and says which device failed.
     let (code, health) = s.get("/health");
     assert_eq!(
         (code, serde_json::from_str::<Value>(&health).unwrap()),
         (
-            503,
-            json!({"status": "unhealthy", "reason": format!("device 0 ({}) failed", dev.display())})
+            200,
+            json!({"status": "degraded", "reason": format!(
+                "device 0 ({}) failed; the other devices serve (remove it)", dev.display())})
         )
     );
     let m = s.get("/metrics").1;
+    let failed_series = format!(
+        "daxkv_device_state{{device=\"0\",path=\"{}\",state=\"failed\"}} 1",
+        dev.display()
+    );
+    assert!(m.contains(&failed_series), "{failed_series} not in\n{m}");
     assert_eq!(metric(&m, "daxkv_traffic_wrong_bytes_total"), 0);
     let before = metric(&m, "daxkv_traffic_verified_total");
     let r = rounds(&s);
@@ -390,6 +404,25 @@ fn a_truncated_device_file_under_traffic_fails_the_device_not_the_server() {
         after > before,
         "the memfd device serves on ({before} -> {after})"
     );
+    // The CLI's remove (migrate by default) accepts the failed device and
+    // evicts it: a removed tombstone, and the pool is healthy again.
+    let out = s.cli(&["remove", dev.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "remove of the failed device: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, body) = s.get("/reconfigure/dax/l2/status");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let states: Vec<&str> = v["adapters"][0]["status"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["state"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(states, ["removed", "active"], "{body}");
+    let (code, health) = s.get("/health");
+    assert_eq!((code, health.as_str()), (200, r#"{"status":"ok"}"#));
     s.stop_with(libc::SIGINT);
 }
 

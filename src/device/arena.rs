@@ -784,6 +784,15 @@ impl Arena {
         self.watch.as_ref().is_some_and(fault::Registration::failed)
     }
 
+    /// Fail this arena now, as a recovered SIGBUS would (the `failpoints`
+    /// feature; an arena opened unwatched cannot fail and ignores it).
+    #[cfg(any(test, feature = "failpoints"))]
+    pub(crate) fn mark_failed(&self) {
+        if let Some(w) = &self.watch {
+            w.mark_failed();
+        }
+    }
+
     /// "memfd", "anonymous" or the path.
     pub fn describe(&self) -> &str {
         &self.describe

@@ -94,7 +94,7 @@ use crate::device::slot::{
 };
 use crate::key::Key;
 
-/// Stall points of the test-only fault hook (`DaxCore::inject_stall`).
+/// Stall points of the fault hook `DaxCore::inject_stall` (`failpoints`).
 const STALL_AFTER_FIND: u8 = 0;
 const STALL_AFTER_LOAD: u8 = 1;
 
@@ -251,6 +251,7 @@ impl ReadSet<'_> {
         let Some(g) = self.guard.as_ref() else {
             return false;
         };
+        self.core.fault_delay();
         #[allow(unsafe_code)]
         // SAFETY: `ArenaGuard::read`'s contract: 1. `r` is this set's
         // (checked first), so its slot is borrowed by this set: no writer
@@ -419,21 +420,29 @@ pub struct DaxCore {
     pending: CachePadded<AtomicUsize>,
     active_reads: AtomicUsize,
     clock_hand: AtomicUsize,
-    /// Test-only fault hooks (the `test-hooks` feature).
-    #[cfg(any(test, feature = "test-hooks"))]
+    /// Fault hooks (the `failpoints` feature), this device's own.
+    #[cfg(any(test, feature = "failpoints"))]
     faults: CopyFaults,
 }
 
-/// Test-only fault hooks (the `test-hooks` feature). Plain std atomics,
-/// also under loom: a knob of the tests, not part of any protocol a loom
-/// model explores.
-#[cfg(any(test, feature = "test-hooks"))]
+/// Fault hooks of one device (the `failpoints` feature). Plain std
+/// atomics, also under loom: a knob of the tests, not part of any protocol
+/// a loom model explores. Every knob is Relaxed: it publishes no data, and
+/// a put or load that reads a stale value is a fine choice of which
+/// operation the fault hits.
+#[cfg(any(test, feature = "failpoints"))]
 #[derive(Default)]
 struct CopyFaults {
     /// Fail one payload copy in every `every` (0 = never): drives the
     /// writer's failure path (own bucket removal racing forced deletes).
     every: std::sync::atomic::AtomicU32,
     count: std::sync::atomic::AtomicU32,
+    /// Every payload copy (put or load) sleeps this long first, µs (0 =
+    /// none): a slow device.
+    delay_us: std::sync::atomic::AtomicU64,
+    /// New puts find no free slot ([`PutError::Full`]): a full device,
+    /// whatever its bitmap says.
+    full: std::sync::atomic::AtomicBool,
     /// True while `stall` holds a hook: an operation that finds it false
     /// takes no lock, so benches (built with the feature) measure the
     /// lookup path without a shared lock in it.
@@ -445,8 +454,8 @@ struct CopyFaults {
 }
 
 /// Where [`DaxCore::inject_stall`] stalls an operation that reached a slot
-/// through the index (test-only: the `test-hooks` feature).
-#[cfg(any(test, feature = "test-hooks"))]
+/// through the index (the `failpoints` feature).
+#[cfg(any(test, feature = "failpoints"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StallPoint {
     /// After `index.find`, before the slot's state word is loaded.
@@ -455,7 +464,7 @@ pub enum StallPoint {
     AfterLoad,
 }
 
-#[cfg(any(test, feature = "test-hooks"))]
+#[cfg(any(test, feature = "failpoints"))]
 impl std::fmt::Debug for CopyFaults {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyFaults")
@@ -526,7 +535,7 @@ impl DaxCore {
             pending: CachePadded::new(AtomicUsize::new(0)),
             active_reads: AtomicUsize::new(0),
             clock_hand: AtomicUsize::new(0),
-            #[cfg(any(test, feature = "test-hooks"))]
+            #[cfg(any(test, feature = "failpoints"))]
             faults: CopyFaults::default(),
         })
     }
@@ -599,20 +608,49 @@ impl DaxCore {
     }
     }
 
-    /// Test-only fault hook (the `test-hooks` feature): from now on
-    /// one payload copy in every `every` fails as if the copy had failed
-    /// (`0` turns it off). Every put path (`put`, sessions, `put_with_writer`,
+    /// Fault hook (the `failpoints` feature): from now on one payload
+    /// copy in every `every` fails as if the copy had failed (`0` turns it
+    /// off). Every put path (`put`, sessions, `put_with_writer`,
     /// `put_reserved_from`, engine stores) goes through it.
-    #[cfg(any(test, feature = "test-hooks"))]
+    #[cfg(any(test, feature = "failpoints"))]
     pub fn inject_copy_faults(&self, every: u32) {
         // ORDERING: Relaxed — a test knob; no data is published through it.
         self.faults.every.store(every, Ordering::Relaxed);
     }
 
-    /// Test-only fault hook (the `test-hooks` feature): run `f` once, the
-    /// next time an operation that found a key in the index passes `at` (as
-    /// if that thread stalled there while `f` ran).
-    #[cfg(any(test, feature = "test-hooks"))]
+    /// Fault hook (the `failpoints` feature): every payload copy into or
+    /// out of this device sleeps `delay` first (a slow device;
+    /// `Duration::ZERO` turns it off). The copy then runs as usual.
+    #[cfg(any(test, feature = "failpoints"))]
+    pub fn inject_copy_delay(&self, delay: std::time::Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        // ORDERING: Relaxed — a test knob.
+        self.faults.delay_us.store(us, Ordering::Relaxed);
+    }
+
+    /// Fault hook (the `failpoints` feature): while `full`, a put that
+    /// needs a new slot fails with [`PutError::Full`] (a full device under
+    /// load, without filling it).
+    #[cfg(any(test, feature = "failpoints"))]
+    pub fn inject_full(&self, full: bool) {
+        // ORDERING: Relaxed — a test knob.
+        self.faults.full.store(full, Ordering::Relaxed);
+    }
+
+    /// Fault hook (the `failpoints` feature): fail the device now, as a
+    /// SIGBUS in one of its copies would (`crate::device::fault`, a
+    /// poisoned line found but not consumed): [`DaxCore::is_failed`] from
+    /// now on, puts fail with [`PutError::DeviceFailed`], a copy running
+    /// now fails its operation, and the device never serves again.
+    #[cfg(any(test, feature = "failpoints"))]
+    pub fn inject_device_failure(&self) {
+        self.arena.mark_failed();
+    }
+
+    /// Fault hook (the `failpoints` feature): run `f` once, the next
+    /// time an operation that found a key in the index passes `at` (as if
+    /// that thread stalled there while `f` ran).
+    #[cfg(any(test, feature = "failpoints"))]
     pub fn inject_stall(&self, at: StallPoint, f: impl FnOnce(&DaxCore) + Send + 'static) {
         let mut stall = self
             .faults
@@ -630,21 +668,21 @@ impl DaxCore {
     // Always: a call per lookup step cost ~50 instructions (perf/README.md).
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    #[cfg_attr(not(any(test, feature = "test-hooks")), allow(clippy::unused_self))]
+    #[cfg_attr(not(any(test, feature = "failpoints")), allow(clippy::unused_self))]
     fn stall_point(&self, here: u8) {
-        #[cfg(any(test, feature = "test-hooks"))]
+        #[cfg(any(test, feature = "failpoints"))]
         {
             // ORDERING: Relaxed — see `inject_stall`.
             if self.faults.stall_armed.load(Ordering::Relaxed) {
                 self.stall_armed_point(here);
             }
         }
-        #[cfg(not(any(test, feature = "test-hooks")))]
+        #[cfg(not(any(test, feature = "failpoints")))]
         let _ = here;
     }
 
     /// [`DaxCore::stall_point`]'s armed path.
-    #[cfg(any(test, feature = "test-hooks"))]
+    #[cfg(any(test, feature = "failpoints"))]
     #[cold]
     #[inline(never)]
     fn stall_armed_point(&self, here: u8) {
@@ -668,19 +706,48 @@ impl DaxCore {
         }
     }
 
-    /// Whether the fault hook fails this copy.
+    /// Whether the fault hook fails this copy (after the slow-device
+    /// delay, if one is set).
     #[inline]
-    #[cfg_attr(not(any(test, feature = "test-hooks")), allow(clippy::unused_self))]
+    #[cfg_attr(not(any(test, feature = "failpoints")), allow(clippy::unused_self))]
     fn fault_copy(&self) -> bool {
-        #[cfg(any(test, feature = "test-hooks"))]
+        #[cfg(any(test, feature = "failpoints"))]
         {
+            self.fault_delay();
             // ORDERING: Relaxed — a test knob (see `inject_copy_faults`).
             let every = self.faults.every.load(Ordering::Relaxed);
             // ORDERING: Relaxed — a counter; any interleaving is a fine
             // choice of which copies fail.
             every != 0 && self.faults.count.fetch_add(1, Ordering::Relaxed) % every == every - 1
         }
-        #[cfg(not(any(test, feature = "test-hooks")))]
+        #[cfg(not(any(test, feature = "failpoints")))]
+        false
+    }
+
+    /// The slow-device hook (`inject_copy_delay`): sleep before a copy.
+    #[inline]
+    #[cfg_attr(not(any(test, feature = "failpoints")), allow(clippy::unused_self))]
+    fn fault_delay(&self) {
+        #[cfg(any(test, feature = "failpoints"))]
+        {
+            // ORDERING: Relaxed — a test knob (see `inject_copy_delay`).
+            let us = self.faults.delay_us.load(Ordering::Relaxed);
+            if us > 0 {
+                std::thread::sleep(std::time::Duration::from_micros(us));
+            }
+        }
+    }
+
+    /// Whether the full-device hook (`inject_full`) refuses a new slot.
+    #[inline]
+    #[cfg_attr(not(any(test, feature = "failpoints")), allow(clippy::unused_self))]
+    fn fault_full(&self) -> bool {
+        #[cfg(any(test, feature = "failpoints"))]
+        {
+            // ORDERING: Relaxed — a test knob (see `inject_full`).
+            self.faults.full.load(Ordering::Relaxed)
+        }
+        #[cfg(not(any(test, feature = "failpoints")))]
         false
     }
 
@@ -942,6 +1009,9 @@ impl DaxCore {
     ) -> Result<PutOutcome, PutError> {
         if self.arena.is_failed() {
             return Err(PutError::DeviceFailed);
+        }
+        if self.fault_full() {
+            return Err(PutError::Full);
         }
         let s = self.bitmap.claim().ok_or(PutError::Full)?;
         // ORDERING: Relaxed — a counter for `usage`.
@@ -1690,6 +1760,7 @@ impl Session<'_> {
         }
         let (len, _) = c.len_meta(s);
         let at = s.0 as usize * c.slot_bytes;
+        c.fault_delay();
         #[allow(unsafe_code)]
         // SAFETY: `ArenaGuard::read`'s contract (`read_streaming` has the
         // same): 1. `borrow_in` borrowed slot `s` (pinned and readable): no

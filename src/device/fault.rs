@@ -61,7 +61,7 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
-#[cfg(any(test, feature = "test-hooks"))]
+#[cfg(any(test, feature = "failpoints"))]
 use std::sync::atomic::AtomicPtr;
 use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Once;
@@ -222,8 +222,9 @@ impl Registration {
         e.state.store(FREE, Ordering::Release);
     }
 
-    /// Mark the device failed (a fault recovered elsewhere; tests).
-    #[cfg(test)]
+    /// Mark the device failed (a fault recovered elsewhere; the
+    /// `failpoints` feature and tests).
+    #[cfg(any(test, feature = "failpoints"))]
     pub(crate) fn mark_failed(&self) {
         // ORDERING: SeqCst — as the handler's store.
         self.entry().failed.store(true, Ordering::SeqCst);
@@ -248,7 +249,7 @@ impl Registration {
     }
 
     /// The start of the watched range (tests aim injected faults at it).
-    #[cfg(any(test, feature = "test-hooks"))]
+    #[cfg(any(test, feature = "failpoints"))]
     pub(crate) fn base(&self) -> *const u8 {
         // ORDERING: Relaxed — read by the owner.
         self.entry().base.load(Ordering::Relaxed) as *const u8
@@ -269,15 +270,17 @@ pub fn recovered_faults() -> usize {
 
 /// A test hook run inside the copy marker (after it is set, before the
 /// kernel copies): tests use it to deliver a synthetic SIGBUS to the
-/// copying thread. Compiled only with the `test-hooks` feature (and in
+/// copying thread. Compiled only with the `failpoints` feature (and in
 /// this crate's unit tests): a build without it has no hook and no load.
-#[cfg(any(test, feature = "test-hooks"))]
+#[cfg(any(test, feature = "failpoints"))]
 static TEST_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Install (or with `None` remove) the copy hook: `hook(base)` runs on the
 /// copying thread inside every device copy, with the start of the
-/// device's range. For tests only (the `test-hooks` feature).
-#[cfg(feature = "test-hooks")]
+/// device's range. For tests only (the `failpoints` feature). Process-wide
+/// (a signal handler cannot find an engine): tests that use it run in a
+/// child process of their own (`tests/fault.rs`).
+#[cfg(feature = "failpoints")]
 pub fn set_test_copy_hook(hook: Option<fn(*const u8)>) {
     let p = hook.map_or(std::ptr::null_mut(), |f| f as *mut ());
     // ORDERING: Release — publishes the function pointer; pairs with the
@@ -285,7 +288,7 @@ pub fn set_test_copy_hook(hook: Option<fn(*const u8)>) {
     TEST_HOOK.store(p, Ordering::Release);
 }
 
-#[cfg(any(test, feature = "test-hooks"))]
+#[cfg(any(test, feature = "failpoints"))]
 #[inline]
 fn maybe_run_test_hook(r: &Registration) {
     // ORDERING: Acquire — pairs with `set_test_copy_hook`.
@@ -299,7 +302,7 @@ fn maybe_run_test_hook(r: &Registration) {
     }
 }
 
-#[cfg(not(any(test, feature = "test-hooks")))]
+#[cfg(not(any(test, feature = "failpoints")))]
 #[inline(always)]
 fn maybe_run_test_hook(_: &Registration) {}
 

@@ -176,6 +176,15 @@ pub enum HotplugError {
     /// The device is mapped already, at another size.
     #[error("device_path already active with a different size")]
     SizeConflict,
+    /// The device at this path (or the same physical device) failed and
+    /// is still in the pool (docs/hotplug.md, "Failed devices").
+    #[error("device {index} ({path}) failed: remove it first, then add it again")]
+    Failed {
+        /// Its status index.
+        index: usize,
+        /// Its path.
+        path: String,
+    },
     /// An anonymous device of this name is live at another size.
     #[error("device_path already active with a different size: {name} has {existing_bytes} bytes, not {requested_bytes}; add another anonymous device as memfd:NAME")]
     AnonymousSizeConflict {
@@ -237,6 +246,7 @@ impl HotplugError {
             HotplugError::Ambiguous { .. }
             | HotplugError::SizeConflict
             | HotplugError::AnonymousSizeConflict { .. }
+            | HotplugError::Failed { .. }
             | HotplugError::Blocked { .. }
             | HotplugError::SourceLocked { .. }
             | HotplugError::ShrinkWouldDrop
@@ -581,6 +591,18 @@ fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
     }
 }
 
+/// `Failed` if `dev` failed: an add of its path (or of the same device)
+/// is not answered with a device that serves nothing.
+fn not_failed(dev: &Device) -> Result<(), HotplugError> {
+    if dev.state() == DeviceState::Failed {
+        return Err(HotplugError::Failed {
+            index: dev.index(),
+            path: dev.path().to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Take `n` lookup locks on `key` on `dev` (locks handed over from a
 /// moved copy). Called under the key's claim, which every unlock takes
 /// too (`Engine::submit_unlock`): no unlock sees the locks in transit,
@@ -607,8 +629,8 @@ impl Engine {
         self.inner.hotplug_enabled
     }
 
-    /// The one live (not closed, removed or failed) device with this exact
-    /// path string.
+    /// The one live (not closed or removed) device with this exact path
+    /// string; a failed device is found too (remove accepts it).
     pub fn find_device(&self, path: &str) -> Result<DeviceId, HotplugError> {
         let path = path.trim();
         if path.is_empty() {
@@ -620,7 +642,7 @@ impl Engine {
             .enumerate()
             .filter(|(_, d)| {
                 let s = d.state();
-                !s.is_tombstone() && s != DeviceState::Failed && d.path() == path
+                !s.is_tombstone() && d.path() == path
             })
             .map(|(_, d)| (d.index(), d.id(), d.state()))
             .collect();
@@ -631,7 +653,7 @@ impl Engine {
         }
     }
 
-    /// The live (not closed, removed or failed) device of status index
+    /// The live (not closed or removed; failed counts) device of status index
     /// `index` (`Device::index`: tombstones keep theirs). Not a position
     /// in the pool's list, which a removed device leaves: after a removal
     /// that position named the next device (`tests/hotplug.rs::
@@ -639,7 +661,7 @@ impl Engine {
     pub fn find_device_at(&self, index: usize) -> Result<DeviceId, HotplugError> {
         let devs = self.inner.pool.list();
         match devs.iter().find(|d| d.index() == index) {
-            Some(d) if !d.state().is_tombstone() && d.state() != DeviceState::Failed => Ok(d.id()),
+            Some(d) if !d.state().is_tombstone() => Ok(d.id()),
             _ => Err(HotplugError::NotFound),
         }
     }
@@ -810,6 +832,7 @@ impl Engine {
             {
                 // One live device per name, as for a path: the same size
                 // is answered with it, another is a conflict.
+                not_failed(d)?;
                 let existing_bytes = d.core().arena_bytes();
                 return if existing_bytes == size_bytes {
                     Ok((d.index(), d.info()))
@@ -854,6 +877,7 @@ impl Engine {
                         d.index()
                     )));
                 }
+                not_failed(d)?;
                 return if d.core().arena_bytes() == size_bytes {
                     Ok((d.index(), d.info()))
                 } else {
@@ -907,7 +931,16 @@ impl Engine {
         // Added: the file stays.
         undo.0 = None;
         drop(admin);
-        self.device_index(id).ok_or(HotplugError::NotFound)
+        // The same physical device under another path is answered with
+        // the existing one: not if that one failed.
+        let (index, info) = self.device_index(id).ok_or(HotplugError::NotFound)?;
+        if info.state == DeviceState::Failed {
+            return Err(HotplugError::Failed {
+                index,
+                path: info.path,
+            });
+        }
+        Ok((index, info))
     }
 
     /// Remove (or drain) device `id` (docs/lmcache-dax-behavior.md §4.4).
@@ -942,6 +975,9 @@ impl Engine {
     ) -> Result<RemoveReport, HotplugError> {
         let admin = self.hotplug_admin()?;
         let (index, dev) = self.device(id)?;
+        if dev.state() == DeviceState::Failed {
+            return Ok(self.remove_failed(&admin, index, &dev, mode, told));
+        }
         if mode == RemoveMode::Migrate
             && !self
                 .inner
@@ -1004,6 +1040,49 @@ impl Engine {
             .pool
             .retire(&admin, |d| d.id() == id, DeviceState::Removed);
         Ok(report(moved, bytes, deleted, moved + deleted))
+    }
+
+    /// Remove failed device `dev` (docs/hotplug.md, "Failed devices"):
+    /// migrate and evict both evict (its keys cannot be read; those not yet
+    /// reported go to `told`), with nothing to block them (a lock or a
+    /// borrow on a device that serves nothing holds nothing), and leave a
+    /// `removed` tombstone. Drain changes nothing: a failed device already
+    /// takes no stores.
+    fn remove_failed(
+        &self,
+        admin: &MutexGuard<'_, ()>,
+        index: usize,
+        dev: &Arc<Device>,
+        mode: RemoveMode,
+        told: &mut Vec<Key>,
+    ) -> RemoveReport {
+        let report = |mode, deleted_keys, state| RemoveReport {
+            index,
+            id: dev.id(),
+            path: dev.path().to_string(),
+            mode,
+            moved_keys: 0,
+            moved_bytes: 0,
+            deleted_keys,
+            source_slots_freed: deleted_keys,
+            state,
+        };
+        if mode == RemoveMode::Drain {
+            return report(mode, 0, DeviceState::Failed);
+        }
+        if let Some(keys) = dev.report_failure_once(true, || self.inner.evict_failed(dev)) {
+            told.extend(keys);
+        }
+        let deleted = told.len();
+        // Copies still running on it end with the device's failure (their
+        // operations fail): wait for them up to the drain timeout.
+        let _ = quiesce(dev, true);
+        dev.set_state(DeviceState::Removing);
+        dev.core().close();
+        self.inner
+            .pool
+            .retire(admin, |d| d.id() == dev.id(), DeviceState::Removed);
+        report(RemoveMode::Evict, deleted, DeviceState::Removed)
     }
 
     /// Resize device `id` to `size_bytes` (docs/lmcache-dax-behavior.md

@@ -111,6 +111,9 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 mod answer;
 pub mod claims;
 mod collect;
+mod failed;
+#[cfg(feature = "failpoints")]
+mod failpoints;
 mod hotplug;
 #[cfg(all(test, not(daxkv_loom)))]
 mod hotplug_interleavings;
@@ -123,6 +126,8 @@ mod task;
 mod worker;
 
 pub use answer::{Answer, Bitmap, Lens, LoadResult, StoreResult, TaskId, TaskKind};
+#[cfg(feature = "failpoints")]
+pub use failpoints::DeviceFaults;
 pub use hotplug::{
     check_device_path, check_memfd_name, is_memfd_name, HotplugError, RemoveMode, RemoveReport,
     ResizeReport, ShrinkMode, CREATE_ROOTS, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
@@ -310,6 +315,9 @@ struct Inner {
     listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
     /// The workers' CPU masks (`host::numa::affinity`), made once at open.
     cpu_plan: CpuPlan,
+    /// This engine's own fault hooks (the `failpoints` feature).
+    #[cfg(feature = "failpoints")]
+    faults: failpoints::EngineFaults,
 }
 
 impl Inner {
@@ -463,6 +471,8 @@ impl Engine {
             listeners: ArcSwap::from_pointee(Vec::new()),
             opts,
             cpu_plan,
+            #[cfg(feature = "failpoints")]
+            faults: failpoints::EngineFaults::default(),
         });
         let started = [
             start_pool(&inner, TaskKind::Store, inner.opts.num_store_workers),
@@ -826,21 +836,28 @@ impl Engine {
     }
 
     /// Whether the engine can serve: `Err(reason)` while it closes, when a
-    /// device failed or reports itself unhealthy, and when no device can
-    /// take a store (no device, or every one draining, failed or closed:
-    /// zero writable capacity). What `/health` answers; status's
+    /// device that counts capacity reports itself unhealthy, and when no
+    /// device can take a store (no device, or every one draining, failed
+    /// or closed: zero writable capacity). `Ok(Some(reason))`: it serves,
+    /// degraded: a device failed (named in the reason) and the others
+    /// serve on (docs/hotplug.md, "Failed devices"). What `/health`
+    /// answers (200 `ok` or `degraded`, 503 `unhealthy`); status's
     /// `is_healthy` keeps LMCache's meaning (a pool with no device is
-    /// healthy there).
-    pub fn health(&self) -> Result<(), String> {
+    /// healthy there). Reports a failed device's keys deleted first
+    /// ([`Engine::report_failed_devices`]).
+    pub fn health(&self) -> Result<Option<String>, String> {
         // ORDERING: Acquire — a snapshot; pairs with `request_close`.
         if self.inner.closing.load(Ordering::Acquire) {
             return Err("shutting down".into());
         }
+        self.report_failed_devices();
         let devs = self.inner.pool.list();
+        let mut failed = Vec::new();
         for d in devs.iter() {
             let state = d.state();
             if state == DeviceState::Failed {
-                return Err(format!("device {} ({}) failed", d.index(), d.path()));
+                failed.push(format!("device {} ({}) failed", d.index(), d.path()));
+                continue;
             }
             if state.counts_capacity() && !d.core().status().is_healthy {
                 return Err(format!("device {} ({}) is unhealthy", d.index(), d.path()));
@@ -877,11 +894,23 @@ impl Engine {
                 states.join(", ")
             ));
         }
-        Ok(())
+        if failed.is_empty() {
+            return Ok(None);
+        }
+        if failed.len() > 4 {
+            let more = failed.len() - 4;
+            failed.truncate(4);
+            failed.push(format!("{more} more failed"));
+        }
+        Ok(Some(format!(
+            "{}; the other devices serve (remove it)",
+            failed.join(", ")
+        )))
     }
 
     /// Status fields (docs/lmcache-dax-behavior.md §3.10), as a JSON value.
     pub fn status(&self) -> serde_json::Value {
+        self.report_failed_devices();
         let devs = self.inner.pool.entries();
         // ORDERING: Acquire — a snapshot for status; pairs with
         // `request_close`.
@@ -890,6 +919,7 @@ impl Engine {
         let mut devices = Vec::new();
         let (mut live, mut locked, mut borrowed) = (0, 0, 0);
         let mut healthy = !closing;
+        let mut failed = Vec::new();
         for (i, e) in devs.iter().enumerate() {
             let pool::Entry::Live(d) = e else {
                 devices.push(tombstone_json(
@@ -910,8 +940,12 @@ impl Engine {
             }
             // Closed and removed entries are tombstones, not failures
             // (upstream counts them unhealthy forever,
-            // docs/lmcache-dax-behavior.md §9.4 item 1).
-            healthy &= state != DeviceState::Failed;
+            // docs/lmcache-dax-behavior.md §9.4 item 1); a failed device
+            // degrades the pool, which serves on with the others
+            // (`degraded`, `failed_devices`; docs/hotplug.md).
+            if state == DeviceState::Failed {
+                failed.push(i);
+            }
             devices.push(live_json(i, d, state, &st, &inflight));
         }
         let (used, cap) = self.usage();
@@ -930,6 +964,8 @@ impl Engine {
         };
         serde_json::json!({
             "is_healthy": healthy,
+            "degraded": !failed.is_empty(),
+            "failed_devices": failed,
             "type": "dax",
             "device_path": devs.first().map(|d| d.info().path).unwrap_or_default(),
             "max_dax_size_bytes": cap,

@@ -48,7 +48,10 @@ pub enum DeviceState {
     Removing = 4,
     /// Closed by the engine's close: a tombstone.
     Closed = 5,
-    /// Failed: serves nothing; the pool reports unhealthy.
+    /// Failed (a SIGBUS in one of its copies, or set by the control
+    /// plane): serves nothing, never again; its keys are reported deleted;
+    /// the pool serves on with the others, degraded (docs/hotplug.md,
+    /// "Failed devices"). Remove is the only way out.
     Failed = 6,
     /// Removed: a tombstone kept so ids are never reused.
     Removed = 7,
@@ -116,6 +119,11 @@ pub(crate) struct Device {
     path: String,
     state: AtomicU8,
     core: DaxCore,
+    /// Its keys were reported deleted after it failed (once). A mutex, not
+    /// a flag: a remove of the failed device waits for a report in
+    /// progress, or it would close the device under the reporter, whose
+    /// remaining keys would then never be reported.
+    failure_reported: Mutex<bool>,
 }
 
 impl Device {
@@ -147,6 +155,36 @@ impl Device {
         } else {
             s
         }
+    }
+
+    /// Run `evict` once for this failed device, for the one caller that
+    /// is to report its keys deleted; `None` for every other caller. With
+    /// `wait`, a report in progress on another thread is waited for (a
+    /// remove: it must not close the device under the reporter); without,
+    /// it is left to that thread. Never hold an engine lock a listener
+    /// could need across the call's result: the caller tells the
+    /// listeners after it returns.
+    pub(super) fn report_failure_once(
+        &self,
+        wait: bool,
+        evict: impl FnOnce() -> Vec<Key>,
+    ) -> Option<Vec<Key>> {
+        let mut done = if wait {
+            self.failure_reported
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        } else {
+            match self.failure_reported.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        };
+        if *done {
+            return None;
+        }
+        *done = true;
+        Some(evict())
     }
 
     /// Change its state (the pool's control plane only).
@@ -333,6 +371,7 @@ impl DevicePool {
                 path: spec.path,
                 state: AtomicU8::new(DeviceState::Active as u8),
                 core,
+                failure_reported: Mutex::new(false),
             }));
         }
         let n = devs.len() as u32;
@@ -492,6 +531,7 @@ impl DevicePool {
             path: spec.path.clone(),
             state: AtomicU8::new(DeviceState::Active as u8),
             core,
+            failure_reported: Mutex::new(false),
         }));
         // Under `admin`: nobody else replaces the list meanwhile.
         self.devices.store(Arc::new(v));
@@ -568,7 +608,11 @@ impl DevicePool {
             Err(e) => return Err(e),
         };
         let from = d.state();
-        if from.is_tombstone() || to == DeviceState::Closed {
+        // A failed device never serves again: remove is its only way out
+        // (its keys were reported deleted).
+        let failed_out =
+            from == DeviceState::Failed && to != DeviceState::Failed && !to.is_tombstone();
+        if from.is_tombstone() || to == DeviceState::Closed || failed_out {
             return Err(EngineError::StateChange {
                 id: id.0,
                 from: from.name(),
@@ -714,7 +758,11 @@ impl Engine {
     /// Move device `id` to state `to` (the control plane's drain, migrate,
     /// resize and remove steps build on this); returns the state it had.
     /// Errors: [`EngineError::NoSuchDevice`], [`EngineError::StateChange`]
-    /// for a tombstone or a move to `Closed`, [`EngineError::Closing`].
+    /// for a tombstone, a move to `Closed`, or a failed device moved to
+    /// anything but `Removed` (a failed device never serves again),
+    /// [`EngineError::Closing`]. A move to `Failed` reports the device's
+    /// keys deleted to the listeners before it returns
+    /// ([`Engine::report_failed_devices`]).
     /// A state change takes effect for task parts that start after it;
     /// parts already running finish with the list they began with.
     pub fn set_device_state(
@@ -722,7 +770,11 @@ impl Engine {
         id: DeviceId,
         to: DeviceState,
     ) -> Result<DeviceState, EngineError> {
-        self.inner.pool.set_state(id, to, &self.inner.closing)
+        let from = self.inner.pool.set_state(id, to, &self.inner.closing)?;
+        if to == DeviceState::Failed {
+            self.report_failed_devices();
+        }
+        Ok(from)
     }
 }
 

@@ -418,8 +418,14 @@ fn worker_loop(mut w: WorkerCtx) {
             empty &= sq.prepare_wait().unwrap_or(false);
         }
         if empty {
-            let _ = w.wake.wait(Duration::from_millis(100));
+            let woken = w.wake.wait(Duration::from_millis(100));
             let _ = w.wake.drain();
+            if matches!(woken, Ok(false)) {
+                // An idle tick (nothing came for 100 ms): tell the
+                // listeners about a device that failed meanwhile
+                // (`super::failed`), if no status or health check has.
+                w.inner.report_failed_devices();
+            }
         }
         // ORDERING: Relaxed — clearing only saves a submitter an eventfd
         // write; one that still sees the flag makes a spurious (coalesced)
@@ -543,6 +549,8 @@ impl WorkerCtx {
         if let Some(bad) = inner.opts.panic_on_key {
             assert!(!keys.contains(&bad), "injected panic");
         }
+        #[cfg(feature = "failpoints")]
+        inner.faults.worker_panic_point();
         match task.kind {
             TaskKind::Store => store_part(inner, &devs, task, start, len),
             TaskKind::Lookup => {

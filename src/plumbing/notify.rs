@@ -13,6 +13,10 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct EventFd {
     fd: OwnedFd,
+    /// Writes still to fail (the `failpoints` feature: an eventfd write
+    /// that fails).
+    #[cfg(feature = "failpoints")]
+    fail_writes: std::sync::atomic::AtomicU32,
 }
 
 impl EventFd {
@@ -28,12 +32,39 @@ impl EventFd {
         }
         // SAFETY: `fd` is a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(EventFd { fd })
+        Ok(EventFd {
+            fd,
+            #[cfg(feature = "failpoints")]
+            fail_writes: std::sync::atomic::AtomicU32::new(0),
+        })
+    }
+
+    /// Fault hook (the `failpoints` feature): the next `n` calls of
+    /// [`EventFd::notify`] fail with `EIO` and write nothing.
+    #[cfg(feature = "failpoints")]
+    pub fn inject_write_failures(&self, n: u32) {
+        // ORDERING: Relaxed — a test knob.
+        self.fail_writes
+            .store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Signal: add one to the counter. A full counter (2^64 − 2) already
     /// signals, so EAGAIN is success.
     pub fn notify(&self) -> io::Result<()> {
+        #[cfg(feature = "failpoints")]
+        if self
+            .fail_writes
+            // ORDERING: Relaxed — a test knob; which write fails is any
+            // fine choice.
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |n| n.checked_sub(1),
+            )
+            .is_ok()
+        {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our own fd.
         let n = unsafe { libc::write(self.fd.as_raw_fd(), std::ptr::from_ref(&one).cast(), 8) };

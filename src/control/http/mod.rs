@@ -9,7 +9,7 @@
 //! | `GET /reconfigure/{backend}/l2/status` | the status envelope (docs/lmcache-dax-behavior.md §5.3) `{enabled, backend, num_adapters, adapters: [{backend, supported_operations, status, adapter_index, l2_adapter_index}]}`: that backend's adapters only, `adapter_index` backend-local, `l2_adapter_index` generic; an unknown backend is 200 with `enabled: false` |
 //! | `POST /reconfigure/{backend}/l2/{operation}` | the backend's result (docs/lmcache-dax-behavior.md §5.4), with `adapter_index` set to the **generic** index (the quirk below) |
 //! | `GET /reconfigure/dax/status`, `POST /reconfigure/dax/{add,remove,resize}` | the same for `dax`: the seed's v2 routes, kept for the fork's coordinator (upstream's latest answers 404 there) |
-//! | `GET /health` | 200 `{"status":"ok"}`, or 503 `{"status":"unhealthy","reason":"…"}` when [`HttpHooks::health`] gives a reason (for an engine: [`engine_health`]) |
+//! | `GET /health` | 200 `{"status":"ok"}`; 200 `{"status":"degraded","reason":"device 0 (…) failed; …"}` while a failed device waits for its remove and the others serve; 503 `{"status":"unhealthy","reason":"…"}` when [`HttpHooks::health`] gives a reason (for an engine: [`engine_health`]) |
 //! | `GET /metrics` | [`HttpHooks::metrics`]' text (`text/plain; version=0.0.4; charset=utf-8`), 404 without one |
 //!
 //! `{backend}` and `{operation}` are stripped and lower-cased; an empty one
@@ -104,12 +104,14 @@ pub use size::{parse_size, MAX_SIZE_CHARS};
 /// The `/metrics` body (Prometheus text format 0.0.4), produced on demand.
 pub type MetricsFn = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// `/health`: `Ok` when healthy (200), `Err(reason)` for 503.
-pub type HealthFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// `/health`: `Ok(None)` when healthy (200 `ok`), `Ok(Some(reason))` when
+/// it serves degraded (200 `degraded`), `Err(reason)` for 503.
+pub type HealthFn = Arc<dyn Fn() -> Result<Option<String>, String> + Send + Sync>;
 
 /// `/health` for `engine`: [`Engine::health`](crate::engine::Engine::health)
-/// (unhealthy while it closes, with a failed or unhealthy device, and
-/// when no device can take a store).
+/// (unhealthy while it closes, with an unhealthy device, and when no
+/// device can take a store; degraded while a failed device waits for its
+/// remove and the others serve).
 pub fn engine_health(engine: Arc<crate::engine::Engine>) -> HealthFn {
     Arc::new(move || engine.health())
 }
@@ -584,14 +586,18 @@ fn params<T>(p: Result<Path<T>, PathRejection>) -> Result<T, Response> {
 
 async fn health(State(app): AppState) -> Response {
     let verdict = match app.hooks.health.clone() {
-        None => Ok(()),
+        None => Ok(None),
         Some(h) => match blocking(move || h()).await {
             Ok(v) => v,
             Err(r) => return r,
         },
     };
     match verdict {
-        Ok(()) => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        Ok(None) => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        Ok(Some(reason)) => json_response(
+            StatusCode::OK,
+            &json!({"status": "degraded", "reason": reason}),
+        ),
         Err(reason) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &json!({"status": "unhealthy", "reason": reason}),

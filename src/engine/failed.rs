@@ -1,0 +1,109 @@
+//! # Failed devices: evicted, reported, and the pool serves on
+//!
+//! A device fails when a SIGBUS in one of its copies fails its mapping (a
+//! file truncated under it, a poisoned memory line: `crate::device::fault`),
+//! when the control plane sets it `failed`, or (the `failpoints` feature)
+//! when a test fails it. From then on (docs/hotplug.md, "Failed devices"):
+//!
+//! - it is neither readable nor writable: its keys read as misses, and a
+//!   store tries the next writable device (`pool::store_one`);
+//! - its keys are deleted from its index and reported through the
+//!   listeners' `on_keys_deleted`, once ([`Engine::report_failed_devices`]:
+//!   at the first status, health check, device list, `/metrics` scrape,
+//!   remove or worker idle tick after the failure);
+//! - `/health` stays 200 and says `degraded`, naming it, while another
+//!   device takes stores ([`Engine::health`]);
+//! - remove (any mode but drain) accepts it and evicts: it leaves a
+//!   `removed` tombstone, like any removed device.
+//!
+//! Each key is deleted and reported under its claim, after checking that no
+//! other readable device holds it: a key stored again elsewhere since the
+//! failure (under that key's claim too) is not reported gone.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use super::pool::{Device, DeviceState};
+use super::{Engine, Inner};
+use crate::device::arena::TryEnterError;
+use crate::key::Key;
+
+impl Engine {
+    /// Delete the keys of every failed device not yet reported and tell
+    /// the listeners (on this thread, with no engine lock held). Returns
+    /// how many keys were reported. Cheap when nothing failed: one state
+    /// load per device.
+    pub fn report_failed_devices(&self) -> usize {
+        self.inner.report_failed_devices()
+    }
+}
+
+impl Inner {
+    /// [`Engine::report_failed_devices`] (also run by an idle worker).
+    pub(super) fn report_failed_devices(&self) -> usize {
+        let mut n = 0;
+        for d in self.pool.list().iter() {
+            if d.state() != DeviceState::Failed {
+                continue;
+            }
+            let Some(keys) = d.report_failure_once(false, || self.evict_failed(d)) else {
+                continue;
+            };
+            log_line!(
+                "daxkv: device {} ({}) failed: {} keys reported deleted; the other devices serve on",
+                d.index(),
+                d.path(),
+                keys.len()
+            );
+            n += keys.len();
+            if !keys.is_empty() {
+                self.tell_listeners("on_keys_deleted", |l| l.on_keys_deleted(&keys));
+            }
+        }
+        n
+    }
+
+    /// Delete every key of failed device `d` (forced: a lock or a borrow
+    /// on a device that serves nothing holds nothing), each under its
+    /// claim; returns the keys no other readable device holds.
+    pub(super) fn evict_failed(&self, d: &Arc<Device>) -> Vec<Key> {
+        let keys = d.core().snapshot_keys();
+        let mut out = Vec::with_capacity(keys.len());
+        let mut i = 0;
+        let mut rounds = 0usize;
+        while i < keys.len() {
+            let k = keys[i];
+            let claim = self.pool.claims.claim(k);
+            // A claim holder never waits on an arena (a remap may wait for
+            // a worker that waits for this claim): enter without waiting;
+            // on a pending remap let go of the claim, wait, and retry.
+            let deleted = match d.core().try_session() {
+                Ok(_held) => Some(d.core().delete(k, true)),
+                Err(TryEnterError::Closed) => Some(false),
+                Err(TryEnterError::Busy) => None,
+            };
+            let Some(deleted) = deleted else {
+                drop(claim);
+                drop(d.core().session());
+                rounds += 1;
+                if rounds >= super::pool::STORE_ROUNDS_MAX {
+                    i += 1;
+                }
+                continue;
+            };
+            let elsewhere = deleted
+                && self.pool.list().iter().any(|o| {
+                    o.id() != d.id()
+                        && o.state().is_readable()
+                        && o.core().try_session().is_ok_and(|s| s.contains_live(k))
+                });
+            drop(claim);
+            if deleted && !elsewhere {
+                out.push(k);
+            }
+            i += 1;
+        }
+        out
+    }
+}
