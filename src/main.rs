@@ -701,6 +701,7 @@ fn soak(cmd: Cmd) -> anyhow::Result<()> {
         device_bytes: size("--device-bytes", &device_bytes)?,
         hotplug: !no_hotplug,
         hotplug_every_ms,
+        faults,
         ..daxkv::cli::soak::SoakConfig::default()
     };
     eprintln!(

@@ -77,6 +77,12 @@ pub struct SoakConfig {
     pub hotplug_every_ms: u64,
     /// Where added device files are made (a tmpfs directory).
     pub shm_dir: std::path::PathBuf,
+    /// Inject faults (a build with the `failpoints` feature only): copies
+    /// that fail, slow and full devices, devices that fail, worker panics,
+    /// eventfd writes that fail.
+    pub faults: bool,
+    /// Milliseconds between two faults (at random up to twice this).
+    pub fault_every_ms: u64,
 }
 
 impl Default for SoakConfig {
@@ -92,6 +98,8 @@ impl Default for SoakConfig {
             hotplug: true,
             hotplug_every_ms: 100,
             shm_dir: "/dev/shm".into(),
+            faults: false,
+            fault_every_ms: 300,
         }
     }
 }
@@ -666,6 +674,21 @@ fn control(
                 continue;
             }
         };
+        // A failed device (a fault, or a file cut short) serves nothing
+        // until it is removed: the operator's first job.
+        if let Some(d) = devs.iter().find(|d| d.state == "failed") {
+            let body = json!({"device_index": d.index, "mode": "evict"});
+            match client.request("POST", "/reconfigure/dax/l2/remove", Some(&body)) {
+                Ok((code, _)) if (200..300).contains(&code) => out.ok += 1,
+                Ok((code, text)) => out.errors.push(format!(
+                    "remove of failed device {body} answered {code}: {text}"
+                )),
+                Err(e) => out
+                    .errors
+                    .push(format!("remove of failed device {body}: {e}")),
+            }
+            continue;
+        }
         let active: Vec<&Dev> = devs.iter().filter(|d| d.state == "active").collect();
         let open: Vec<&Dev> = devs
             .iter()
@@ -756,6 +779,58 @@ fn control(
     }
 }
 
+/// Inject faults until `stop`, one every `every` (at random up to twice
+/// that), each lasting up to `every`, and take them all back at the end.
+/// Returns how many were injected.
+#[cfg(feature = "failpoints")]
+fn faults(engine: &Engine, cfg: &SoakConfig, mut rng: Rng, stop: &AtomicBool) -> u64 {
+    use crate::engine::DeviceFaults;
+    let mut injected = 0;
+    let devices = |engine: &Engine| -> Vec<DeviceFaults> {
+        (0..engine.status()["devices"].as_array().map_or(0, Vec::len))
+            .filter_map(|i| engine.find_device_at(i).ok())
+            .filter_map(|id| engine.device_faults(id))
+            .collect()
+    };
+    let mut on: Vec<DeviceFaults> = Vec::new();
+    // ORDERING: Relaxed — a stop flag polled between faults.
+    while !stop.load(Ordering::Relaxed) {
+        let every = cfg.fault_every_ms.max(1);
+        std::thread::sleep(Duration::from_millis(every + rng.below(every + 1)));
+        for d in on.drain(..) {
+            d.copy_faults(0);
+            d.copy_delay(Duration::ZERO);
+            d.full(false);
+        }
+        let devs = devices(engine);
+        if devs.is_empty() {
+            continue;
+        }
+        let d = devs[rng.below(devs.len() as u64) as usize].clone();
+        match rng.below(100) {
+            0..=29 => d.copy_faults(2 + rng.below(6) as u32),
+            30..=49 => d.copy_delay(Duration::from_micros(100 + rng.below(2000))),
+            50..=69 => d.full(true),
+            // A device fails: rarely, and never the last one standing.
+            70..=74 if devs.len() > 1 => {
+                let _ = engine.inject_device_failure(d.id());
+            }
+            70..=84 => engine.inject_worker_panics(1 + rng.below(3) as u32),
+            _ => engine.inject_eventfd_write_failures(1 + rng.below(4) as u32),
+        }
+        injected += 1;
+        on.push(d);
+    }
+    for d in on {
+        d.copy_faults(0);
+        d.copy_delay(Duration::ZERO);
+        d.full(false);
+    }
+    engine.inject_worker_panics(0);
+    engine.inject_eventfd_write_failures(0);
+    injected
+}
+
 /// What the process holds that a stopped server must give back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Footprint {
@@ -810,6 +885,9 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
             cfg.slot_bytes, cfg.device_bytes
         ));
     }
+    if cfg.faults && !cfg!(feature = "failpoints") {
+        return Err("faults: fault injection is compiled out of this build (rebuild with `--features failpoints`)".into());
+    }
     let tag = format!("daxkv-soak-{}-{}", std::process::id(), cfg.seed);
     let before = footprint(&tag);
     let mut report = SoakReport {
@@ -851,6 +929,8 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
     let max_keys = (total_slots / 3 / cfg.threads).max(16);
     let t0 = Instant::now();
     let mut ctl = ControlCounts::default();
+    #[cfg_attr(not(feature = "failpoints"), allow(unused_mut))]
+    let mut faults_injected = 0;
     let (lost, transient) = std::thread::scope(|s| {
         let mut workers = Vec::new();
         for t in 0..cfg.threads as u64 {
@@ -885,6 +965,12 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
             let rng = Rng(cfg.seed ^ 0xC0_17_20_11);
             s.spawn(move || control(client, cfg, rng, stop, ctl))
         });
+        #[cfg(feature = "failpoints")]
+        let fault_thread = cfg.faults.then(|| {
+            let (engine, stop) = (&engine, &stop);
+            let rng = Rng(cfg.seed ^ 0xFA_17_5E_ED);
+            s.spawn(move || faults(engine, cfg, rng, stop))
+        });
         // The clock: one ops/s sample a second, a progress line every ten.
         let mut last = 0;
         let mut tick = t0;
@@ -918,6 +1004,10 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
         if let Some(c) = ctl_thread {
             let _ = c.join();
         }
+        #[cfg(feature = "failpoints")]
+        if let Some(f) = fault_thread {
+            faults_injected = f.join().unwrap_or(0);
+        }
         let mut traffic: Vec<Traffic> = workers.into_iter().filter_map(|w| w.join().ok()).collect();
         if traffic.len() != cfg.threads {
             return Err("a traffic thread panicked".to_string());
@@ -932,6 +1022,7 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
     })?;
     report.lost = lost;
     report.transient_misses = transient;
+    report.faults_injected = faults_injected;
     // ORDERING: Relaxed — every thread is joined.
     report.ops = counts.ops.load(Ordering::Relaxed);
     report.bytes_verified = counts.bytes_verified.load(Ordering::Relaxed);
