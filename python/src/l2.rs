@@ -366,36 +366,6 @@ fn object_keys_kept(
     Ok(out)
 }
 
-/// Export each object's bytes: an LMCache `MemoryObj`'s tensor
-/// (`View::memory_obj`: what its `byte_array` describes, without building
-/// it), else its `byte_array`, else the object itself (any buffer).
-fn export_objs(objs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
-    let what = if writable { "destination" } else { "source" };
-    let mut out = Vec::new();
-    for (i, o) in objs.try_iter()?.enumerate() {
-        let o = o?;
-        if let Some(v) = View::memory_obj(&o).map_err(|e| {
-            PyBufferError::new_err(format!("daxkv: {what} object {i}: {}", e.value(o.py())))
-        })? {
-            out.push(v);
-            continue;
-        }
-        let bytes = if o.hasattr("byte_array")? {
-            o.getattr("byte_array")?
-        } else {
-            o
-        };
-        out.push(View::get(&bytes, writable).map_err(|e| {
-            PyBufferError::new_err(format!(
-                "daxkv: {what} object {i}: {} (need a MemoryObj, or a C-contiguous{} buffer)",
-                e.value(bytes.py()),
-                if writable { ", writable" } else { "" }
-            ))
-        })?);
-    }
-    Ok(out)
-}
-
 /// A store's or a load's keys (engine keys and the key objects, kept for
 /// the listeners) and its exported objects (writable for a load), of
 /// equal counts.
@@ -409,7 +379,7 @@ fn keys_and_views(
     let _stretch = crate::gil::held(keys.py());
     let mut kept = Vec::new();
     let ks = object_keys_kept(keys, Some(&mut kept))?;
-    let views = export_objs(objs, writable)?;
+    let views = crate::export_objs(objs, writable)?;
     if ks.len() != views.len() {
         return Err(PyValueError::new_err(format!(
             "keys and objects must have the same length, got {} and {}",
