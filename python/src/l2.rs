@@ -141,6 +141,10 @@ struct Task {
     /// Their ranges in [`State::busy`], given back when the task leaves
     /// the table ([`State::remove`]) or the engine has stopped (`close`).
     held: Held,
+    /// A task completed here under a negative id: its result bits (a
+    /// lookup done on the caller), or `None` (a refused submit: every key
+    /// failed).
+    bits: Option<Vec<bool>>,
 }
 
 /// Python-owned things to drop once the GIL is held again.
@@ -291,25 +295,29 @@ fn push_hex(out: &mut String, v: &Bound<'_, PyAny>, width: usize) -> PyResult<()
 
 /// The wire string of an `ObjectKey` (module doc), into `out`.
 fn wire_string(out: &mut String, k: &Bound<'_, PyAny>) -> PyResult<()> {
+    // Interned names: a `&str` name would build a new Python string per
+    // attribute per key.
+    let py = k.py();
     out.clear();
-    let model = k.getattr("model_name")?;
+    let model = k.getattr(pyo3::intern!(py, "model_name"))?;
     out.push_str(model.downcast::<PyString>()?.to_str()?);
     out.push('@');
-    push_hex(out, &k.getattr("kv_rank")?, 8)?;
+    push_hex(out, &k.getattr(pyo3::intern!(py, "kv_rank"))?, 8)?;
     out.push('@');
-    push_hex(out, &k.getattr("object_group_id")?, 0)?;
+    push_hex(out, &k.getattr(pyo3::intern!(py, "object_group_id"))?, 0)?;
     out.push('@');
-    let hash = k.getattr("chunk_hash")?;
+    let hash = k.getattr(pyo3::intern!(py, "chunk_hash"))?;
     if let Ok(b) = hash.downcast::<PyBytes>() {
-        use std::fmt::Write;
-        for byte in b.as_bytes() {
-            let _ = write!(out, "{byte:02x}");
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for &byte in b.as_bytes() {
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 15)]));
         }
     } else {
-        let h = hash.call_method0("hex")?;
+        let h = hash.call_method0(pyo3::intern!(py, "hex"))?;
         out.push_str(h.downcast::<PyString>()?.to_str()?);
     }
-    let salt = k.getattr("cache_salt")?;
+    let salt = k.getattr(pyo3::intern!(py, "cache_salt"))?;
     let salt = salt.downcast::<PyString>()?.to_str()?;
     if !salt.is_empty() {
         out.push('@');
@@ -403,9 +411,10 @@ impl DaxL2Core {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Complete a refused submit here (module doc): the caller holds
-    /// `state`, which is not closed, so the engine's fds are open.
-    fn refuse(&self, st: &mut State, t: Task) -> Id {
+    /// Complete a task here, under a negative id (module doc): a refused
+    /// submit, or a lookup done on the caller. The caller holds `state`,
+    /// which is not closed, so the engine's fds are open.
+    fn complete_here(&self, st: &mut State, t: Task) -> Id {
         // ORDERING: Relaxed — a unique number; nothing is published
         // through it (the task is published under `state`).
         let id = -1 - Id::from(self.next_local.fetch_add(1, Ordering::Relaxed));
@@ -491,7 +500,7 @@ impl DaxL2Core {
                 // The engine never saw the buffers: release them now.
                 st.busy.release(std::mem::take(&mut task.held));
                 rel.views.append(&mut task.views);
-                (Ok(self.refuse(&mut st, task)), rel)
+                (Ok(self.complete_here(&mut st, task)), rel)
             }
         }
     }
@@ -533,10 +542,12 @@ impl DaxL2Core {
         if t.kind != kind {
             return None;
         }
-        // A refused task (negative id) completed here, as a failure.
+        // A task completed here (negative id): a lookup done on the
+        // caller, or a refused submit (a failure).
         let Ok(engine_id) = u64::try_from(id).map(TaskId) else {
-            let t = st.remove(&id)?;
-            return Some((vec![false; t.n], t));
+            let mut t = st.remove(&id)?;
+            let bits = t.bits.take().unwrap_or_else(|| vec![false; t.n]);
+            return Some((bits, t));
         };
         let bits = match kind {
             TaskKind::Lookup => self.engine.query_lookup(engine_id).map(|b| b.to_vec()),
@@ -708,6 +719,7 @@ impl DaxL2Core {
             objs: Some(objs.clone().unbind()),
             views,
             held: Held::default(),
+            bits: None,
         };
         let (r, rel) = crate::gil::release(py, || {
             self.submit(task, |e, views| {
@@ -796,30 +808,45 @@ impl DaxL2Core {
 
     /// Look the keys up and take one lock in the engine on each hit
     /// (release with `submit_unlock`). Returns the task id.
+    ///
+    /// Done here, on the calling thread with the GIL released
+    /// ([`Engine::lookup_and_lock_into`]: index work only, no copy), and
+    /// completed at once under a negative id, with the lookup eventfd
+    /// written, as LMCache's controllers poll it before they query. A
+    /// worker hop (wake, completion, eventfd, the caller's poll) costs
+    /// more than the lookup itself. The locks are the same as a worker's:
+    /// `delete` skips them until `submit_unlock`; a lookup racing `close`
+    /// either completes (its result stays collectable) or raises.
     fn submit_lookup(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Id> {
         self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
         // Again: the conversion above ran the caller's Python code, which
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;
-        let task = Task {
-            kind: TaskKind::Lookup,
-            n: ks.len(),
-            keys: Vec::new(),
-            digests: Vec::new(),
-            record: Vec::new(),
-            objs: None,
-            views: Vec::new(),
-            held: Held::default(),
-        };
-        let (r, rel) = crate::gil::release(py, || {
-            self.submit(task, |e, views| match e.submit_lookup_and_lock(ks) {
-                Ok(id) => (Ok(id), views),
-                Err(r) => (Err(r.error), views),
-            })
-        });
-        drop(rel);
-        r
+        crate::gil::release(py, || {
+            // Without `state`: the lookup may wait for a device's pending
+            // remap, which must not hold every other call of this adapter.
+            let mut bits = vec![false; ks.len()];
+            self.engine.lookup_and_lock_into(&ks, &mut bits);
+            let task = Task {
+                kind: TaskKind::Lookup,
+                n: ks.len(),
+                keys: Vec::new(),
+                digests: Vec::new(),
+                record: Vec::new(),
+                objs: None,
+                views: Vec::new(),
+                held: Held::default(),
+                bits: Some(bits),
+            };
+            let mut st = self.lock();
+            if st.closed {
+                // The engine is closing: the locks just taken (if any) go
+                // with it.
+                return Err(closing_err());
+            }
+            Ok(self.complete_here(&mut st, task))
+        })
     }
 
     /// A finished lookup, once: `(number of keys, indices of the hits)`;
@@ -900,6 +927,7 @@ impl DaxL2Core {
             objs: Some(objs.clone().unbind()),
             views,
             held: Held::default(),
+            bits: None,
         };
         let (r, rel) = crate::gil::release(py, || {
             self.submit(task, |e, views| {
