@@ -1165,6 +1165,7 @@ def test_a_lookup_completes_on_the_caller_and_its_locks_hold(plugin):
     fd = a.get_lookup_and_lock_event_fd()
     consume_fd(fd)
     tid = a.submit_lookup_and_lock_task(ks, {})
+    assert tid < 0, "completed here: the id space of tasks the engine never ran"
     assert select.select([fd], [], [], 0)[0] == [fd], "the fd is signalled by the submit"
     bm = a.query_lookup_and_lock_result(tid)
     assert bm is not None and bits(bm, 6) == [True] * 4 + [False] * 2
