@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | three event fds | [`DaxL2Core::event_fds`] | the engine's own three eventfds |
 //! | `submit_store_task` / `pop_completed_store_tasks` | `submit_store` / `pop_completed_stores` | `submit_store` (raw sources) / `pop_completed_stores` |
-//! | `submit_lookup_and_lock_task` / `query_lookup_and_lock_result` | `submit_lookup` / `query_lookup` | `submit_lookup_and_lock` / `query_lookup` (locks held in the engine) |
+//! | `submit_lookup_and_lock_task` / `query_lookup_and_lock_result` | `submit_lookup` / `query_lookup` | `lookup_and_lock_into` on the calling thread, completed here (locks held in the engine) |
 //! | `submit_unlock` | `submit_unlock` | `submit_unlock` (one lock, wherever the key is, under its claim) |
 //! | `submit_load_task` / `query_load_result` | `submit_load` / `query_load` | `submit_load_raw` / `query_load` |
 //! | `delete`, `get_usage`, `report_status` | `delete`, `usage`, `status` | the same |
@@ -75,7 +75,8 @@
 //! table full) completes at once as a failure, under a negative id (engine
 //! ids are never negative, so the two can never meet, however long the
 //! engine runs), and writes the kind's eventfd, so every task the caller
-//! got an id for completes. The write happens under `state` while
+//! got an id for completes. A lookup is completed here the same way, with
+//! its answer: it is done on the calling thread (`submit_lookup`). The write happens under `state` while
 //! it is not closed; `close` marks it closed under `state` *before* the
 //! engine closes its fds, so a write can never land on a closed (and
 //! perhaps reused) fd number:
