@@ -105,7 +105,7 @@ use daxkv::engine::{Answer, Engine, EngineError, Listener, TaskId, TaskKind};
 use daxkv::plumbing::buf::{Buf, RawBuf};
 use daxkv::plumbing::busy::{Busy, Clash, Held};
 use daxkv::Key;
-use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 use serde_json::Value;
