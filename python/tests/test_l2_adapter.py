@@ -1187,12 +1187,16 @@ def test_lookups_racing_evictions_never_lose_a_locked_key(plugin):
     """A hunting test: one thread looks keys up (locking the hits on the
     caller) while another deletes them all and stores them back. Every hit
     must stay stored until its unlock: eviction skips locked keys, and a
-    lookup that found a key holds it. Bounded in rounds and time."""
+    lookup that found a key holds it. After each store-back the evictor
+    waits (bounded) for a lookup that hit, so hits are certain however the
+    threads are scheduled; the next delete then races the next lookup.
+    Bounded in rounds and time."""
     a = plugin()
     ks = [key(i) for i in range(8)]
     srcs = [obj(200 + i) for i in range(8)]
     assert store(a, ks, srcs).is_successful()
     stop = threading.Event()
+    hit = threading.Event()
     errors: list = []
 
     def evict() -> None:
@@ -1202,6 +1206,9 @@ def test_lookups_racing_evictions_never_lose_a_locked_key(plugin):
                 gone = [k for k, e in zip(ks, a._core.exists(ks)) if not e]
                 if gone:
                     store(a, gone, [srcs[ks.index(k)] for k in gone])
+                if not hit.wait(10) and not stop.is_set():
+                    raise AssertionError("no lookup hit keys nobody deleted")
+                hit.clear()
         except BaseException as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
@@ -1218,8 +1225,11 @@ def test_lookups_racing_evictions_never_lose_a_locked_key(plugin):
             hits += len(held)
             assert all(a._core.exists(held)), "a locked hit was deleted"
             a.submit_unlock(held)
+            if held:
+                hit.set()
     finally:
         stop.set()
+        hit.set()
         t.join(30)
     assert not t.is_alive() and not errors, errors
     assert hits > 0
