@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{
-    Answer, DeviceSpec, Engine, EngineError, EngineOptions, Listener, Refused, Submitter, TaskId,
-    TaskKind,
+    Answer, DeviceSpec, Engine, EngineError, EngineOptions, Listener, Op, Refused, Submitter,
+    TaskId, TaskKind,
 };
 use daxkv::plumbing::buf::{Buf, RawBuf};
 use daxkv::{CoreConfig, Key};
@@ -436,6 +436,43 @@ fn close_drains_then_waiters_and_collectors_get_their_results() {
             ..
         })
     ));
+}
+
+/// `Engine::lookup_and_lock_into` (the `plugin` adapter's lookups, done
+/// on the caller) locks each hit as a lookup task would: a delete skips it
+/// until `submit_unlock`; misses take nothing; extra `out` entries are
+/// left; after close every key misses.
+#[test]
+fn lookup_and_lock_into_locks_like_a_lookup_task() {
+    let e = engine(64, EngineOptions::default());
+    let keys = vec![k(1), k(2), k(3)];
+    let id = e
+        .submit_store(
+            vec![k(1), k(3)],
+            vec![Buf::from(payload(1, 100)), Buf::from(payload(3, 4000))],
+        )
+        .unwrap();
+    assert!(e.wait_store(id, T).ready().unwrap().success);
+    let mut out = [false, true, false, true];
+    assert_eq!(e.lookup_and_lock_into(&keys, &mut out), 2);
+    assert_eq!(out, [true, false, true, true], "the extra entry is left");
+    assert_eq!(e.status()["locked_key_count"], 2);
+    assert!(
+        e.delete(&[k(1), k(3)]).is_empty(),
+        "locked hits are skipped"
+    );
+    e.submit_unlock(&[k(1)]);
+    assert_eq!(e.delete(&[k(1), k(3)]), vec![k(1)], "k(3) is still locked");
+    e.submit_unlock(&[k(3)]);
+    assert_eq!(e.status()["locked_key_count"], 0);
+    let m = e.metrics();
+    assert_eq!(m.ops[Op::Lookup.idx()], 1, "one lookup counted");
+    assert_eq!(m.keys_ok[Op::Lookup.idx()], 2);
+    assert_eq!(m.keys_miss_or_fail[Op::Lookup.idx()], 1);
+    e.close();
+    let mut out = [true; 3];
+    assert_eq!(e.lookup_and_lock_into(&keys, &mut out), 0);
+    assert_eq!(out, [false; 3], "closed: every key misses");
 }
 
 /// `Engine::exists` (the native connector's `submit_batch_exists`) looks

@@ -29,6 +29,11 @@ inversion is one strided operation per task.
 ``--paths noop`` (not in the default list) runs the same harness against
 an adapter that copies nothing and completes every task at once: the
 harness's own ceiling (its submit, poll and collect cost in Python).
+``--paths noop_native`` drives a connector that copies nothing and
+completes every future at once (a few lines of Python, ``NoopConnector``)
+through LMCache's own ``NativeConnectorL2Adapter``, the bridge the
+``native_plugin`` path goes through: that path's ceiling (the bridge's
+per-key Python, its demux thread and its eventfds).
 
 Rounds are interleaved (round 1 of every path, then round 2, ...), and the
 median round is reported with the range of the rounds: objects/s, GB/s,
@@ -47,6 +52,7 @@ with every published table rerun.
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import os
@@ -82,10 +88,14 @@ from lmcache.v1.memory_management import (  # noqa: E402
 )
 
 PATHS = ("dax", "native_plugin", "plugin")
-EXTRA_PATHS = ("noop",)
+EXTRA_PATHS = ("noop", "noop_native")
+#: Paths that copy nothing: no device file, no byte check, no ratio to dax.
+CEILINGS = ("noop", "noop_native")
 # The stride of the completion marks (module doc): one byte per page.
 MARK_STRIDE = 4096
 PHASES = ("store", "lookup", "load")
+#: (path, its ceiling): the share of its harness ceiling a path reaches.
+CEILING_OF = (("plugin", "noop"), ("native_plugin", "noop_native"))
 
 
 def parse_size(s: str) -> int:
@@ -187,9 +197,61 @@ class NoopAdapter:
             os.close(fd)
 
 
+class NoopConnector:
+    """A native connector (the contract of LMCache's
+    ``NativeConnectorL2Adapter``) that copies nothing: every future
+    completes at once, every key found and loaded. Submits come from the
+    harness, ``drain_completions`` from the bridge's demux thread: the
+    queue is a deque (atomic appends and pops) and the fd is reset before
+    it is drained, so a completion queued meanwhile signals it again."""
+
+    def __init__(self) -> None:
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK)
+        self._next = 0
+        self._done: collections.deque = collections.deque()
+
+    def event_fd(self) -> int:
+        return self._fd
+
+    def _complete(self, n: int, per_key: bool) -> int:
+        self._next += 1
+        self._done.append((self._next, True, "", [True] * n if per_key else None))
+        os.eventfd_write(self._fd, 1)
+        return self._next
+
+    def submit_batch_set(self, keys: list, bufs: list) -> int:
+        return self._complete(len(keys), False)
+
+    def submit_batch_get(self, keys: list, bufs: list) -> int:
+        return self._complete(len(keys), True)
+
+    def submit_batch_exists(self, keys: list) -> int:
+        return self._complete(len(keys), True)
+
+    def submit_batch_delete(self, keys: list) -> int:
+        return self._complete(len(keys), True)
+
+    def drain_completions(self) -> list:
+        reset(self._fd)
+        out = []
+        while self._done:
+            out.append(self._done.popleft())
+        return out
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 def build(path_kind: str, dev: str, slot: int, cap: int, workers: dict[str, int]) -> Any:
     if path_kind == "noop":
         return NoopAdapter()
+    if path_kind == "noop_native":
+        # The class LMCache's native_plugin factory wraps every connector in.
+        from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import (
+            NativeConnectorL2Adapter,
+        )
+
+        return NativeConnectorL2Adapter(NoopConnector(), max_capacity_gb=cap / 2**30)
     parser = add_l2_adapters_args(argparse.ArgumentParser())
     args = parser.parse_args(["--l2-adapter", json.dumps(spec(path_kind, dev, slot, cap, workers))])
     return create_l2_adapter(parse_args_to_l2_adapters_config(args).adapters[0])
@@ -379,7 +441,7 @@ def main() -> int:
         adapters = {}
         files = []
         for p in paths:
-            if p == "noop":
+            if p in CEILINGS:
                 adapters[p] = build(p, "", size, cap, workers)
                 continue
             dev = f"/dev/shm/daxkv-bench-{uuid.uuid4().hex}"
@@ -396,7 +458,7 @@ def main() -> int:
                 for p in paths:
                     gc.collect()
                     t = one_round(adapters[p], n, size, args.task, args.in_flight, r, srcs, dsts,
-                                  src_buf, dst_buf, verify=p != "noop")
+                                  src_buf, dst_buf, verify=p not in CEILINGS)
                     for ph in PHASES:
                         times[p][ph].append(t[ph])
         finally:
@@ -421,7 +483,8 @@ def main() -> int:
     print()
     print("objects/s: median [min-max] of the rounds; ratio: of the medians [min-max of the per-round ratios]")
     print(f"{'size':>8} {'phase':>6} " + " ".join(f"{p + ' obj/s':>30} {'GB/s':>6}" for p in paths)
-          + "".join(f" {p + ' / dax':>22}" for p in paths if p not in ("dax", "noop") and "dax" in paths))
+          + "".join(f" {p + ' / dax':>22}" for p in paths if p not in ("dax",) + CEILINGS and "dax" in paths)
+          + "".join(f" {p + ' / ' + c:>28}" for p, c in CEILING_OF if p in paths and c in paths))
     for size in sizes:
         for ph in PHASES:
             cells = []
@@ -432,11 +495,17 @@ def main() -> int:
                 gbs = f"{r['gb_per_s']:6.2f}" if r["gb_per_s"] is not None else f"{'-':>6}"
                 rng = f"{r['objects_per_s']:,.0f} [{lo:,.0f}-{hi:,.0f}]"
                 cells.append(f"{rng:>30} {gbs}")
-                if p not in ("dax", "noop") and "dax" in paths:
+                if p not in ("dax",) + CEILINGS and "dax" in paths:
                     b = row(size, "dax", ph)
                     per = [bs / s_ for s_, bs in zip(r["seconds"], b["seconds"])]
                     rt = f"{r['objects_per_s'] / b['objects_per_s']:.2f}x [{min(per):.2f}-{max(per):.2f}]"
                     ratios.append(f"{rt:>22}")
+            for p, c in CEILING_OF:
+                if p in paths and c in paths:
+                    r, b = row(size, p, ph), row(size, c, ph)
+                    per = [bs / s_ for s_, bs in zip(r["seconds"], b["seconds"])]
+                    rt = f"{r['objects_per_s'] / b['objects_per_s']:.2f}x [{min(per):.2f}-{max(per):.2f}]"
+                    ratios.append(f"{rt:>28}")
             print(f"{human(size):>8} {ph:>6} " + " ".join(cells) + " " + " ".join(ratios))
     if args.json:
         with open(args.json, "w") as f:

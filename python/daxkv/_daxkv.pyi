@@ -145,7 +145,9 @@ class DaxStore:
     ) -> tuple[bytes, int]:
         """Per key an outcome (0 stored, 1 already stored or in flight,
         2 canceled by a forced remove, 3 closing, 4 copy failed, 5 not
-        tried), and the index of the key that found the arena full or -1."""
+        tried), and the index of the key that found the arena full or -1.
+        ``bufs``: ``MemoryObj`` s (read from their tensor, ``get_size()``
+        bytes) or C-contiguous buffers."""
     def restore(
         self,
         keys: Sequence[Any],
@@ -153,7 +155,8 @@ class DaxStore:
         alloc: Callable[[list[tuple[int, int, int]]], Optional[Sequence[Any]]],
     ) -> Optional[list[Any]]:
         """``alloc(hits)`` gets ``(index, tag, nbytes)`` per hit and returns
-        one writable buffer per hit (or None: returns None); the result has
+        one ``MemoryObj`` or writable buffer per hit (or None: returns
+        None); the result has
         each hit's cached positions (or None)."""
     def status(self) -> dict[str, Any]: ...
     def check_invariants(self) -> None: ...

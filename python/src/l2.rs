@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | three event fds | [`DaxL2Core::event_fds`] | the engine's own three eventfds |
 //! | `submit_store_task` / `pop_completed_store_tasks` | `submit_store` / `pop_completed_stores` | `submit_store` (raw sources) / `pop_completed_stores` |
-//! | `submit_lookup_and_lock_task` / `query_lookup_and_lock_result` | `submit_lookup` / `query_lookup` | `submit_lookup_and_lock` / `query_lookup` (locks held in the engine) |
+//! | `submit_lookup_and_lock_task` / `query_lookup_and_lock_result` | `submit_lookup` / `query_lookup` | `lookup_and_lock_into` on the calling thread, completed here (locks held in the engine) |
 //! | `submit_unlock` | `submit_unlock` | `submit_unlock` (one lock, wherever the key is, under its claim) |
 //! | `submit_load_task` / `query_load_result` | `submit_load` / `query_load` | `submit_load_raw` / `query_load` |
 //! | `delete`, `get_usage`, `report_status` | `delete`, `usage`, `status` | the same |
@@ -75,7 +75,8 @@
 //! table full) completes at once as a failure, under a negative id (engine
 //! ids are never negative, so the two can never meet, however long the
 //! engine runs), and writes the kind's eventfd, so every task the caller
-//! got an id for completes. The write happens under `state` while
+//! got an id for completes. A lookup is completed here the same way, with
+//! its answer: it is done on the calling thread (`submit_lookup`). The write happens under `state` while
 //! it is not closed; `close` marks it closed under `state` *before* the
 //! engine closes its fds, so a write can never land on a closed (and
 //! perhaps reused) fd number:
@@ -104,7 +105,7 @@ use daxkv::engine::{Answer, Engine, EngineError, Listener, TaskId, TaskKind};
 use daxkv::plumbing::buf::{Buf, RawBuf};
 use daxkv::plumbing::busy::{Busy, Clash, Held};
 use daxkv::Key;
-use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 use serde_json::Value;
@@ -141,6 +142,10 @@ struct Task {
     /// Their ranges in [`State::busy`], given back when the task leaves
     /// the table ([`State::remove`]) or the engine has stopped (`close`).
     held: Held,
+    /// A task completed here under a negative id: its result bits (a
+    /// lookup done on the caller), or `None` (a refused submit: every key
+    /// failed).
+    bits: Option<Vec<bool>>,
 }
 
 /// Python-owned things to drop once the GIL is held again.
@@ -291,25 +296,29 @@ fn push_hex(out: &mut String, v: &Bound<'_, PyAny>, width: usize) -> PyResult<()
 
 /// The wire string of an `ObjectKey` (module doc), into `out`.
 fn wire_string(out: &mut String, k: &Bound<'_, PyAny>) -> PyResult<()> {
+    // Interned names: a `&str` name would build a new Python string per
+    // attribute per key.
+    let py = k.py();
     out.clear();
-    let model = k.getattr("model_name")?;
+    let model = k.getattr(pyo3::intern!(py, "model_name"))?;
     out.push_str(model.downcast::<PyString>()?.to_str()?);
     out.push('@');
-    push_hex(out, &k.getattr("kv_rank")?, 8)?;
+    push_hex(out, &k.getattr(pyo3::intern!(py, "kv_rank"))?, 8)?;
     out.push('@');
-    push_hex(out, &k.getattr("object_group_id")?, 0)?;
+    push_hex(out, &k.getattr(pyo3::intern!(py, "object_group_id"))?, 0)?;
     out.push('@');
-    let hash = k.getattr("chunk_hash")?;
+    let hash = k.getattr(pyo3::intern!(py, "chunk_hash"))?;
     if let Ok(b) = hash.downcast::<PyBytes>() {
-        use std::fmt::Write;
-        for byte in b.as_bytes() {
-            let _ = write!(out, "{byte:02x}");
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for &byte in b.as_bytes() {
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 15)]));
         }
     } else {
-        let h = hash.call_method0("hex")?;
+        let h = hash.call_method0(pyo3::intern!(py, "hex"))?;
         out.push_str(h.downcast::<PyString>()?.to_str()?);
     }
-    let salt = k.getattr("cache_salt")?;
+    let salt = k.getattr(pyo3::intern!(py, "cache_salt"))?;
     let salt = salt.downcast::<PyString>()?.to_str()?;
     if !salt.is_empty() {
         out.push('@');
@@ -366,36 +375,6 @@ fn object_keys_kept(
     Ok(out)
 }
 
-/// Export each object's bytes: an LMCache `MemoryObj`'s tensor
-/// (`View::memory_obj`: what its `byte_array` describes, without building
-/// it), else its `byte_array`, else the object itself (any buffer).
-fn export_objs(objs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
-    let what = if writable { "destination" } else { "source" };
-    let mut out = Vec::new();
-    for (i, o) in objs.try_iter()?.enumerate() {
-        let o = o?;
-        if let Some(v) = View::memory_obj(&o).map_err(|e| {
-            PyBufferError::new_err(format!("daxkv: {what} object {i}: {}", e.value(o.py())))
-        })? {
-            out.push(v);
-            continue;
-        }
-        let bytes = if o.hasattr("byte_array")? {
-            o.getattr("byte_array")?
-        } else {
-            o
-        };
-        out.push(View::get(&bytes, writable).map_err(|e| {
-            PyBufferError::new_err(format!(
-                "daxkv: {what} object {i}: {} (need a MemoryObj, or a C-contiguous{} buffer)",
-                e.value(bytes.py()),
-                if writable { ", writable" } else { "" }
-            ))
-        })?);
-    }
-    Ok(out)
-}
-
 /// A store's or a load's keys (engine keys and the key objects, kept for
 /// the listeners) and its exported objects (writable for a load), of
 /// equal counts.
@@ -409,7 +388,7 @@ fn keys_and_views(
     let _stretch = crate::gil::held(keys.py());
     let mut kept = Vec::new();
     let ks = object_keys_kept(keys, Some(&mut kept))?;
-    let views = export_objs(objs, writable)?;
+    let views = crate::export_objs(objs, writable)?;
     if ks.len() != views.len() {
         return Err(PyValueError::new_err(format!(
             "keys and objects must have the same length, got {} and {}",
@@ -433,9 +412,10 @@ impl DaxL2Core {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Complete a refused submit here (module doc): the caller holds
-    /// `state`, which is not closed, so the engine's fds are open.
-    fn refuse(&self, st: &mut State, t: Task) -> Id {
+    /// Complete a task here, under a negative id (module doc): a refused
+    /// submit, or a lookup done on the caller. The caller holds `state`,
+    /// which is not closed, so the engine's fds are open.
+    fn complete_here(&self, st: &mut State, t: Task) -> Id {
         // ORDERING: Relaxed — a unique number; nothing is published
         // through it (the task is published under `state`).
         let id = -1 - Id::from(self.next_local.fetch_add(1, Ordering::Relaxed));
@@ -521,7 +501,7 @@ impl DaxL2Core {
                 // The engine never saw the buffers: release them now.
                 st.busy.release(std::mem::take(&mut task.held));
                 rel.views.append(&mut task.views);
-                (Ok(self.refuse(&mut st, task)), rel)
+                (Ok(self.complete_here(&mut st, task)), rel)
             }
         }
     }
@@ -563,10 +543,12 @@ impl DaxL2Core {
         if t.kind != kind {
             return None;
         }
-        // A refused task (negative id) completed here, as a failure.
+        // A task completed here (negative id): a lookup done on the
+        // caller, or a refused submit (a failure).
         let Ok(engine_id) = u64::try_from(id).map(TaskId) else {
-            let t = st.remove(&id)?;
-            return Some((vec![false; t.n], t));
+            let mut t = st.remove(&id)?;
+            let bits = t.bits.take().unwrap_or_else(|| vec![false; t.n]);
+            return Some((bits, t));
         };
         let bits = match kind {
             TaskKind::Lookup => self.engine.query_lookup(engine_id).map(|b| b.to_vec()),
@@ -738,6 +720,7 @@ impl DaxL2Core {
             objs: Some(objs.clone().unbind()),
             views,
             held: Held::default(),
+            bits: None,
         };
         let (r, rel) = crate::gil::release(py, || {
             self.submit(task, |e, views| {
@@ -826,30 +809,45 @@ impl DaxL2Core {
 
     /// Look the keys up and take one lock in the engine on each hit
     /// (release with `submit_unlock`). Returns the task id.
+    ///
+    /// Done here, on the calling thread with the GIL released
+    /// ([`Engine::lookup_and_lock_into`]: index work only, no copy), and
+    /// completed at once under a negative id, with the lookup eventfd
+    /// written, as LMCache's controllers poll it before they query. A
+    /// worker hop (wake, completion, eventfd, the caller's poll) costs
+    /// more than the lookup itself. The locks are the same as a worker's:
+    /// `delete` skips them until `submit_unlock`; a lookup racing `close`
+    /// either completes (its result stays collectable) or raises.
     fn submit_lookup(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Id> {
         self.owner.check("DaxL2Adapter")?;
         let ks = object_keys(keys)?;
         // Again: the conversion above ran the caller's Python code, which
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;
-        let task = Task {
-            kind: TaskKind::Lookup,
-            n: ks.len(),
-            keys: Vec::new(),
-            digests: Vec::new(),
-            record: Vec::new(),
-            objs: None,
-            views: Vec::new(),
-            held: Held::default(),
-        };
-        let (r, rel) = crate::gil::release(py, || {
-            self.submit(task, |e, views| match e.submit_lookup_and_lock(ks) {
-                Ok(id) => (Ok(id), views),
-                Err(r) => (Err(r.error), views),
-            })
-        });
-        drop(rel);
-        r
+        crate::gil::release(py, || {
+            // Without `state`: the lookup may wait for a device's pending
+            // remap, which must not hold every other call of this adapter.
+            let mut bits = vec![false; ks.len()];
+            self.engine.lookup_and_lock_into(&ks, &mut bits);
+            let task = Task {
+                kind: TaskKind::Lookup,
+                n: ks.len(),
+                keys: Vec::new(),
+                digests: Vec::new(),
+                record: Vec::new(),
+                objs: None,
+                views: Vec::new(),
+                held: Held::default(),
+                bits: Some(bits),
+            };
+            let mut st = self.lock();
+            if st.closed {
+                // The engine is closing: the locks just taken (if any) go
+                // with it.
+                return Err(closing_err());
+            }
+            Ok(self.complete_here(&mut st, task))
+        })
     }
 
     /// A finished lookup, once: `(number of keys, indices of the hits)`;
@@ -930,6 +928,7 @@ impl DaxL2Core {
             objs: Some(objs.clone().unbind()),
             views,
             held: Held::default(),
+            bits: None,
         };
         let (r, rel) = crate::gil::release(py, || {
             self.submit(task, |e, views| {

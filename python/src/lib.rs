@@ -370,6 +370,39 @@ pub(crate) fn json_to_py<'py>(
     })
 }
 
+/// Export each object's bytes: an LMCache `MemoryObj`'s tensor
+/// (`View::memory_obj`: what its `byte_array` describes, without building
+/// it), else its `byte_array`, else the object itself (any buffer).
+pub(crate) fn export_objs(objs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
+    let what = if writable { "destination" } else { "source" };
+    // Iterating `objs` and reading a `MemoryObj` (properties, methods)
+    // run Python code: `gil::held`.
+    let _stretch = crate::gil::held(objs.py());
+    let mut out = Vec::new();
+    for (i, o) in objs.try_iter()?.enumerate() {
+        let o = o?;
+        if let Some(v) = View::memory_obj(&o).map_err(|e| {
+            PyBufferError::new_err(format!("daxkv: {what} object {i}: {}", e.value(o.py())))
+        })? {
+            out.push(v);
+            continue;
+        }
+        let bytes = if o.hasattr("byte_array")? {
+            o.getattr("byte_array")?
+        } else {
+            o
+        };
+        out.push(View::get(&bytes, writable).map_err(|e| {
+            PyBufferError::new_err(format!(
+                "daxkv: {what} object {i}: {} (need a MemoryObj, or a C-contiguous{} buffer)",
+                e.value(bytes.py()),
+                if writable { ", writable" } else { "" }
+            ))
+        })?);
+    }
+    Ok(out)
+}
+
 /// Export every buffer (writable for destinations).
 fn export(bufs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
     let what = if writable { "destination" } else { "source" };

@@ -42,9 +42,11 @@
 //!
 //! ## Buffers
 //!
-//! Sources and destinations are Python buffer exports (LMCache's
-//! `MemoryObj.byte_array`), held until the call returns and released with
-//! the GIL held. Destinations must be writable and must not overlap
+//! Sources and destinations are LMCache `MemoryObj`s, read from their
+//! tensor (`raw_data.data_ptr()`, `get_size()` bytes: what `byte_array`
+//! describes, without building its torch view and ctypes array), or any
+//! other buffer, exported (`crate::export_objs`); held until the call
+//! returns and released with the GIL held. Destinations must be writable and must not overlap
 //! (checked): each becomes one `&mut [u8]` for the copy.
 
 use std::collections::HashMap;
@@ -427,7 +429,8 @@ impl PyDaxStore {
         Ok(n)
     }
 
-    /// Store `bufs[i]` (C-contiguous buffers, each at most `slot_bytes`)
+    /// Store `bufs[i]` (`MemoryObj`s or C-contiguous buffers, each at
+    /// most `slot_bytes`)
     /// under `keys[i]` with tag `tags[i]` (< 2^31) and, where
     /// `positions[i]` is not None, that object as its cached positions,
     /// with the GIL released ([`DaxStore::put_batch_with`]: in order,
@@ -450,7 +453,7 @@ impl PyDaxStore {
         self.owner.check("DaxStore")?;
         not_from_write_hook("put_batch")?;
         let keys = keys_of(keys)?;
-        let views = crate::export(bufs, false)?;
+        let views = crate::export_objs(bufs, false)?;
         let pos: Vec<Option<Arc<Py<PyAny>>>> = match positions {
             None => vec![None; keys.len()],
             Some(p) => {
@@ -583,8 +586,8 @@ impl PyDaxStore {
     /// The keys are reserved (positional, or the hit prefix with
     /// `prefix_only`), then `alloc(hits)` is called with one
     /// `(index, tag, nbytes)` per hit (key order; `index` is the key's
-    /// position) and returns one writable, C-contiguous buffer per hit (at
-    /// least `nbytes` long; LMCache's `MemoryObj.byte_array`), or None when
+    /// position) and returns one `MemoryObj` or writable, C-contiguous
+    /// buffer per hit (at least `nbytes` long), or None when
     /// memory is short. The payloads are copied straight into the buffers,
     /// sorted by device offset, in regions on up to `restore_workers`
     /// threads. A key removed meanwhile keeps its slot until this returns.
@@ -636,7 +639,7 @@ impl PyDaxStore {
                         if out.is_none() {
                             return Err(AllocFailed::NoMemory);
                         }
-                        views = crate::export(out, true).map_err(AllocFailed::Err)?;
+                        views = crate::export_objs(out, true).map_err(AllocFailed::Err)?;
                         Ok(views.iter().map(span).collect())
                     })?;
                 let mut by_addr = spans.clone();

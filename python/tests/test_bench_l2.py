@@ -1,6 +1,7 @@
 """The LMCache bench's harness (python/bench/bench_l2.py) is honest: an
 adapter that reports a store complete before copying its sources fails
-the run, one that copies first passes, and the no-op ceiling runs."""
+the run, one that copies first passes, and the no-op ceilings (the
+harness's, and LMCache's native-connector bridge's) run."""
 
 from __future__ import annotations
 
@@ -86,6 +87,24 @@ def test_a_store_reported_before_its_copy_fails() -> None:
 def test_noop_ceiling_runs() -> None:
     t = run(bench_l2.NoopAdapter(), verify=False)
     assert set(t) == {"store", "lookup", "load"}
+
+
+def test_noop_native_ceiling_runs_through_lmcaches_bridge() -> None:
+    """The native path's ceiling: a no-op connector inside LMCache's own
+    NativeConnectorL2Adapter (its demux thread and eventfds) completes
+    every phase of the frozen workload; close stops the demux thread."""
+    from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import (
+        NativeConnectorL2Adapter,
+    )
+
+    a = bench_l2.build("noop_native", "", SIZE, N * SIZE, {})
+    assert isinstance(a, NativeConnectorL2Adapter)
+    assert isinstance(a._client, bench_l2.NoopConnector)
+    demux = a._demux_thread
+    t = run(a, verify=False)
+    assert set(t) == {"store", "lookup", "load"} and all(v > 0 for v in t.values())
+    demux.join(10)
+    assert not demux.is_alive()
 
 
 def test_a_failed_store_fails_the_run() -> None:

@@ -630,12 +630,14 @@ def test_many_tasks_in_flight_and_a_full_task_table(plugin):
     stored = a._core.exists(ks)
     assert sum(stored) == 24 - len(local)
     assert a.pending_tasks() == 0
-    # Lookups and loads too: submit more than the table holds, then collect.
+    # Lookups are done on the caller, outside the engine's table: more of
+    # them than the table holds all complete, each with its own answer.
     lids = [a.submit_lookup_and_lock_task([k], {}) for k in ks]
+    assert len(set(lids)) == 24
     lres = [bits(wait_result(a, a.query_lookup_and_lock_result,
                              a.get_lookup_and_lock_event_fd(), t), 1)[0] for t in lids]
-    assert any(t < 0 for t in lids)
-    assert all(not r for t, r in zip(lids, lres) if t < 0)
+    assert lres == stored
+    assert a.report_status()["locked_key_count"] == sum(stored)
     a.submit_unlock([k for k, r in zip(ks, lres) if r])
     assert a.report_status()["locked_key_count"] == 0
     assert a.pending_tasks() == 0
@@ -652,17 +654,19 @@ def test_worker_panic_fails_only_its_task(plugin):
     t_good = a.submit_store_task(good, [obj(d) for d in data])
     got = drain_stores(a, {t_bad, t_good})
     assert not got[t_bad].is_successful() and got[t_good].is_successful()
-    # A lookup and a load meeting the key complete too (the panicking part's
-    # keys all miss: one part, here the whole task); the others are fine.
-    assert lookup(a, [bad] + good) == [False] * 5
+    # A load meeting the key completes too (the panicking part's keys all
+    # miss: one part, here the whole task). Lookups run on the caller, not
+    # in a worker: they answer (the failed store left no key) and lock.
+    assert lookup(a, [bad] + good) == [False] + [True] * 4
     assert lookup(a, good) == [True] * 4
+    a.submit_unlock(good)
     a.submit_unlock(good)
     assert load(a, [bad], [obj(10)]) == [False]
     dsts = [obj(500) for _ in good]
     assert load(a, good, dsts) == [True] * 4
     assert [bytes(d.byte_array) for d in dsts] == data
     st = a.report_status()
-    assert st["worker_panics"] >= 3 and st["locked_key_count"] == 0
+    assert st["worker_panics"] >= 2 and st["locked_key_count"] == 0
     assert a.pending_tasks() == 0
     assert a.get_usage().total_bytes_used == 4 * SLOT
 
@@ -1142,3 +1146,155 @@ def test_reconfigure_and_owns_device_reachable_through_fault_inject(made):
     r = sm.reconfigure_l2_adapter(0, "remove", {"device_path": new_file, "mode": "evict"})
     assert r["state"] == "removed"
     assert sm.reconfigure_l2_adapter(0, "status", {})["backend"] == "dax"
+
+
+# -- lookups completed on the calling thread ----------------------------------------
+
+
+def test_a_lookup_completes_on_the_caller_and_its_locks_hold(plugin):
+    """A lookup is done on the calling thread: when the submit returns, the
+    result is there and the lookup fd is readable (LMCache's prefetch
+    controller queries only a signalled adapter); it is returned once; its
+    hits are locked in the engine, so eviction skips them until unlocked;
+    it is counted as one lookup in the metrics."""
+    from test_control import sample
+
+    a = plugin()
+    ks = [key(i) for i in range(6)]
+    assert store(a, ks[:4], [obj(100 + i) for i in range(4)]).is_successful()
+    fd = a.get_lookup_and_lock_event_fd()
+    consume_fd(fd)
+    tid = a.submit_lookup_and_lock_task(ks, {})
+    assert tid < 0, "completed here: the id space of tasks the engine never ran"
+    assert select.select([fd], [], [], 0)[0] == [fd], "the fd is signalled by the submit"
+    bm = a.query_lookup_and_lock_result(tid)
+    assert bm is not None and bits(bm, 6) == [True] * 4 + [False] * 2
+    assert a.query_lookup_and_lock_result(tid) is None, "returned once"
+    assert a.pending_tasks() == 0
+    assert status_of(a)["locked_key_count"] == 4
+    a.delete(ks)
+    assert a._core.exists(ks[:4]) == [True] * 4, "eviction skips locked keys"
+    a.submit_unlock(ks)
+    assert status_of(a)["locked_key_count"] == 0
+    a.delete(ks[:2])
+    assert a._core.exists(ks[:4]) == [False, False, True, True]
+    text = a.metrics_text()
+    assert sample(text, "daxkv_ops_total", l2_name="plugin", op="lookup") == 1
+    assert sample(text, "daxkv_keys_total", l2_name="plugin", op="lookup", result="ok") == 4
+
+
+def test_lookups_racing_evictions_never_lose_a_locked_key(plugin):
+    """A hunting test: one thread looks keys up (locking the hits on the
+    caller) while another deletes them all and stores them back. Every hit
+    must stay stored until its unlock: eviction skips locked keys, and a
+    lookup that found a key holds it. After each store-back the evictor
+    waits (bounded) for a lookup that hit, so hits are certain however the
+    threads are scheduled; the next delete then races the next lookup.
+    Bounded in rounds and time."""
+    a = plugin()
+    ks = [key(i) for i in range(8)]
+    srcs = [obj(200 + i) for i in range(8)]
+    assert store(a, ks, srcs).is_successful()
+    stop = threading.Event()
+    hit = threading.Event()
+    errors: list = []
+
+    def evict() -> None:
+        try:
+            while not stop.is_set():
+                a.delete(ks)
+                gone = [k for k, e in zip(ks, a._core.exists(ks)) if not e]
+                if gone:
+                    store(a, gone, [srcs[ks.index(k)] for k in gone])
+                if not hit.wait(10) and not stop.is_set():
+                    raise AssertionError("no lookup hit keys nobody deleted")
+                hit.clear()
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    t = threading.Thread(target=evict)
+    t.start()
+    hits = 0
+    deadline = time.monotonic() + 20
+    try:
+        for _ in range(400):
+            if time.monotonic() > deadline:
+                break
+            found = lookup(a, ks)
+            held = [k for k, f in zip(ks, found) if f]
+            hits += len(held)
+            a.delete(held)  # this thread's own eviction too: never past a lock
+            assert all(a._core.exists(held)), "a locked hit was deleted"
+            a.submit_unlock(held)
+            if held:
+                hit.set()
+    finally:
+        stop.set()
+        hit.set()
+        t.join(30)
+    assert not t.is_alive() and not errors, errors
+    assert hits > 0
+    assert status_of(a)["locked_key_count"] == 0
+
+
+def test_a_lookup_racing_close_completes_or_raises(plugin):
+    """A lookup before close stays collectable after it; one after close
+    raises upstream's error; lookups on threads racing close each either
+    return an id whose result is collectable or raise that error."""
+    a = plugin()
+    ks = [key(i) for i in range(4)]
+    assert store(a, ks, [obj(300 + i) for i in range(4)]).is_successful()
+    before = a.submit_lookup_and_lock_task(ks, {})
+    outcomes: list = []
+
+    def racer() -> None:
+        for _ in range(200):
+            try:
+                outcomes.append(a.submit_lookup_and_lock_task(ks, {}))
+            except RuntimeError as e:
+                outcomes.append(str(e))
+                return
+
+    ts = [threading.Thread(target=racer) for _ in range(2)]
+    for t in ts:
+        t.start()
+    a.close()
+    for t in ts:
+        t.join(30)
+    assert not any(t.is_alive() for t in ts)
+    with pytest.raises(RuntimeError, match="DaxL2Adapter is closing"):
+        a.submit_lookup_and_lock_task(ks, {})
+    assert bits(a.query_lookup_and_lock_result(before), 4) == [True] * 4
+    for o in outcomes:
+        if isinstance(o, str):
+            assert o == "DaxL2Adapter is closing"
+        else:
+            assert a.query_lookup_and_lock_result(o) is not None
+    assert a.pending_tasks() == 0
+
+
+def test_a_lookup_in_a_forked_child_raises(plugin):
+    """The child of a fork has no engine workers and shares the parent's
+    mapping: a lookup there (done on the calling thread) must raise, not
+    lock keys in the parent's slots."""
+    a = plugin()
+    ks = [key(i) for i in range(2)]
+    assert store(a, ks, [obj(400), obj(401)]).is_successful()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave at once
+        try:
+            a.submit_lookup_and_lock_task(ks, {})
+            os.write(w, b"submitted")
+        except RuntimeError as e:
+            os.write(w, f"raised {e}".encode()[:200])
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 256).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got.startswith("raised") and "fork" in got, got
+    assert status_of(a)["locked_key_count"] == 0
+    assert lookup(a, ks) == [True, True]
+    a.submit_unlock(ks)

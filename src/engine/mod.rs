@@ -705,6 +705,63 @@ impl Engine {
         out.iter().filter(|&&b| b).count()
     }
 
+    /// Look up and lock `keys` on the calling thread, as a lookup task's
+    /// worker would ([`Engine::submit_lookup_and_lock`]): key `i` is a hit
+    /// when a readable device holds it committed now, and each hit takes
+    /// one lock there (release with [`Engine::submit_unlock`]); one batched
+    /// call per readable device over the keys still missing. No task, no
+    /// completion, no eventfd write: for a binding that completes the
+    /// lookup itself (the Python `plugin` adapter), sparing a worker wake
+    /// and the completion's round trip for what is index work only.
+    /// Counted as one lookup (`op="lookup"`) on a caller shard. After
+    /// `close` began: every key misses. Fills `out` (as long as `keys`);
+    /// returns the number of hits.
+    pub fn lookup_and_lock_into(&self, keys: &[Key], out: &mut [bool]) -> usize {
+        let start = std::time::Instant::now();
+        let n = keys.len().min(out.len());
+        let out = &mut out[..n];
+        out.fill(false);
+        // ORDERING: Acquire — observes `close`'s store; a lookup racing
+        // close is kept safe by each core's own closing gate (a closed
+        // core answers miss and locks nothing); pairs with `request_close`.
+        if self.inner.closing.load(Ordering::Acquire) {
+            return 0;
+        }
+        let mut left: Vec<usize> = (0..n).collect();
+        let mut batch: Vec<Key> = Vec::with_capacity(n);
+        let mut hits: Vec<bool> = Vec::with_capacity(n);
+        for d in self.inner.pool.list().iter() {
+            if left.is_empty() {
+                break;
+            }
+            if !d.state().is_readable() {
+                continue;
+            }
+            batch.clear();
+            batch.extend(left.iter().map(|&i| keys[i]));
+            hits.clear();
+            hits.resize(batch.len(), false);
+            if d.core().exists_many_into(&batch, true, &mut hits).is_err() {
+                continue;
+            }
+            let mut j = 0;
+            left.retain(|&i| {
+                let hit = hits[j];
+                j += 1;
+                if hit {
+                    out[i] = true;
+                }
+                !hit
+            });
+        }
+        let found = n - left.len();
+        // `usize::MAX` is no worker's shard: a caller shard records it.
+        self.inner
+            .metrics
+            .record_task(usize::MAX, TaskKind::Lookup, n, found, 0, start.elapsed());
+        found
+    }
+
     /// Delete unlocked, committed keys from every device; returns the keys
     /// deleted (each once) and tells the listeners. Locked keys and keys
     /// whose store is in flight are skipped (not deleted, not returned: a

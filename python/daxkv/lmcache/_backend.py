@@ -352,7 +352,7 @@ class DaxBackend(StoragePluginInterface):
                 continue
             tag, pos = self._tag_of(obj)
             batch_keys.append(key)
-            bufs.append(obj.byte_array)
+            bufs.append(obj)
             tags.append(tag)
             positions.append(pos)
 
@@ -385,7 +385,7 @@ class DaxBackend(StoragePluginInterface):
         raises; closing or an existing key gives False."""
         tag, pos = self._tag_of(obj)
         codes, full_at = self._store_or_closed().put_batch(
-            [key], [obj.byte_array], [tag], [pos]
+            [key], [obj], [tag], [pos]
         )
         if full_at >= 0:
             raise RuntimeError(_NO_SLOTS)
@@ -434,7 +434,7 @@ class DaxBackend(StoragePluginInterface):
             if obj is None:
                 return None
             out.append(obj)
-            return [obj.byte_array]
+            return [obj]
 
         try:
             positions = store.restore([key], False, alloc)
@@ -496,7 +496,7 @@ class DaxBackend(StoragePluginInterface):
         def alloc(hits: list[tuple[int, int, int]]) -> list[Any]:
             index.extend(h[0] for h in hits)
             outs.extend(self._allocate_restore_outputs(hits))
-            return [obj.byte_array for obj in outs]
+            return outs
 
         try:
             positions = store.restore(keys, prefix_only, alloc)

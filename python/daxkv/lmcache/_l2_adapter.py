@@ -280,9 +280,11 @@ class DaxL2Adapter(L2AdapterInterface):
     # -- lookup and lock ------------------------------------------------------
 
     def submit_lookup_and_lock_task(self, keys: list, *layout: Any, **kw: Any) -> int:
-        """Look up and lock. The second argument (a ``MemoryLayoutDesc`` or
-        the ``group_layout_descs`` dict, by LMCache version) is advisory and
-        ignored: the engine needs no layout."""
+        """Look up and lock, on this thread (index work only, GIL
+        released): the result is ready when this returns and the lookup fd
+        is written, so no worker wakes for it. The second argument (a
+        ``MemoryLayoutDesc`` or the ``group_layout_descs`` dict, by LMCache
+        version) is advisory and ignored: the engine needs no layout."""
         return self._core.submit_lookup(keys)
 
     def query_lookup_and_lock_result(self, task_id: int) -> Optional[Bitmap]:
