@@ -42,7 +42,7 @@ const MAX_DEVICES: usize = 4;
 /// answered by then is a task that never completes.
 const WAIT: Duration = Duration::from_secs(20);
 /// Sequences per plain `cargo test` run (a few seconds on a 2-vCPU VM).
-const ITERATIONS: usize = 1000;
+const ITERATIONS: usize = 300;
 
 #[derive(Clone, Copy, Debug, TypeGenerator)]
 enum Op {
