@@ -130,7 +130,7 @@ fn good(key: &str, n: u16) -> Value {
     match key {
         "type" => json!("dax"),
         "slot_bytes" => json!(1 + n64 * 64),
-        "hotplug_enabled" | "prefault" => json!(n % 2 == 0),
+        "hotplug_enabled" | "prefault" => json!(n.is_multiple_of(2)),
         "num_store_workers" | "num_lookup_workers" | "num_load_workers" => json!(1 + n64 % 8),
         "numa" => match n % 3 {
             0 => json!("auto"),
@@ -141,7 +141,11 @@ fn good(key: &str, n: u16) -> Value {
         "spin_us" | "wait_spin_us" | "watch_interval_seconds" => json!(n),
         "task_slots" | "task_keys" => json!(1 + n64),
         "sysfs_root" => json!("/sys"),
-        "signal" => json!(if n % 2 == 0 { "always" } else { "when_waiting" }),
+        "signal" => json!(if n.is_multiple_of(2) {
+            "always"
+        } else {
+            "when_waiting"
+        }),
         "device_path" => json!(format!("memfd:g{}", n % 3)),
         "max_dax_size_gb" | "max_size_gb" => json!(f64::from(n % 64 + 1) / 16.0),
         _ => json!(n),
@@ -409,5 +413,5 @@ fn config_parse() {
     check!()
         .with_iterations(ITERATIONS)
         .with_type::<Doc>()
-        .for_each(|d| run(d));
+        .for_each(run);
 }

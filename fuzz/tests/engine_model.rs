@@ -251,17 +251,18 @@ impl Run {
         let now = self.engine.exists(&keys);
         let mut present = 0;
         for (&i, &there) in ids.iter().zip(&now) {
-            if self.keys.contains_key(&i) {
-                assert!(there, "step {step}: key {i} lost by a store of it");
-            } else if there {
-                self.keys.insert(
-                    i,
-                    Entry {
+            match self.keys.entry(i) {
+                std::collections::btree_map::Entry::Occupied(_) => {
+                    assert!(there, "step {step}: key {i} lost by a store of it");
+                }
+                std::collections::btree_map::Entry::Vacant(v) if there => {
+                    v.insert(Entry {
                         version,
                         len,
                         locks: 0,
-                    },
-                );
+                    });
+                }
+                std::collections::btree_map::Entry::Vacant(_) => {}
             }
             present += usize::from(there);
         }

@@ -153,7 +153,7 @@ fn good(field: &str, n: u16) -> Value {
             _ => json!(format!("{} kb", 4 * (1 + n % 8))),
         },
         "mode" => json!(["drain", "migrate", "evict"][usize::from(n % 3)]),
-        "force" | "create" => json!(n % 2 == 0),
+        "force" | "create" => json!(n.is_multiple_of(2)),
         "device_index" => json!(n % 3),
         _ => json!(0),
     }
@@ -354,8 +354,11 @@ fn key(i: u8) -> Key {
     Key::digest(&[b'h', i])
 }
 
+/// Each device's path, state, mapped bytes and live slots; which keys exist.
+type Snapshot = (Vec<(String, String, usize, usize)>, Vec<bool>);
+
 /// What a refused request must not change.
-fn snapshot(engine: &Engine) -> (Vec<(String, String, usize, usize)>, Vec<bool>) {
+fn snapshot(engine: &Engine) -> Snapshot {
     let devices = engine
         .devices()
         .into_iter()

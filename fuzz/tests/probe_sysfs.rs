@@ -249,7 +249,7 @@ fn check_gate(p: &Probe, bytes: u64) {
                 assert_eq!(p.class, DeviceClass::DevDax, "only a devdax passes: {p:?}");
                 let (size, align) = (p.size_bytes.unwrap(), p.align_bytes.unwrap());
                 assert!(
-                    bytes > 0 && bytes <= size && bytes % align == 0,
+                    bytes > 0 && bytes <= size && bytes.is_multiple_of(align),
                     "{p:?} {bytes}"
                 );
             }
@@ -326,5 +326,5 @@ fn probe_sysfs() {
     check!()
         .with_iterations(ITERATIONS)
         .with_type::<Tree>()
-        .for_each(|t| run(t));
+        .for_each(run);
 }

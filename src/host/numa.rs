@@ -192,12 +192,11 @@ pub const MAX_NODES: usize = 1 << 12;
 pub fn parse_cpulist(s: &str) -> Option<Vec<usize>> {
     let mut out = Vec::new();
     for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        let (a, b): (usize, usize) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse().ok()?, b.trim().parse().ok()?),
-            None => {
-                let c = part.trim().parse().ok()?;
-                (c, c)
-            }
+        let (a, b): (usize, usize) = if let Some((a, b)) = part.split_once('-') {
+            (a.trim().parse().ok()?, b.trim().parse().ok()?)
+        } else {
+            let c = part.trim().parse().ok()?;
+            (c, c)
         };
         if a > b || b >= MAX_CPUS || out.len() + (b - a) >= MAX_CPUS {
             return None;
