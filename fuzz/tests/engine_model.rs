@@ -95,6 +95,11 @@ struct Entry {
     locks: u32,
 }
 
+thread_local! {
+    /// The sequence being run, for the messages of the end-of-run checks.
+    static OPS: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 #[derive(Default)]
 struct Deleted(Mutex<Vec<Key>>);
 
@@ -481,13 +486,44 @@ impl Run {
         self.engine
             .check_invariants()
             .unwrap_or_else(|e| panic!("invariants at the end: {e}"));
-        let st = self.engine.status();
-        assert_eq!(st["task_records_in_use"], 0, "task records leaked: {st}");
+        // Every store result was taken by id: draining the completion
+        // rings reports none again, and hands back the records whose
+        // completion entries were still queued.
+        let again = self.engine.pop_completed_stores();
+        assert!(again.is_empty(), "store results reported twice: {again:?}");
+        // A record is let go by its worker just after the result is taken:
+        // wait (bounded) for the count to come back to zero.
+        let deadline = std::time::Instant::now() + WAIT;
+        let st = loop {
+            let st = self.engine.status();
+            if st["task_records_in_use"] == 0 || std::time::Instant::now() > deadline {
+                break st;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(
+            st["task_records_in_use"],
+            0,
+            "task records left taken after {}: {st}",
+            OPS.with(|o| o.borrow().clone())
+        );
+        // And the whole table takes submits again.
+        let ids: Vec<_> = (0..16)
+            .map(|i| {
+                self.engine
+                    .submit_lookup_and_lock(vec![key(i % KEYS)])
+                    .unwrap_or_else(|e| panic!("idle engine refused submit {i}: {e}"))
+            })
+            .collect();
+        for id in ids {
+            assert!(self.engine.wait_lookup(id, WAIT).ready().is_some());
+        }
         self.engine.close();
     }
 }
 
 fn run(ops: &[Op]) {
+    OPS.with(|o| *o.borrow_mut() = format!("{ops:?}"));
     let (engine, deleted) = open();
     let mut r = Run {
         engine,
