@@ -379,7 +379,14 @@ impl Run {
         self.added += 1;
         let name = format!("memfd:add{}", self.added);
         let slots = 1 + usize::from(slots) % 8;
-        let r = self.engine.hotplug_add(&name, slots * SLOT, |_, _| Ok(()));
+        // Room to grow as the devices opened with the engine have, so a
+        // resize below asks for no more than any device was sized for.
+        let r = self.engine.hotplug_add_with_max(
+            &name,
+            slots * SLOT,
+            Some(2 * DEV_SLOTS * SLOT),
+            |_, _| Ok(()),
+        );
         assert!(r.is_ok(), "step {step}: add {name}: {:?}", r.err());
     }
 
@@ -408,7 +415,7 @@ impl Run {
             return;
         }
         let d = &live[usize::from(dev) % live.len()];
-        let slots = 1 + usize::from(slots) % 12;
+        let slots = 1 + usize::from(slots) % (2 * DEV_SLOTS);
         let mode = if evict {
             ShrinkMode::Evict
         } else {
