@@ -861,6 +861,24 @@ mod tests {
         assert!(e.contains("slot_bytes"), "{e}");
     }
 
+    /// A number reads as the same f64 in JSON and in TOML: serde_json's
+    /// default parser read this one a unit in the last place off, so the
+    /// two files answered with different numbers (`float_roundtrip`).
+    #[test]
+    fn toml_and_json_read_a_long_float_alike() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("c.json");
+        let t = dir.path().join("c.toml");
+        std::fs::write(&j, r#"{"slot_bytes":4096,"type":8.510527052557487e291}"#).unwrap();
+        std::fs::write(&t, "slot_bytes = 4096\ntype = 8.510527052557487e291\n").unwrap();
+        let why = |p: &Path| match load_config(Some(p)).unwrap_err() {
+            ServeError::Config { why, .. } => why,
+            e => panic!("{e}"),
+        };
+        assert_eq!(why(&j), why(&t));
+        assert!(why(&j).contains("8.510527052557487e+291"), "{}", why(&j));
+    }
+
     /// What an editor or a typo puts in a config file gets a message that
     /// names it: a UTF-8 BOM is skipped, a UTF-16 file is named as such, a
     /// `.TOML` file is TOML, a TOML `nan` / `inf` names its key (it would

@@ -20,10 +20,10 @@
 //! | `devices` | a list of `{device_path, max_dax_size_gb, max_size_gb}` | required, unless `hotplug_enabled` (then it may be empty) |
 //! | `devices[i].device_path` | a devdax node, an existing file, `"memfd"` or `"memfd:NAME"` (NAME: 1–64 of `A-Z a-z 0-9 . _ -`, each name once) | required |
 //! | `devices[i].max_dax_size_gb` | GiB to map, a number > 0, at most 128 TiB ([`MAX_DEVICE_BYTES`]) | required |
-//! | `devices[i].max_size_gb` (daxkv) | the largest a resize may grow the device to, ≥ `max_dax_size_gb`; its slot tables are sized for it | 4 × the size for an anonymous device, the file's or device's length for a path |
+//! | `devices[i].max_size_gb` (daxkv) | the largest a resize may grow the device to, ≥ `max_dax_size_gb`, at most 128 TiB; its slot tables are sized for it | 4 × the size for an anonymous device, the file's or device's length for a path |
 //! | `hotplug_enabled` | `true` / `false` | `false` |
 //! | `num_store_workers`, `num_lookup_workers`, `num_load_workers` | an integer from 1 to [`MAX_WORKERS_PER_POOL`] (1024) | 1, 1, `min(4, cpus)` |
-//! | `numa` (daxkv) | `"auto"`, `"off"` or a node number | `"auto"` |
+//! | `numa` (daxkv) | `"auto"`, `"off"` or a node number (below 4096, [`MAX_NODES`](crate::host::numa::MAX_NODES)) | `"auto"` |
 //! | `cpus` (daxkv) | a non-empty list of CPU numbers; wins over `numa` | none |
 //! | `spin_us` (daxkv) | how long an idle worker spins before parking, µs | 250 |
 //! | `wait_spin_us` (daxkv) | how long a `wait_*` caller spins before parking, µs | `spin_us` |
@@ -251,6 +251,15 @@ fn device(
     let max_size_bytes = match obj.get("max_size_gb") {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_f64().filter(|g| *g > 0.0 && g.is_finite()) {
+            Some(g) if g * GIB > MAX_DEVICE_BYTES as f64 => {
+                return Err(err(
+                    f("max_size_gb"),
+                    format!(
+                        "{v} GiB is beyond the largest device, {} GiB (128 TiB)",
+                        MAX_DEVICE_BYTES >> 30
+                    ),
+                ))
+            }
             Some(g) if (g * GIB) as usize >= bytes => Some((g * GIB) as usize),
             _ => {
                 return Err(err(
@@ -391,7 +400,22 @@ impl EngineConfig {
             (Some(Value::String(s)), None) if s == "auto" => Placement::Auto,
             (Some(Value::String(s)), None) if s == "off" => Placement::Off,
             (Some(Value::Number(n)), None) if n.as_u64().is_some() => {
-                Placement::Node(n.as_u64().unwrap_or_default() as u32)
+                match n
+                    .as_u64()
+                    .filter(|&n| n < crate::host::numa::MAX_NODES as u64)
+                {
+                    // Below MAX_NODES, so it fits a u32.
+                    Some(n) => Placement::Node(n as u32),
+                    None => {
+                        return Err(err(
+                            "numa",
+                            format!(
+                                "node {n} is past any host's nodes (ids below {})",
+                                crate::host::numa::MAX_NODES
+                            ),
+                        ))
+                    }
+                }
             }
             (Some(v), None) => {
                 return Err(err(
@@ -666,6 +690,11 @@ mod tests {
             // A size no mapping can have.
             (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":1e12}]}"#, "config: devices[0].max_dax_size_gb: 1000000000000 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
             (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":131073}"#, "config: max_dax_size_gb: 131073 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            (r#"{"slot_bytes":4096,"devices":[{"device_path":"/d","max_dax_size_gb":1,"max_size_gb":1e300}]}"#, "config: devices[0].max_size_gb: 1e+300 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"max_size_gb":131073}"#, "config: max_size_gb: 131073 GiB is beyond the largest device, 131072 GiB (128 TiB)"),
+            // A node past u32 was read modulo 2^32 (4294967296 as node 0).
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"numa":4294967296}"#, "config: numa: node 4294967296 is past any host's nodes (ids below 4096)"),
+            (r#"{"slot_bytes":4096,"device_path":"/d","max_dax_size_gb":1,"numa":4096}"#, "config: numa: node 4096 is past any host's nodes (ids below 4096)"),
             // Anonymous devices: one per name, names checked.
             (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd","max_dax_size_gb":1},{"device_path":"memfd","max_dax_size_gb":1}]}"#, "config: devices[1].device_path: memfd is devices[0] already; name further anonymous devices memfd:NAME"),
             (r#"{"slot_bytes":4096,"devices":[{"device_path":"memfd:a","max_dax_size_gb":1},{"device_path":"memfd:a","max_dax_size_gb":2}]}"#, "config: devices[1].device_path: memfd:a is devices[0] already; name further anonymous devices memfd:NAME"),

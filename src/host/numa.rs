@@ -132,9 +132,14 @@ fn nearest_of<'a>(from: &Node, cands: impl Iterator<Item = &'a Node>) -> Option<
     })
 }
 
-/// `nodeN` -> N.
+/// `nodeN` -> N; `None` for another name and for `N` at or above
+/// [`MAX_NODES`] (such an entry is skipped).
 fn node_id(name: &OsStr) -> Option<u32> {
-    name.to_str()?.strip_prefix("node")?.parse().ok()
+    name.to_str()?
+        .strip_prefix("node")?
+        .parse()
+        .ok()
+        .filter(|&n: &u32| (n as usize) < MAX_NODES)
 }
 
 /// One HMAT access class of the node at `node_dir`, if the kernel exposes
@@ -169,20 +174,34 @@ pub struct Topology {
     pub nodes: Vec<Node>,
 }
 
-/// Parse a kernel CPU list ("0-3,8,10-11").
+/// CPU numbers the readers accept: a CPU list naming one at or above it is
+/// unreadable ([`parse_cpulist`] gives `None`). Linux's `NR_CPUS` is at most
+/// 8192 on every architecture; a larger number is a broken or hostile file,
+/// and a range up to it would be expanded into memory.
+pub const MAX_CPUS: usize = 1 << 16;
+
+/// NUMA node ids the readers accept: a `nodeN` directory with `N` at or
+/// above it is skipped. Linux's `MAX_NUMNODES` is at most 1024; the
+/// distance rows are indexed by id, so a huge id would size every row.
+pub const MAX_NODES: usize = 1 << 12;
+
+/// Parse a kernel CPU list ("0-3,8,10-11"). `None` for a list that is not
+/// one, and for one naming a CPU at or above [`MAX_CPUS`] or more than
+/// `MAX_CPUS` entries in all (repeated ranges): what is expanded into
+/// memory stays bounded whatever the file holds.
 pub fn parse_cpulist(s: &str) -> Option<Vec<usize>> {
     let mut out = Vec::new();
     for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-                if a > b {
-                    return None;
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(part.trim().parse().ok()?),
+        let (a, b): (usize, usize) = if let Some((a, b)) = part.split_once('-') {
+            (a.trim().parse().ok()?, b.trim().parse().ok()?)
+        } else {
+            let c = part.trim().parse().ok()?;
+            (c, c)
+        };
+        if a > b || b >= MAX_CPUS || out.len() + (b - a) >= MAX_CPUS {
+            return None;
         }
+        out.extend(a..=b);
     }
     Some(out)
 }
@@ -640,6 +659,45 @@ pub(crate) mod tests {
         let t = Topology::from_sysfs(root.path());
         let (n, src) = t.serving_node(2).unwrap();
         assert_eq!((n.id, src), (0, PlacementSource::Hmat));
+    }
+
+    /// A CPU list naming a CPU past any kernel's, or repeating ranges past
+    /// that many entries, is unreadable instead of expanded into memory (a
+    /// `0-4294967295` took 32 GiB).
+    #[test]
+    fn cpulists_past_the_cpu_bound_are_refused_unexpanded() {
+        let last = MAX_CPUS - 1;
+        assert_eq!(parse_cpulist(&format!("{last}")), Some(vec![last]));
+        assert_eq!(parse_cpulist(&format!("{MAX_CPUS}")), None);
+        assert_eq!(parse_cpulist("0-4294967295"), None);
+        assert_eq!(parse_cpulist(&format!("0-{}", usize::MAX)), None);
+        assert_eq!(
+            parse_cpulist(&format!("0-{last}")).map(|c| c.len()),
+            Some(MAX_CPUS)
+        );
+        assert_eq!(parse_cpulist(&format!("0-{last},0")), None);
+        assert_eq!(parse_cpulist(&vec!["0-9999"; 100].join(",")), None);
+    }
+
+    /// A `nodeN` with `N` past any kernel's is skipped: the distance rows
+    /// are indexed by id (`node4000000000` sized each at 16 GB).
+    #[test]
+    fn node_ids_past_the_node_bound_are_skipped() {
+        let root = tempfile::tempdir().unwrap();
+        for (id, cpus, dist) in [(0, "0-1", "10 20"), (4_000_000_000u64, "2", "20 10")] {
+            let d = root.path().join(format!("devices/system/node/node{id}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cpulist"), format!("{cpus}\n")).unwrap();
+            std::fs::write(d.join("distance"), format!("{dist}\n")).unwrap();
+        }
+        let t = Topology::from_sysfs(root.path());
+        assert_eq!(t.nodes.len(), 1, "{t:?}");
+        assert_eq!(t.nodes[0].id, 0);
+        assert_eq!(
+            node_id(OsStr::new(&format!("node{}", MAX_NODES - 1))),
+            Some(MAX_NODES as u32 - 1)
+        );
+        assert_eq!(node_id(OsStr::new(&format!("node{MAX_NODES}"))), None);
     }
 
     #[test]
