@@ -650,6 +650,25 @@ struct ControlCounts {
     made: Vec<std::path::PathBuf>,
 }
 
+/// A failed device (a fault, or a file cut short) serves nothing until it
+/// is removed: the operator's first job. Whether there was one.
+fn remove_failed(client: &Client, devs: &[Dev], out: &mut ControlCounts) -> bool {
+    let Some(d) = devs.iter().find(|d| d.state == "failed") else {
+        return false;
+    };
+    let body = json!({"device_index": d.index, "mode": "evict"});
+    match client.request("POST", "/reconfigure/dax/l2/remove", Some(&body)) {
+        Ok((code, _)) if (200..300).contains(&code) => out.ok += 1,
+        Ok((code, text)) => out.errors.push(format!(
+            "remove of failed device {body} answered {code}: {text}"
+        )),
+        Err(e) => out
+            .errors
+            .push(format!("remove of failed device {body}: {e}")),
+    }
+    true
+}
+
 /// Drive hotplug until `stop`: one operation every `every` (at random up
 /// to twice that), chosen by `rng` among what the devices allow.
 fn control(
@@ -674,19 +693,7 @@ fn control(
                 continue;
             }
         };
-        // A failed device (a fault, or a file cut short) serves nothing
-        // until it is removed: the operator's first job.
-        if let Some(d) = devs.iter().find(|d| d.state == "failed") {
-            let body = json!({"device_index": d.index, "mode": "evict"});
-            match client.request("POST", "/reconfigure/dax/l2/remove", Some(&body)) {
-                Ok((code, _)) if (200..300).contains(&code) => out.ok += 1,
-                Ok((code, text)) => out.errors.push(format!(
-                    "remove of failed device {body} answered {code}: {text}"
-                )),
-                Err(e) => out
-                    .errors
-                    .push(format!("remove of failed device {body}: {e}")),
-            }
+        if remove_failed(client, &devs, out) {
             continue;
         }
         let active: Vec<&Dev> = devs.iter().filter(|d| d.state == "active").collect();
