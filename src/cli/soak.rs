@@ -1,6 +1,6 @@
 //! # `daxkv soak`: hours of mixed traffic under hotplug, checked key by key
 //!
-//! A [`Server`](super::serve::Server) runs in the process (the engine and
+//! A [`Server`] runs in the process (the engine and
 //! its real HTTP control plane on 127.0.0.1, a free port). For a bounded
 //! time (and at most a bounded number of operations):
 //!
