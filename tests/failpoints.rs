@@ -687,3 +687,45 @@ fn a_failed_device_report_racing_its_remove_reports_every_key_once() {
         e.close();
     }
 }
+
+/// A store in flight on a device when the control plane sets it `failed`:
+/// the store chose the device while it was writable and its (slow) copy
+/// commits after the failure's report listed the device's keys. The store
+/// is answered success, so its key must either read back or be reported
+/// deleted; it was neither (the report listed only committed keys, without
+/// waiting for the operations already inside the device, and the key
+/// stayed on a device that serves nothing, never reported, not even by its
+/// remove).
+#[test]
+fn a_store_committing_while_its_device_is_set_failed_is_reported() {
+    let e = engine(2, EngineOptions::default());
+    let told = listen(&e);
+    e.set_device_state(DeviceId(1), DeviceState::Draining)
+        .unwrap();
+    let d0 = e.device_faults(DeviceId(0)).unwrap();
+    d0.copy_delay(Duration::from_millis(300));
+    let ok = std::thread::scope(|s| {
+        let st = s.spawn(|| store(&e, 7));
+        // The store is inside device 0, its copy sleeping.
+        let t0 = Instant::now();
+        while !d0.core().has_inflight(k(7)) && t0.elapsed() < T {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(d0.core().has_inflight(k(7)), "the store reached device 0");
+        e.set_device_state(DeviceId(0), DeviceState::Failed)
+            .unwrap();
+        st.join().unwrap()
+    });
+    d0.copy_delay(Duration::ZERO);
+    e.set_device_state(DeviceId(1), DeviceState::Active)
+        .unwrap();
+    e.remove_device(DeviceId(0), RemoveMode::Evict, false)
+        .unwrap();
+    let reported = told.deleted.lock().unwrap().contains(&k(7));
+    let visible = load(&e, 7).is_some();
+    assert!(
+        !ok || visible || reported,
+        "a store answered success is neither readable nor reported deleted"
+    );
+    e.close();
+}
