@@ -67,7 +67,17 @@ impl Inner {
     /// Delete every key of failed device `d` (forced: a lock or a borrow
     /// on a device that serves nothing holds nothing), each under its
     /// claim; returns the keys no other readable device holds.
+    ///
+    /// First waits (up to the drain timeout, holding no claim) for every
+    /// operation that entered `d` before it failed: a store that chose it
+    /// while it was writable and commits after the keys are listed would
+    /// be answered success, read as a miss, and never be reported. Puts
+    /// that enter later see the failure (`store_one` and migrations check
+    /// writability inside their session; a core that failed refuses puts)
+    /// and go elsewhere. A guard held past the timeout (a long borrowed
+    /// read) does not stop the report.
     pub(super) fn evict_failed(&self, d: &Arc<Device>) -> Vec<Key> {
+        let _ = d.core().quiesce();
         let keys = d.core().snapshot_keys();
         let mut out = Vec::with_capacity(keys.len());
         let mut i = 0;
