@@ -1078,6 +1078,52 @@ mod tests {
         }
     }
 
+    /// An acknowledged key that vanishes with no report is lost, whether
+    /// or not a traffic lookup happened to pick it during the run: the
+    /// end looks at every acknowledged key, not only the suspects (a key
+    /// stored, silently dropped and never picked was not counted).
+    #[test]
+    fn a_key_dropped_unreported_and_never_looked_up_is_lost() {
+        use crate::device::arena::ArenaSpec;
+        use crate::engine::{DeviceSpec, EngineOptions};
+        use crate::CoreConfig;
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(64 * SLOT), SLOT),
+        };
+        let engine =
+            Arc::new(Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap());
+        let mut tr = Traffic {
+            id: 0,
+            engine: engine.clone(),
+            sub: engine.submitter().unwrap(),
+            rng: Rng(3),
+            next_n: 0,
+            keys: HashMap::new(),
+            live: Vec::new(),
+            counts: Arc::new(Counts::default()),
+            // Not registered: the engine tells it nothing.
+            gone: Arc::new(Gone::default()),
+            slot_bytes: SLOT,
+            max_keys: 32,
+            scratch: Vec::new(),
+        };
+        tr.store_some();
+        let acked: Vec<Key> = tr
+            .keys
+            .iter()
+            .filter(|(_, o)| o.held == Held::Acked)
+            .map(|(k, _)| *k)
+            .collect();
+        assert!(!acked.is_empty(), "the store was acknowledged");
+        // Dropped behind the soak's back: no listener hears of it.
+        engine.delete(&acked);
+        let (lost, _) = tr.finish();
+        assert_eq!(lost, acked.len() as u64, "every dropped key counted lost");
+        engine.close();
+    }
+
     #[test]
     fn held_compares_medians_of_the_first_and_last_windows() {
         let r = SoakReport {
