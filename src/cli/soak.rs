@@ -556,13 +556,15 @@ impl Traffic {
         }
     }
 
-    /// After hotplug has stopped: look at every suspect again, then delete
-    /// every key. Returns (lost, transient misses).
+    /// After hotplug has stopped: look at every acknowledged key (the
+    /// suspects again, and every key no lookup happened to pick during the
+    /// run: a key dropped unreported is lost whether or not traffic looked
+    /// at it), then delete every key. Returns (lost, transient misses).
     fn finish(&mut self) -> (u64, u64) {
         let suspects: Vec<Key> = self
             .keys
             .iter()
-            .filter(|(_, o)| o.held == Held::Suspect)
+            .filter(|(_, o)| o.held != Held::Maybe)
             .map(|(k, _)| *k)
             .collect();
         let (mut lost, mut transient) = (0, 0);
@@ -576,7 +578,9 @@ impl Traffic {
             for (i, k) in chunk.iter().enumerate() {
                 match got.as_ref().and_then(|r| r.payload(i)) {
                     Some(p) => {
-                        transient += 1;
+                        if self.keys.get(k).is_some_and(|o| o.held == Held::Suspect) {
+                            transient += 1;
+                        }
                         self.verify(k, p);
                     }
                     None if self.gone.contains(k) => {}
@@ -1067,6 +1071,11 @@ mod tests {
             let mut b = vec![0u8; len];
             stamp(3, 7, &mut b);
             assert!(check(3, 7, len, &b, &mut s), "len {len}");
+            if len < 16 {
+                // Too short to hold the number (the soak stores 64 bytes
+                // or more).
+                continue;
+            }
             assert!(!check(3, 8, len, &b, &mut s), "another number, len {len}");
             assert!(!check(4, 7, len, &b, &mut s), "another thread, len {len}");
             if len > 1 {
@@ -1130,7 +1139,8 @@ mod tests {
             ops_per_second: vec![10, 12, 11, 5, 9, 9, 8],
             ..SoakReport::default()
         };
-        assert_eq!(r.held(3), Some((11, 8, 8.0 / 11.0)));
+        // The last three seconds, 9 9 8: median 9.
+        assert_eq!(r.held(3), Some((11, 9, 9.0 / 11.0)));
         assert_eq!(r.held(4), None);
     }
 }
