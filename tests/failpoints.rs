@@ -729,3 +729,39 @@ fn a_store_committing_while_its_device_is_set_failed_is_reported() {
     );
     e.close();
 }
+
+/// A device that fails (a SIGBUS: no report yet) while a `migrate` remove
+/// moves its keys off: the keys its copies can no longer read are left
+/// behind. Each acknowledged key must then be on the other device or be
+/// reported deleted; the remove closed the device with them and retired it
+/// (out of the list, so no later report could find it): never reported.
+#[test]
+fn a_device_failing_during_its_migrate_remove_reports_the_keys_left_behind() {
+    const KEYS: u32 = 20;
+    let e = engine(2, EngineOptions::default());
+    let told = listen(&e);
+    store_on(&e, DeviceId(0), 0..KEYS);
+    let d0 = e.device_faults(DeviceId(0)).unwrap();
+    d0.copy_delay(Duration::from_millis(20));
+    let r = std::thread::scope(|s| {
+        let rm = s.spawn(|| e.remove_device(DeviceId(0), RemoveMode::Migrate, false));
+        std::thread::sleep(Duration::from_millis(90));
+        // As a SIGBUS would: failed, nothing reported yet.
+        d0.core().inject_device_failure();
+        rm.join().unwrap()
+    });
+    d0.copy_delay(Duration::ZERO);
+    println!("{r:?}");
+    let _ = e.status();
+    let deleted = told.deleted.lock().unwrap().clone();
+    for i in 0..KEYS {
+        let here = e.devices_holding(k(i)) == [DeviceId(1)]
+            && load(&e, i).as_deref() == Some(&payload(i)[..]);
+        let reported = deleted.contains(&k(i));
+        assert!(
+            here ^ reported,
+            "key {i}: moved {here}, reported deleted {reported} (exactly one)"
+        );
+    }
+    e.close();
+}
