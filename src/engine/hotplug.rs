@@ -1031,6 +1031,16 @@ impl Engine {
             }
             RemoveMode::Drain => unreachable!(),
         }
+        // The device failed under the remove (a SIGBUS in one of its
+        // copies): the keys it could no longer read were left on it, and
+        // once it is retired no report finds it. Report them now, before
+        // it closes (docs/hotplug.md, "Failed devices").
+        if dev.state() == DeviceState::Failed {
+            if let Some(keys) = dev.report_failure_once(true, || self.inner.evict_failed(&dev)) {
+                deleted += keys.len();
+                told.extend(keys);
+            }
+        }
         restore.2 = false;
         dev.set_state(DeviceState::Removing);
         dev.core().close();
