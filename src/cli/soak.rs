@@ -133,6 +133,9 @@ pub struct SoakReport {
     pub transient_misses: u64,
     /// Keys reported gone by listeners (evictions, forced removals).
     pub reported_gone: u64,
+    /// Reports of a key already reported gone (and not stored again: the
+    /// soak never stores a key twice): each one a defect ("reported once").
+    pub reported_twice: u64,
     /// Tasks that did not complete within [`TASK_TIMEOUT`].
     pub stuck: u64,
     /// What was left behind (slots, locks, tasks, threads, fds, mappings).
@@ -151,6 +154,7 @@ impl SoakReport {
             && self.leaked.is_empty()
             && self.stuck == 0
             && self.control_errors.is_empty()
+            && self.reported_twice == 0
     }
 
     /// The median operations per second of the first and of the last
@@ -181,6 +185,7 @@ impl SoakReport {
             "corrupted": self.corrupted,
             "transient_misses": self.transient_misses,
             "reported_gone": self.reported_gone,
+            "reported_twice": self.reported_twice,
             "stuck": self.stuck,
             "leaked": self.leaked,
             "findings": self.findings,
@@ -277,6 +282,8 @@ fn check(thread: u64, n: u64, len: usize, got: &[u8], scratch: &mut Vec<u8>) -> 
 struct Gone {
     keys: Mutex<HashSet<Key>>,
     reported: AtomicU64,
+    /// Keys reported while already in `keys`.
+    twice: AtomicU64,
 }
 
 impl Listener for Gone {
@@ -285,7 +292,13 @@ impl Listener for Gone {
         self.reported
             .fetch_add(keys.len() as u64, Ordering::Relaxed);
         let mut g = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        g.extend(keys.iter().copied());
+        for k in keys {
+            if !g.insert(*k) {
+                // ORDERING: Relaxed — a counter read after the threads
+                // are joined.
+                self.twice.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -1034,6 +1047,7 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
     report.corrupted = counts.corrupted.load(Ordering::Relaxed);
     report.stuck = counts.stuck.load(Ordering::Relaxed);
     report.reported_gone = gone.reported.load(Ordering::Relaxed);
+    report.reported_twice = gone.twice.load(Ordering::Relaxed);
     report.hotplug_ops = ctl.ok;
     report.hotplug_refused = ctl.refused;
     report.control_errors = ctl.errors;
@@ -1131,6 +1145,22 @@ mod tests {
         let (lost, _) = tr.finish();
         assert_eq!(lost, acked.len() as u64, "every dropped key counted lost");
         engine.close();
+    }
+
+    /// A key reported gone twice is counted (and fails the run): the
+    /// soak checks "reported once", not only "reported".
+    #[test]
+    fn a_key_reported_twice_is_counted() {
+        let g = Gone::default();
+        let (a, b) = (key_of(0, 1), key_of(0, 2));
+        g.on_keys_deleted(&[a, b]);
+        g.on_keys_deleted(&[b]);
+        assert_eq!(g.twice.load(Ordering::Relaxed), 1);
+        let r = SoakReport {
+            reported_twice: 1,
+            ..SoakReport::default()
+        };
+        assert!(!r.clean());
     }
 
     #[test]
