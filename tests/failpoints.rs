@@ -765,3 +765,70 @@ fn a_device_failing_during_its_migrate_remove_reports_the_keys_left_behind() {
     }
     e.close();
 }
+
+/// A failed device's report skips a key that is held again on another
+/// device (stored again after the failure made it a miss, as LMCache does):
+/// it is not gone. When that other device had a remap pending (a resize
+/// waiting for another thread's session to end), the check could not
+/// enter it and took the key for gone: reported deleted while a device
+/// held it.
+#[test]
+fn a_key_stored_again_on_a_remapping_device_is_not_reported_gone() {
+    let devs = (0..2)
+        .map(|i| DeviceSpec {
+            path: format!("memfd:{i}"),
+            core: CoreConfig::new(
+                ArenaSpec::memfd(SLOTS * SLOT).max_size_bytes(2 * SLOTS * SLOT),
+                SLOT,
+            ),
+        })
+        .collect();
+    let e = Engine::open(devs, SLOT, true, EngineOptions::default()).unwrap();
+    let told = listen(&e);
+    store_on(&e, DeviceId(0), 1..2);
+    // Failed as a SIGBUS would fail it: nothing reported yet.
+    e.device_faults(DeviceId(0))
+        .unwrap()
+        .core()
+        .inject_device_failure();
+    // A miss now: stored again, on device 1.
+    assert!(store(&e, 1));
+    assert_eq!(e.devices_holding(k(1)), [DeviceId(1)]);
+    let d1 = e.device_faults(DeviceId(1)).unwrap();
+    let (entered, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        // Another thread's session on device 1 holds up a grow's remap,
+        // pending meanwhile.
+        s.spawn(|| {
+            let held = d1.core().session().unwrap();
+            entered.wait();
+            release.wait();
+            drop(held);
+        });
+        entered.wait();
+        let grow = s.spawn(|| {
+            e.resize_device_to(
+                DeviceId(1),
+                2 * SLOTS * SLOT,
+                daxkv::engine::ShrinkMode::Migrate,
+                false,
+                |_, _| Ok(()),
+            )
+        });
+        let t0 = Instant::now();
+        while !d1.core().remap_pending() && t0.elapsed() < T {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(d1.core().remap_pending());
+        e.report_failed_devices();
+        release.wait();
+        grow.join().unwrap().unwrap();
+    });
+    assert_eq!(e.devices_holding(k(1)), [DeviceId(1)]);
+    assert_eq!(load(&e, 1).as_deref(), Some(&payload(1)[..]));
+    assert!(
+        !told.deleted.lock().unwrap().contains(&k(1)),
+        "key 1 reported deleted while device 1 holds it"
+    );
+    e.close();
+}
