@@ -87,27 +87,51 @@ impl Inner {
             let claim = self.pool.claims.claim(k);
             // A claim holder never waits on an arena (a remap may wait for
             // a worker that waits for this claim): enter without waiting;
-            // on a pending remap let go of the claim, wait, and retry.
-            let deleted = match d.core().try_session() {
-                Ok(_held) => Some(d.core().delete(k, true)),
-                Err(TryEnterError::Closed) => Some(false),
-                Err(TryEnterError::Busy) => None,
+            // on a pending remap (here, or on a device that may hold the
+            // key again) let go of the claim, wait, and retry. The key is
+            // looked for elsewhere before it is deleted here, both under
+            // its claim (no store of it meanwhile): a device that cannot be
+            // entered now is waited for, not taken for one without it.
+            let mut wait_for: Option<Arc<Device>> = None;
+            let mut elsewhere = false;
+            for o in self.pool.list().iter() {
+                if o.id() == d.id() || !o.state().is_readable() {
+                    continue;
+                }
+                match o.core().try_session() {
+                    Ok(s) if s.contains_live(k) => {
+                        elsewhere = true;
+                        break;
+                    }
+                    Ok(_) | Err(TryEnterError::Closed) => {}
+                    Err(TryEnterError::Busy) => {
+                        wait_for = Some(o.clone());
+                        break;
+                    }
+                }
+            }
+            let deleted = match wait_for {
+                Some(_) => None,
+                None => match d.core().try_session() {
+                    Ok(_held) => Some(d.core().delete(k, true)),
+                    Err(TryEnterError::Closed) => Some(false),
+                    Err(TryEnterError::Busy) => {
+                        wait_for = Some(d.clone());
+                        None
+                    }
+                },
             };
             let Some(deleted) = deleted else {
                 drop(claim);
-                drop(d.core().session());
+                if let Some(w) = wait_for {
+                    drop(w.core().session());
+                }
                 rounds += 1;
                 if rounds >= super::pool::STORE_ROUNDS_MAX {
                     i += 1;
                 }
                 continue;
             };
-            let elsewhere = deleted
-                && self.pool.list().iter().any(|o| {
-                    o.id() != d.id()
-                        && o.state().is_readable()
-                        && o.core().try_session().is_ok_and(|s| s.contains_live(k))
-                });
             drop(claim);
             if deleted && !elsewhere {
                 out.push(k);
