@@ -21,7 +21,11 @@
 //! key that a lookup misses and nothing reported gone is a *suspect*; the
 //! soak keeps it (never deletes it) and looks again once hotplug has
 //! stopped: found with its bytes, it was a transient miss (counted, not an
-//! error); not found and still not reported gone, it is **lost**. A hit with
+//! error); not found and still not reported gone, it is **lost**. Every
+//! other acknowledged key is looked at then too (a key dropped without a
+//! report is lost whether or not a lookup picked it during the run). A key
+//! reported gone while already reported (the soak never stores a key
+//! twice) is **reported twice**. A hit with
 //! bytes other than the key's own is **corrupted**, whenever it happens. At
 //! the end every key is deleted and the engine must hold no live or
 //! borrowed slot, no lock and no task; once the server has stopped, the
