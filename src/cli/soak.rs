@@ -140,6 +140,10 @@ pub struct SoakReport {
     /// Reports of a key already reported gone (and not stored again: the
     /// soak never stores a key twice): each one a defect ("reported once").
     pub reported_twice: u64,
+    /// Loads that found a key reported gone before the load began (never
+    /// stored again): the listeners were told of a delete that did not
+    /// happen. Each one a defect.
+    pub reported_but_held: u64,
     /// Tasks that did not complete within [`TASK_TIMEOUT`].
     pub stuck: u64,
     /// What was left behind (slots, locks, tasks, threads, fds, mappings).
@@ -159,6 +163,7 @@ impl SoakReport {
             && self.stuck == 0
             && self.control_errors.is_empty()
             && self.reported_twice == 0
+            && self.reported_but_held == 0
     }
 
     /// The median operations per second of the first and of the last
@@ -190,6 +195,7 @@ impl SoakReport {
             "transient_misses": self.transient_misses,
             "reported_gone": self.reported_gone,
             "reported_twice": self.reported_twice,
+            "reported_but_held": self.reported_but_held,
             "stuck": self.stuck,
             "leaked": self.leaked,
             "findings": self.findings,
@@ -348,6 +354,7 @@ struct Counts {
     bytes_verified: AtomicU64,
     acked: AtomicU64,
     corrupted: AtomicU64,
+    reported_but_held: AtomicU64,
     stuck: AtomicU64,
     findings: Mutex<Vec<String>>,
 }
@@ -511,6 +518,11 @@ impl Traffic {
 
     fn load_some(&mut self) {
         let keys = self.pick(16);
+        // Reported gone before the lookup began: a hit on one of them is a
+        // report of a delete that did not happen (keys are never stored
+        // twice). Taken before the submit, so a report racing the load
+        // is not one.
+        let was_gone: Vec<bool> = keys.iter().map(|k| self.gone.contains(k)).collect();
         let Ok(id) = self.sub.submit_lookup_and_lock(keys.clone()) else {
             return;
         };
@@ -544,7 +556,12 @@ impl Traffic {
                     self.count(1);
                     for (i, k) in hits.iter().enumerate() {
                         match r.payload(i) {
-                            Some(p) => self.verify(k, p),
+                            Some(p) => {
+                                if keys.iter().zip(&was_gone).any(|(x, g)| x == k && *g) {
+                                    self.held_after_report(k);
+                                }
+                                self.verify(k, p);
+                            }
                             None => self.missed(*k),
                         }
                     }
@@ -560,6 +577,18 @@ impl Traffic {
         }
         self.engine.submit_unlock(&hits);
         self.count(1);
+    }
+
+    fn held_after_report(&mut self, k: &Key) {
+        // ORDERING: Relaxed — a counter.
+        self.counts
+            .reported_but_held
+            .fetch_add(1, Ordering::Relaxed);
+        let n = self.keys.get(k).map_or(0, |o| o.n);
+        self.counts.finding(format!(
+            "reported gone but still held: thread {} object {n}",
+            self.id
+        ));
     }
 
     fn delete_some(&mut self) {
@@ -1053,6 +1082,7 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
     report.stuck = counts.stuck.load(Ordering::Relaxed);
     report.reported_gone = gone.reported.load(Ordering::Relaxed);
     report.reported_twice = gone.twice.load(Ordering::Relaxed);
+    report.reported_but_held = counts.reported_but_held.load(Ordering::Relaxed);
     report.hotplug_ops = ctl.ok;
     report.hotplug_refused = ctl.refused;
     report.control_errors = ctl.errors;
@@ -1149,6 +1179,53 @@ mod tests {
         engine.delete(&acked);
         let (lost, _) = tr.finish();
         assert_eq!(lost, acked.len() as u64, "every dropped key counted lost");
+        engine.close();
+    }
+
+    /// A key that loads after it was reported gone is counted (and fails
+    /// the run): a report of a delete that did not happen.
+    #[test]
+    fn a_key_held_after_its_report_is_counted() {
+        use crate::device::arena::ArenaSpec;
+        use crate::engine::{DeviceSpec, EngineOptions};
+        use crate::CoreConfig;
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(64 * SLOT), SLOT),
+        };
+        let engine =
+            Arc::new(Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap());
+        let counts = Arc::new(Counts::default());
+        let gone = Arc::new(Gone::default());
+        let mut tr = Traffic {
+            id: 0,
+            engine: engine.clone(),
+            sub: engine.submitter().unwrap(),
+            rng: Rng(3),
+            next_n: 0,
+            keys: HashMap::new(),
+            live: Vec::new(),
+            counts: counts.clone(),
+            gone: gone.clone(),
+            slot_bytes: SLOT,
+            max_keys: 32,
+            scratch: Vec::new(),
+        };
+        while tr.live.is_empty() || tr.keys.values().any(|o| o.held != Held::Acked) {
+            tr.keys.clear();
+            tr.live.clear();
+            tr.store_some();
+        }
+        // Told gone, though nothing deleted it.
+        gone.on_keys_deleted(&tr.live.clone());
+        tr.load_some();
+        assert!(counts.reported_but_held.load(Ordering::Relaxed) > 0);
+        let r = SoakReport {
+            reported_but_held: 1,
+            ..SoakReport::default()
+        };
+        assert!(!r.clean());
         engine.close();
     }
 
