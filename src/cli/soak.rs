@@ -891,12 +891,30 @@ struct Footprint {
     maps: usize,
 }
 
+/// What the process holds that the server could have left behind: its
+/// threads are all named `daxkv…` (workers, the control plane and its
+/// blocking pool; an unnamed thread one of them starts inherits the name),
+/// so threads the host starts meanwhile (a test harness starting its next
+/// test) are not counted; nor are pipes (a child process's), which the
+/// server never opens.
 fn footprint(tag: &str) -> Footprint {
-    let count = |dir: &str| std::fs::read_dir(dir).map_or(0, Iterator::count);
+    let entries = |dir: &str| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let threads = entries("/proc/self/task")
+        .iter()
+        .filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("daxkv")))
+        .count();
+    let fds = entries("/proc/self/fd")
+        .iter()
+        .filter(|f| std::fs::read_link(f).is_ok_and(|l| !l.to_string_lossy().starts_with("pipe:")))
+        .count();
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     Footprint {
-        threads: count("/proc/self/task"),
-        fds: count("/proc/self/fd"),
+        threads,
+        fds,
         maps: maps
             .lines()
             .filter(|l| l.contains(tag) || l.contains("/memfd:"))
