@@ -723,9 +723,11 @@ fn soak(cmd: Cmd) -> anyhow::Result<()> {
         println!("soak: ops/s held: first {first}/s, last {last}/s ({ratio:.2}x)");
     }
     println!(
-        "soak: acknowledged={} reported_gone={} transient_misses={} hotplug_refused={} stuck={} control_errors={}",
+        "soak: acknowledged={} reported_gone={} reported_twice={} reported_but_held={} transient_misses={} hotplug_refused={} stuck={} control_errors={}",
         report.keys_acknowledged,
         report.reported_gone,
+        report.reported_twice,
+        report.reported_but_held,
         report.transient_misses,
         report.hotplug_refused,
         report.stuck,

@@ -687,3 +687,161 @@ fn a_failed_device_report_racing_its_remove_reports_every_key_once() {
         e.close();
     }
 }
+
+/// A store in flight on a device when the control plane sets it `failed`:
+/// the store chose the device while it was writable and its (slow) copy
+/// commits after the failure's report listed the device's keys. The store
+/// is answered success, so its key must either read back or be reported
+/// deleted; it was neither (the report listed only committed keys, without
+/// waiting for the operations already inside the device, and the key
+/// stayed on a device that serves nothing, never reported, not even by its
+/// remove).
+#[test]
+fn a_store_committing_while_its_device_is_set_failed_is_reported() {
+    let e = engine(2, EngineOptions::default());
+    let told = listen(&e);
+    e.set_device_state(DeviceId(1), DeviceState::Draining)
+        .unwrap();
+    let d0 = e.device_faults(DeviceId(0)).unwrap();
+    d0.copy_delay(Duration::from_millis(300));
+    let ok = std::thread::scope(|s| {
+        let st = s.spawn(|| store(&e, 7));
+        // The store is inside device 0, its copy sleeping.
+        let t0 = Instant::now();
+        while !d0.core().has_inflight(k(7)) && t0.elapsed() < T {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(d0.core().has_inflight(k(7)), "the store reached device 0");
+        e.set_device_state(DeviceId(0), DeviceState::Failed)
+            .unwrap();
+        st.join().unwrap()
+    });
+    d0.copy_delay(Duration::ZERO);
+    e.set_device_state(DeviceId(1), DeviceState::Active)
+        .unwrap();
+    e.remove_device(DeviceId(0), RemoveMode::Evict, false)
+        .unwrap();
+    let reported = told.deleted.lock().unwrap().contains(&k(7));
+    let visible = load(&e, 7).is_some();
+    assert!(
+        !ok || visible || reported,
+        "a store answered success is neither readable nor reported deleted"
+    );
+    e.close();
+}
+
+/// A device that fails (a SIGBUS: no report yet) while a `migrate` remove
+/// moves its keys off: the keys its copies can no longer read are left
+/// behind. Each acknowledged key must then be on the other device or be
+/// reported deleted; the remove closed the device with them and retired it
+/// (out of the list, so no later report could find it): never reported.
+#[test]
+fn a_device_failing_during_its_migrate_remove_reports_the_keys_left_behind() {
+    const KEYS: u32 = 20;
+    let e = engine(2, EngineOptions::default());
+    let told = listen(&e);
+    store_on(&e, DeviceId(0), 0..KEYS);
+    let d0 = e.device_faults(DeviceId(0)).unwrap();
+    d0.copy_delay(Duration::from_millis(20));
+    let r = std::thread::scope(|s| {
+        let rm = s.spawn(|| e.remove_device(DeviceId(0), RemoveMode::Migrate, false));
+        std::thread::sleep(Duration::from_millis(90));
+        // As a SIGBUS would: failed, nothing reported yet.
+        d0.core().inject_device_failure();
+        rm.join().unwrap()
+    });
+    d0.copy_delay(Duration::ZERO);
+    println!("{r:?}");
+    let _ = e.status();
+    // A worker's idle tick may be the one reporting (the remove then waits
+    // for its eviction, not for its call to the listeners): bounded wait.
+    let t0 = Instant::now();
+    while (0..KEYS).any(|i| {
+        e.devices_holding(k(i)).is_empty() && !told.deleted.lock().unwrap().contains(&k(i))
+    }) && t0.elapsed() < Duration::from_secs(2)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let deleted = told.deleted.lock().unwrap().clone();
+    for i in 0..KEYS {
+        let here = e.devices_holding(k(i)) == [DeviceId(1)]
+            && load(&e, i).as_deref() == Some(&payload(i)[..]);
+        let reported = deleted.contains(&k(i));
+        assert!(
+            here ^ reported,
+            "key {i}: moved {here}, reported deleted {reported} (exactly one); held by {:?}",
+            e.devices_holding(k(i))
+        );
+    }
+    e.close();
+}
+
+/// A failed device's report skips a key that is held again on another
+/// device (stored again after the failure made it a miss, as LMCache does):
+/// it is not gone. When that other device had a remap pending (a resize
+/// waiting for another thread's session to end), the check could not
+/// enter it and took the key for gone: reported deleted while a device
+/// held it.
+#[test]
+fn a_key_stored_again_on_a_remapping_device_is_not_reported_gone() {
+    let devs = (0..2)
+        .map(|i| DeviceSpec {
+            path: format!("memfd:{i}"),
+            core: CoreConfig::new(
+                ArenaSpec::memfd(SLOTS * SLOT).max_size_bytes(2 * SLOTS * SLOT),
+                SLOT,
+            ),
+        })
+        .collect();
+    let e = Engine::open(devs, SLOT, true, EngineOptions::default()).unwrap();
+    let told = listen(&e);
+    store_on(&e, DeviceId(0), 1..2);
+    // Failed as a SIGBUS would fail it: nothing reported yet.
+    e.device_faults(DeviceId(0))
+        .unwrap()
+        .core()
+        .inject_device_failure();
+    // A miss now: stored again, on device 1.
+    assert!(store(&e, 1));
+    assert_eq!(e.devices_holding(k(1)), [DeviceId(1)]);
+    let d1 = e.device_faults(DeviceId(1)).unwrap();
+    let (entered, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        // Another thread's session on device 1 holds up a grow's remap,
+        // pending meanwhile.
+        s.spawn(|| {
+            let held = d1.core().session().unwrap();
+            entered.wait();
+            release.wait();
+            // Held a while longer, as a task part would be: the report
+            // meanwhile runs into the pending remap.
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        entered.wait();
+        let grow = s.spawn(|| {
+            e.resize_device_to(
+                DeviceId(1),
+                2 * SLOTS * SLOT,
+                daxkv::engine::ShrinkMode::Migrate,
+                false,
+                |_, _| Ok(()),
+            )
+        });
+        let t0 = Instant::now();
+        while !d1.core().remap_pending() && t0.elapsed() < T {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(d1.core().remap_pending());
+        release.wait();
+        e.report_failed_devices();
+        grow.join().unwrap().unwrap();
+    });
+    assert_eq!(e.devices_holding(k(1)), [DeviceId(1)]);
+    assert_eq!(load(&e, 1).as_deref(), Some(&payload(1)[..]));
+    assert!(
+        !told.deleted.lock().unwrap().contains(&k(1)),
+        "key 1 reported deleted while device 1 holds it"
+    );
+    e.close();
+}

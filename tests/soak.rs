@@ -150,3 +150,70 @@ fn the_command_prints_its_line_and_refuses_faults_when_compiled_out() {
         assert!(stderr.contains("compiled out"), "{stderr}");
     }
 }
+
+/// A thread the host process starts while the soak runs (here as the test
+/// harness starts the next test's thread) is not the server's: the soak's
+/// leak check counts the threads the server could have left behind, not
+/// every thread of the process (it called such a run leaked, at random,
+/// when the suite ran its tests side by side).
+#[test]
+fn a_bystander_thread_started_during_the_soak_is_not_a_leak() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cfg = SoakConfig {
+        duration: Duration::from_secs(2),
+        seed: 11,
+        hotplug: false,
+        ..SoakConfig::default()
+    };
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let bystander = std::thread::Builder::new()
+        .name("bystander".into())
+        .spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            // Lives past the soak's end, then goes.
+            let t = std::thread::Builder::new()
+                .name("late-bystander".into())
+                .spawn(move || {
+                    let _ = rx.recv();
+                })
+                .unwrap();
+            t.join().unwrap();
+        })
+        .unwrap();
+    let r = run(&cfg, &mut |_| {}).expect("soak runs");
+    drop(tx);
+    bystander.join().unwrap();
+    println!("{}\n{:?}", r.summary(), r);
+    assert!(r.leaked.is_empty(), "{r:?}");
+}
+
+/// The leak check can still fail: a `daxkv…` thread (as the server names
+/// its own) started during the run and alive after it is a leak.
+#[test]
+fn a_daxkv_thread_left_running_after_the_soak_is_a_leak() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cfg = SoakConfig {
+        duration: Duration::from_secs(2),
+        seed: 12,
+        hotplug: false,
+        ..SoakConfig::default()
+    };
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let starter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        std::thread::Builder::new()
+            .name("daxkv-stray".into())
+            .spawn(move || {
+                let _ = rx.recv();
+            })
+            .unwrap()
+    });
+    let r = run(&cfg, &mut |_| {}).expect("soak runs");
+    drop(tx);
+    starter.join().unwrap().join().unwrap();
+    assert!(!r.leaked.is_empty() && !r.clean(), "{r:?}");
+}

@@ -21,7 +21,11 @@
 //! key that a lookup misses and nothing reported gone is a *suspect*; the
 //! soak keeps it (never deletes it) and looks again once hotplug has
 //! stopped: found with its bytes, it was a transient miss (counted, not an
-//! error); not found and still not reported gone, it is **lost**. A hit with
+//! error); not found and still not reported gone, it is **lost**. Every
+//! other acknowledged key is looked at then too (a key dropped without a
+//! report is lost whether or not a lookup picked it during the run). A key
+//! reported gone while already reported (the soak never stores a key
+//! twice) is **reported twice**. A hit with
 //! bytes other than the key's own is **corrupted**, whenever it happens. At
 //! the end every key is deleted and the engine must hold no live or
 //! borrowed slot, no lock and no task; once the server has stopped, the
@@ -133,6 +137,13 @@ pub struct SoakReport {
     pub transient_misses: u64,
     /// Keys reported gone by listeners (evictions, forced removals).
     pub reported_gone: u64,
+    /// Reports of a key already reported gone (and not stored again: the
+    /// soak never stores a key twice): each one a defect ("reported once").
+    pub reported_twice: u64,
+    /// Loads that found a key reported gone before the load began (never
+    /// stored again): the listeners were told of a delete that did not
+    /// happen. Each one a defect.
+    pub reported_but_held: u64,
     /// Tasks that did not complete within [`TASK_TIMEOUT`].
     pub stuck: u64,
     /// What was left behind (slots, locks, tasks, threads, fds, mappings).
@@ -151,6 +162,8 @@ impl SoakReport {
             && self.leaked.is_empty()
             && self.stuck == 0
             && self.control_errors.is_empty()
+            && self.reported_twice == 0
+            && self.reported_but_held == 0
     }
 
     /// The median operations per second of the first and of the last
@@ -181,6 +194,8 @@ impl SoakReport {
             "corrupted": self.corrupted,
             "transient_misses": self.transient_misses,
             "reported_gone": self.reported_gone,
+            "reported_twice": self.reported_twice,
+            "reported_but_held": self.reported_but_held,
             "stuck": self.stuck,
             "leaked": self.leaked,
             "findings": self.findings,
@@ -277,6 +292,8 @@ fn check(thread: u64, n: u64, len: usize, got: &[u8], scratch: &mut Vec<u8>) -> 
 struct Gone {
     keys: Mutex<HashSet<Key>>,
     reported: AtomicU64,
+    /// Keys reported while already in `keys`.
+    twice: AtomicU64,
 }
 
 impl Listener for Gone {
@@ -285,7 +302,13 @@ impl Listener for Gone {
         self.reported
             .fetch_add(keys.len() as u64, Ordering::Relaxed);
         let mut g = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        g.extend(keys.iter().copied());
+        for k in keys {
+            if !g.insert(*k) {
+                // ORDERING: Relaxed — a counter read after the threads
+                // are joined.
+                self.twice.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -331,6 +354,7 @@ struct Counts {
     bytes_verified: AtomicU64,
     acked: AtomicU64,
     corrupted: AtomicU64,
+    reported_but_held: AtomicU64,
     stuck: AtomicU64,
     findings: Mutex<Vec<String>>,
 }
@@ -494,6 +518,11 @@ impl Traffic {
 
     fn load_some(&mut self) {
         let keys = self.pick(16);
+        // Reported gone before the lookup began: a hit on one of them is a
+        // report of a delete that did not happen (keys are never stored
+        // twice). Taken before the submit, so a report racing the load
+        // is not one.
+        let was_gone: Vec<bool> = keys.iter().map(|k| self.gone.contains(k)).collect();
         let Ok(id) = self.sub.submit_lookup_and_lock(keys.clone()) else {
             return;
         };
@@ -527,7 +556,12 @@ impl Traffic {
                     self.count(1);
                     for (i, k) in hits.iter().enumerate() {
                         match r.payload(i) {
-                            Some(p) => self.verify(k, p),
+                            Some(p) => {
+                                if keys.iter().zip(&was_gone).any(|(x, g)| x == k && *g) {
+                                    self.held_after_report(k);
+                                }
+                                self.verify(k, p);
+                            }
                             None => self.missed(*k),
                         }
                     }
@@ -545,6 +579,18 @@ impl Traffic {
         self.count(1);
     }
 
+    fn held_after_report(&mut self, k: &Key) {
+        // ORDERING: Relaxed — a counter.
+        self.counts
+            .reported_but_held
+            .fetch_add(1, Ordering::Relaxed);
+        let n = self.keys.get(k).map_or(0, |o| o.n);
+        self.counts.finding(format!(
+            "reported gone but still held: thread {} object {n}",
+            self.id
+        ));
+    }
+
     fn delete_some(&mut self) {
         let keys = self.pick(16);
         let _ = self.engine.delete(&keys);
@@ -556,13 +602,15 @@ impl Traffic {
         }
     }
 
-    /// After hotplug has stopped: look at every suspect again, then delete
-    /// every key. Returns (lost, transient misses).
+    /// After hotplug has stopped: look at every acknowledged key (the
+    /// suspects again, and every key no lookup happened to pick during the
+    /// run: a key dropped unreported is lost whether or not traffic looked
+    /// at it), then delete every key. Returns (lost, transient misses).
     fn finish(&mut self) -> (u64, u64) {
         let suspects: Vec<Key> = self
             .keys
             .iter()
-            .filter(|(_, o)| o.held == Held::Suspect)
+            .filter(|(_, o)| o.held != Held::Maybe)
             .map(|(k, _)| *k)
             .collect();
         let (mut lost, mut transient) = (0, 0);
@@ -576,7 +624,9 @@ impl Traffic {
             for (i, k) in chunk.iter().enumerate() {
                 match got.as_ref().and_then(|r| r.payload(i)) {
                     Some(p) => {
-                        transient += 1;
+                        if self.keys.get(k).is_some_and(|o| o.held == Held::Suspect) {
+                            transient += 1;
+                        }
                         self.verify(k, p);
                     }
                     None if self.gone.contains(k) => {}
@@ -671,6 +721,7 @@ fn remove_failed(client: &Client, devs: &[Dev], out: &mut ControlCounts) -> bool
 
 /// Drive hotplug until `stop`: one operation every `every` (at random up
 /// to twice that), chosen by `rng` among what the devices allow.
+#[allow(clippy::too_many_lines)] // one loop: look, choose an operation, send it, count the answer
 fn control(
     client: &Client,
     cfg: &SoakConfig,
@@ -847,12 +898,30 @@ struct Footprint {
     maps: usize,
 }
 
+/// What the process holds that the server could have left behind: its
+/// threads are all named `daxkv…` (workers, the control plane and its
+/// blocking pool; an unnamed thread one of them starts inherits the name),
+/// so threads the host starts meanwhile (a test harness starting its next
+/// test) are not counted; nor are pipes (a child process's), which the
+/// server never opens.
 fn footprint(tag: &str) -> Footprint {
-    let count = |dir: &str| std::fs::read_dir(dir).map_or(0, Iterator::count);
+    let entries = |dir: &str| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let threads = entries("/proc/self/task")
+        .iter()
+        .filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("daxkv")))
+        .count();
+    let fds = entries("/proc/self/fd")
+        .iter()
+        .filter(|f| std::fs::read_link(f).is_ok_and(|l| !l.to_string_lossy().starts_with("pipe:")))
+        .count();
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     Footprint {
-        threads: count("/proc/self/task"),
-        fds: count("/proc/self/fd"),
+        threads,
+        fds,
         maps: maps
             .lines()
             .filter(|l| l.contains(tag) || l.contains("/memfd:"))
@@ -1037,6 +1106,8 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
     report.corrupted = counts.corrupted.load(Ordering::Relaxed);
     report.stuck = counts.stuck.load(Ordering::Relaxed);
     report.reported_gone = gone.reported.load(Ordering::Relaxed);
+    report.reported_twice = gone.twice.load(Ordering::Relaxed);
+    report.reported_but_held = counts.reported_but_held.load(Ordering::Relaxed);
     report.hotplug_ops = ctl.ok;
     report.hotplug_refused = ctl.refused;
     report.control_errors = ctl.errors;
@@ -1074,6 +1145,11 @@ mod tests {
             let mut b = vec![0u8; len];
             stamp(3, 7, &mut b);
             assert!(check(3, 7, len, &b, &mut s), "len {len}");
+            if len < 16 {
+                // Too short to hold the number (the soak stores 64 bytes
+                // or more).
+                continue;
+            }
             assert!(!check(3, 8, len, &b, &mut s), "another number, len {len}");
             assert!(!check(4, 7, len, &b, &mut s), "another thread, len {len}");
             if len > 1 {
@@ -1085,13 +1161,123 @@ mod tests {
         }
     }
 
+    /// An acknowledged key that vanishes with no report is lost, whether
+    /// or not a traffic lookup happened to pick it during the run: the
+    /// end looks at every acknowledged key, not only the suspects (a key
+    /// stored, silently dropped and never picked was not counted).
+    #[test]
+    fn a_key_dropped_unreported_and_never_looked_up_is_lost() {
+        use crate::device::arena::ArenaSpec;
+        use crate::engine::{DeviceSpec, EngineOptions};
+        use crate::CoreConfig;
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(64 * SLOT), SLOT),
+        };
+        let engine =
+            Arc::new(Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap());
+        let mut tr = Traffic {
+            id: 0,
+            engine: engine.clone(),
+            sub: engine.submitter().unwrap(),
+            rng: Rng(3),
+            next_n: 0,
+            keys: HashMap::new(),
+            live: Vec::new(),
+            counts: Arc::new(Counts::default()),
+            // Not registered: the engine tells it nothing.
+            gone: Arc::new(Gone::default()),
+            slot_bytes: SLOT,
+            max_keys: 32,
+            scratch: Vec::new(),
+        };
+        tr.store_some();
+        let acked: Vec<Key> = tr
+            .keys
+            .iter()
+            .filter(|(_, o)| o.held == Held::Acked)
+            .map(|(k, _)| *k)
+            .collect();
+        assert!(!acked.is_empty(), "the store was acknowledged");
+        // Dropped behind the soak's back: no listener hears of it.
+        engine.delete(&acked);
+        let (lost, _) = tr.finish();
+        assert_eq!(lost, acked.len() as u64, "every dropped key counted lost");
+        engine.close();
+    }
+
+    /// A key that loads after it was reported gone is counted (and fails
+    /// the run): a report of a delete that did not happen.
+    #[test]
+    fn a_key_held_after_its_report_is_counted() {
+        use crate::device::arena::ArenaSpec;
+        use crate::engine::{DeviceSpec, EngineOptions};
+        use crate::CoreConfig;
+        const SLOT: usize = 4096;
+        let dev = DeviceSpec {
+            path: "memfd".into(),
+            core: CoreConfig::new(ArenaSpec::memfd(64 * SLOT), SLOT),
+        };
+        let engine =
+            Arc::new(Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap());
+        let counts = Arc::new(Counts::default());
+        let gone = Arc::new(Gone::default());
+        let mut tr = Traffic {
+            id: 0,
+            engine: engine.clone(),
+            sub: engine.submitter().unwrap(),
+            rng: Rng(3),
+            next_n: 0,
+            keys: HashMap::new(),
+            live: Vec::new(),
+            counts: counts.clone(),
+            gone: gone.clone(),
+            slot_bytes: SLOT,
+            max_keys: 32,
+            scratch: Vec::new(),
+        };
+        while tr.live.is_empty() || tr.keys.values().any(|o| o.held != Held::Acked) {
+            tr.keys.clear();
+            tr.live.clear();
+            tr.store_some();
+        }
+        // Told gone, though nothing deleted it.
+        gone.on_keys_deleted(&tr.live.clone());
+        tr.load_some();
+        assert!(counts.reported_but_held.load(Ordering::Relaxed) > 0);
+        let r = SoakReport {
+            reported_but_held: 1,
+            ..SoakReport::default()
+        };
+        assert!(!r.clean());
+        engine.close();
+    }
+
+    /// A key reported gone twice is counted (and fails the run): the
+    /// soak checks "reported once", not only "reported".
+    #[test]
+    fn a_key_reported_twice_is_counted() {
+        let g = Gone::default();
+        let (a, b) = (key_of(0, 1), key_of(0, 2));
+        g.on_keys_deleted(&[a, b]);
+        g.on_keys_deleted(&[b]);
+        assert_eq!(g.twice.load(Ordering::Relaxed), 1);
+        let r = SoakReport {
+            reported_twice: 1,
+            ..SoakReport::default()
+        };
+        assert!(!r.clean());
+    }
+
     #[test]
     fn held_compares_medians_of_the_first_and_last_windows() {
         let r = SoakReport {
             ops_per_second: vec![10, 12, 11, 5, 9, 9, 8],
             ..SoakReport::default()
         };
-        assert_eq!(r.held(3), Some((11, 8, 8.0 / 11.0)));
+        // The last three seconds, 9 9 8: median 9.
+        assert_eq!(r.held(3), Some((11, 9, 9.0 / 11.0)));
         assert_eq!(r.held(4), None);
     }
 }

@@ -67,7 +67,17 @@ impl Inner {
     /// Delete every key of failed device `d` (forced: a lock or a borrow
     /// on a device that serves nothing holds nothing), each under its
     /// claim; returns the keys no other readable device holds.
+    ///
+    /// First waits (up to the drain timeout, holding no claim) for every
+    /// operation that entered `d` before it failed: a store that chose it
+    /// while it was writable and commits after the keys are listed would
+    /// be answered success, read as a miss, and never be reported. Puts
+    /// that enter later see the failure (`store_one` and migrations check
+    /// writability inside their session; a core that failed refuses puts)
+    /// and go elsewhere. A guard held past the timeout (a long borrowed
+    /// read) does not stop the report.
     pub(super) fn evict_failed(&self, d: &Arc<Device>) -> Vec<Key> {
+        let _ = d.core().quiesce();
         let keys = d.core().snapshot_keys();
         let mut out = Vec::with_capacity(keys.len());
         let mut i = 0;
@@ -77,27 +87,51 @@ impl Inner {
             let claim = self.pool.claims.claim(k);
             // A claim holder never waits on an arena (a remap may wait for
             // a worker that waits for this claim): enter without waiting;
-            // on a pending remap let go of the claim, wait, and retry.
-            let deleted = match d.core().try_session() {
-                Ok(_held) => Some(d.core().delete(k, true)),
-                Err(TryEnterError::Closed) => Some(false),
-                Err(TryEnterError::Busy) => None,
+            // on a pending remap (here, or on a device that may hold the
+            // key again) let go of the claim, wait, and retry. The key is
+            // looked for elsewhere before it is deleted here, both under
+            // its claim (no store of it meanwhile): a device that cannot be
+            // entered now is waited for, not taken for one without it.
+            let mut wait_for: Option<Arc<Device>> = None;
+            let mut elsewhere = false;
+            for o in self.pool.list().iter() {
+                if o.id() == d.id() || !o.state().is_readable() {
+                    continue;
+                }
+                match o.core().try_session() {
+                    Ok(s) if s.contains_live(k) => {
+                        elsewhere = true;
+                        break;
+                    }
+                    Ok(_) | Err(TryEnterError::Closed) => {}
+                    Err(TryEnterError::Busy) => {
+                        wait_for = Some(o.clone());
+                        break;
+                    }
+                }
+            }
+            let deleted = match wait_for {
+                Some(_) => None,
+                None => match d.core().try_session() {
+                    Ok(_held) => Some(d.core().delete(k, true)),
+                    Err(TryEnterError::Closed) => Some(false),
+                    Err(TryEnterError::Busy) => {
+                        wait_for = Some(d.clone());
+                        None
+                    }
+                },
             };
             let Some(deleted) = deleted else {
                 drop(claim);
-                drop(d.core().session());
+                if let Some(w) = wait_for {
+                    drop(w.core().session());
+                }
                 rounds += 1;
                 if rounds >= super::pool::STORE_ROUNDS_MAX {
                     i += 1;
                 }
                 continue;
             };
-            let elsewhere = deleted
-                && self.pool.list().iter().any(|o| {
-                    o.id() != d.id()
-                        && o.state().is_readable()
-                        && o.core().try_session().is_ok_and(|s| s.contains_live(k))
-                });
             drop(claim);
             if deleted && !elsewhere {
                 out.push(k);

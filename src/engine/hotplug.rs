@@ -1031,6 +1031,16 @@ impl Engine {
             }
             RemoveMode::Drain => unreachable!(),
         }
+        // The device failed under the remove (a SIGBUS in one of its
+        // copies): the keys it could no longer read were left on it, and
+        // once it is retired no report finds it. Report them now, before
+        // it closes (docs/hotplug.md, "Failed devices").
+        if dev.state() == DeviceState::Failed {
+            if let Some(keys) = dev.report_failure_once(true, || self.inner.evict_failed(&dev)) {
+                deleted += keys.len();
+                told.extend(keys);
+            }
+        }
         restore.2 = false;
         dev.set_state(DeviceState::Removing);
         dev.core().close();
@@ -1070,6 +1080,9 @@ impl Engine {
         if mode == RemoveMode::Drain {
             return report(mode, 0, DeviceState::Failed);
         }
+        // `evict_failed` first waits (up to the drain timeout) for the
+        // operations still inside the device, so a store that commits on
+        // it late is listed and reported, not closed with it unreported.
         if let Some(keys) = dev.report_failure_once(true, || self.inner.evict_failed(dev)) {
             told.extend(keys);
         }
@@ -1258,7 +1271,23 @@ impl Engine {
             };
             last = Some((usage, i));
             let target = &devs[i];
-            match target.core().put(key, &buf[..n], meta) {
+            // Writable is checked again inside the target's session (as
+            // `store_one` does): a target that fails (or is set failed)
+            // since `next_writable` is quiesced before its keys are listed
+            // for the failure's report, so a put under a session entered
+            // later must see the failure, or the key would be moved onto a
+            // device that serves nothing, after its keys were listed, and
+            // never be reported.
+            let put = target.core().session().and_then(|s| {
+                target
+                    .state()
+                    .is_writable()
+                    .then(|| s.put(key, &buf[..n], meta))
+            });
+            let Some(put) = put else {
+                continue;
+            };
+            match put {
                 Ok(PutOutcome::Stored | PutOutcome::AlreadyPresent) => {
                     // Deletes take the claim too, so the source copy is
                     // still there. Forced: its locks, counted atomically
