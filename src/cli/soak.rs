@@ -652,6 +652,7 @@ struct ControlCounts {
 
 /// Drive hotplug until `stop`: one operation every `every` (at random up
 /// to twice that), chosen by `rng` among what the devices allow.
+#[allow(clippy::too_many_lines)] // one hotplug operation after another
 fn control(
     client: &Client,
     cfg: &SoakConfig,
