@@ -323,6 +323,7 @@ fn lock_check_unlock(
     reader: u64,
     stop: &AtomicBool,
     stolen: &std::sync::atomic::AtomicUsize,
+    on_caller: bool,
 ) -> u64 {
     let count = keys.len() as u64;
     let mut rounds = 0u64;
@@ -331,11 +332,18 @@ fn lock_check_unlock(
         rounds += 1;
         i = i.wrapping_add(1);
         let k = keys[(i % count) as usize];
-        let id = e.submit_lookup_and_lock(vec![k]).unwrap();
-        let Answer::Ready(hit) = e.wait_lookup(id, W) else {
-            panic!("lookup timed out")
+        let hit = if on_caller {
+            let mut out = [false];
+            e.lookup_and_lock_into(&[k], &mut out);
+            out[0]
+        } else {
+            let id = e.submit_lookup_and_lock(vec![k]).unwrap();
+            let Answer::Ready(hit) = e.wait_lookup(id, W) else {
+                panic!("lookup timed out")
+            };
+            hit.test(0)
         };
-        if !hit.test(0) {
+        if !hit {
             continue; // a transient miss while it moves
         }
         if !e.delete(&[k]).is_empty() {
@@ -371,6 +379,17 @@ fn lock_check_unlock(
 /// `DAXKV_HUNT_SECS` runs it longer.
 #[test]
 fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
+    unlock_racing_forced_migrations(false);
+}
+
+/// The same hunt with the locks taken on the caller
+/// (`Engine::lookup_and_lock_into`, the `plugin` adapter's lookups).
+#[test]
+fn caller_lookups_racing_forced_migrations_never_free_or_keep_a_lock() {
+    unlock_racing_forced_migrations(true);
+}
+
+fn unlock_racing_forced_migrations(on_caller: bool) {
     const SLOT: usize = 4096;
     const KEYS: u64 = 4;
     const DEV_SLOTS: usize = 64;
@@ -399,7 +418,7 @@ fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
     let readers: Vec<_> = (0..3u64)
         .map(|r| {
             let (e, stop, stolen, keys) = (e.clone(), stop.clone(), stolen.clone(), keys.clone());
-            std::thread::spawn(move || lock_check_unlock(&e, &keys, r, &stop, &stolen))
+            std::thread::spawn(move || lock_check_unlock(&e, &keys, r, &stop, &stolen, on_caller))
         })
         .collect();
     let dir = tempfile::tempdir().unwrap();
