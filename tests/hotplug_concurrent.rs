@@ -590,7 +590,7 @@ fn restores_racing_migrations_never_hold_a_key_twice() {
         let (_, info) = e
             .hotplug_add(path.to_str().unwrap(), DEV_SLOTS * SLOT, |_, _| Ok(()))
             .unwrap();
-        let force = moves % 2 == 0;
+        let force = moves.is_multiple_of(2);
         if e.remove_device(cur, RemoveMode::Migrate, force).is_err() {
             e.remove_device(cur, RemoveMode::Migrate, true)
                 .unwrap_or_else(|err| panic!("forced remove {moves}: {err:?}"));
