@@ -273,3 +273,29 @@ def test_plugin_soak_under_reconfigure(made) -> None:
         assert st[field] == 0, (field, st[field])
     assert a.pending_tasks() == 0
     assert a.get_usage().total_bytes_used == 0
+
+
+def test_a_key_evicted_before_its_store_is_collected_is_told_neither_way(made) -> None:
+    """The interleaving the soak's `raced` set allows: a store completes in
+    the engine, an evicting remove deletes its key before LMCache pops the
+    result; the task still reports success, and the listener is told
+    neither "stored" nor "deleted" (the engine no longer holds it), so
+    LMCache's books never count it."""
+    a = made.adapter({
+        "type": "plugin", "module_path": "daxkv.lmcache", "class_name": "DaxL2Adapter",
+        "adapter_params": {"slot_bytes": SLOT, "device_path": "memfd",
+                           "max_dax_size_gb": 8 * SLOT / 2**30, "hotplug_enabled": True},
+    })
+    gone = Gone()
+    a.register_listener(gone)
+    tid = a.submit_store_task([key(1)], [obj(payload(1))])
+    deadline = time.monotonic() + 30
+    while a.report_status()["live_slot_count"] == 0:  # committed, not popped
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    a.reconfigure("add", {"device_path": "memfd:other", "size_bytes": 8 * SLOT})
+    a.reconfigure("remove", {"device_index": 0, "mode": "evict", "force": True})
+    r = drain_stores(a, {tid})[tid]
+    assert r.is_successful()
+    assert lookup(a, [key(1)]) == [False]
+    assert key(1) not in gone.stored and key(1) not in gone.keys
