@@ -323,6 +323,7 @@ fn lock_check_unlock(
     reader: u64,
     stop: &AtomicBool,
     stolen: &std::sync::atomic::AtomicUsize,
+    on_caller: bool,
 ) -> u64 {
     let count = keys.len() as u64;
     let mut rounds = 0u64;
@@ -331,11 +332,18 @@ fn lock_check_unlock(
         rounds += 1;
         i = i.wrapping_add(1);
         let k = keys[(i % count) as usize];
-        let id = e.submit_lookup_and_lock(vec![k]).unwrap();
-        let Answer::Ready(hit) = e.wait_lookup(id, W) else {
-            panic!("lookup timed out")
+        let hit = if on_caller {
+            let mut out = [false];
+            e.lookup_and_lock_into(&[k], &mut out);
+            out[0]
+        } else {
+            let id = e.submit_lookup_and_lock(vec![k]).unwrap();
+            let Answer::Ready(hit) = e.wait_lookup(id, W) else {
+                panic!("lookup timed out")
+            };
+            hit.test(0)
         };
-        if !hit.test(0) {
+        if !hit {
             continue; // a transient miss while it moves
         }
         if !e.delete(&[k]).is_empty() {
@@ -371,6 +379,17 @@ fn lock_check_unlock(
 /// `DAXKV_HUNT_SECS` runs it longer.
 #[test]
 fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
+    unlock_racing_forced_migrations(false);
+}
+
+/// The same hunt with the locks taken on the caller
+/// (`Engine::lookup_and_lock_into`, the `plugin` adapter's lookups).
+#[test]
+fn caller_lookups_racing_forced_migrations_never_free_or_keep_a_lock() {
+    unlock_racing_forced_migrations(true);
+}
+
+fn unlock_racing_forced_migrations(on_caller: bool) {
     const SLOT: usize = 4096;
     const KEYS: u64 = 4;
     const DEV_SLOTS: usize = 64;
@@ -399,7 +418,7 @@ fn unlock_racing_forced_migrations_never_frees_or_keeps_a_lock() {
     let readers: Vec<_> = (0..3u64)
         .map(|r| {
             let (e, stop, stolen, keys) = (e.clone(), stop.clone(), stolen.clone(), keys.clone());
-            std::thread::spawn(move || lock_check_unlock(&e, &keys, r, &stop, &stolen))
+            std::thread::spawn(move || lock_check_unlock(&e, &keys, r, &stop, &stolen, on_caller))
         })
         .collect();
     let dir = tempfile::tempdir().unwrap();
@@ -508,4 +527,113 @@ fn a_listing_during_a_remove_shows_each_device_once() {
     stop.store(true, Ordering::Relaxed);
     let seen = lister.join().unwrap().unwrap();
     assert!(seen > 0);
+}
+
+/// Engine stores skip the put's early presence check on a device their
+/// claim just scanned (`Session::put_absent`). Hunt for a key held twice:
+/// writers re-store the same few keys (each with its own bytes) and
+/// delete them, readers lock / unlock them on the caller, while devices
+/// are added and migrated away (forced or not) under them. At the end no
+/// key is on two devices, every live slot holds a key, and each key that
+/// loads has its own bytes.
+#[test]
+fn restores_racing_migrations_never_hold_a_key_twice() {
+    const SLOT: usize = 4096;
+    const KEYS: u64 = 16;
+    const DEV_SLOTS: usize = 64;
+    let e = Arc::new(
+        Engine::open(
+            vec![memfd(DEV_SLOTS, SLOT)],
+            SLOT,
+            true,
+            EngineOptions::default(),
+        )
+        .unwrap(),
+    );
+    let keys: Vec<Key> = (0..KEYS).map(|i| key("twice", i)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..3u64)
+        .map(|w| {
+            let (e, stop, keys) = (e.clone(), stop.clone(), keys.clone());
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) && rounds < 2_000_000 {
+                    rounds += 1;
+                    let i = (rounds * 7 + w) % KEYS;
+                    let k = keys[i as usize];
+                    match (rounds + w) % 4 {
+                        0 => {
+                            e.delete(&[k]);
+                        }
+                        1 => {
+                            let mut out = [false];
+                            if e.lookup_and_lock_into(&[k], &mut out) == 1 {
+                                e.submit_unlock(&[k]);
+                            }
+                        }
+                        _ => {
+                            let _ = store(&e, vec![k], vec![pat(i, 512)]);
+                        }
+                    }
+                }
+                rounds
+            })
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cur = DeviceId(0);
+    let mut moves = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let mut twice = Vec::new();
+    while Instant::now() < deadline && moves < 10_000 {
+        let path = sized_file(dir.path(), &format!("dev{moves}"), DEV_SLOTS * SLOT);
+        let (_, info) = e
+            .hotplug_add(path.to_str().unwrap(), DEV_SLOTS * SLOT, |_, _| Ok(()))
+            .unwrap();
+        let force = moves.is_multiple_of(2);
+        if e.remove_device(cur, RemoveMode::Migrate, force).is_err() {
+            e.remove_device(cur, RemoveMode::Migrate, true)
+                .unwrap_or_else(|err| panic!("forced remove {moves}: {err:?}"));
+        }
+        let _ = std::fs::remove_file(&path);
+        cur = info.id;
+        moves += 1;
+        for (i, &k) in keys.iter().enumerate() {
+            let on = e.devices_holding(k);
+            if on.len() > 1 {
+                twice.push((i, on));
+            }
+        }
+        if !twice.is_empty() {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds: u64 = workers.into_iter().map(|h| h.join().unwrap()).sum();
+    for (i, &k) in keys.iter().enumerate() {
+        let on = e.devices_holding(k);
+        if on.len() > 1 {
+            twice.push((i, on));
+        }
+    }
+    eprintln!("moves {moves}, worker rounds {rounds}, keys held twice {twice:?}");
+    assert!(moves >= 5 && rounds > 0, "the hunt did not run");
+    assert!(twice.is_empty(), "keys held on two devices: {twice:?}");
+    assert_eq!(e.status()["locked_key_count"], 0, "locks left");
+    let held = keys
+        .iter()
+        .filter(|&&k| !e.devices_holding(k).is_empty())
+        .count();
+    let live: usize = e.devices().iter().map(|d| d.live_slots).sum();
+    assert_eq!(live, held, "live slots that hold no key");
+    for (i, &k) in keys.iter().enumerate() {
+        let id = e.submit_load(vec![k], vec![vec![0u8; SLOT]]).unwrap();
+        let Answer::Ready(r) = e.wait_load(id, W) else {
+            panic!("load timed out")
+        };
+        if let Some(p) = r.payload(0) {
+            assert_eq!(p, pat(i as u64, 512).as_slice(), "key {i}: not its bytes");
+        }
+    }
+    e.check_invariants().unwrap();
 }

@@ -36,8 +36,11 @@
 //! An LMCache `MemoryObj` over a contiguous CPU tensor is read from the
 //! tensor (`raw_data.data_ptr()`, `get_size()` bytes, the tensor
 //! referenced by the view), since building `byte_array` (a torch view and
-//! a ctypes array per call) costs more than the rest of a submit; anything
-//! else is exported with `PyObject_GetBuffer`. The task entry keeps the exports *and* a
+//! a ctypes array per call) costs more than the rest of a submit; one
+//! over a tensor that is not on the CPU or not contiguous is refused with
+//! `BufferError` (`byte_array` would describe bytes that are not the
+//! tensor's); anything else is exported with `PyObject_GetBuffer`. The
+//! task entry keeps the exports *and* a
 //! reference to the caller's lists (the objects, whose memory the exports
 //! describe, and the keys, for the listener events) until the result is
 //! collected or the adapter is closed (which waits for every task), so the

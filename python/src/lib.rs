@@ -111,27 +111,42 @@ impl View {
     /// The bytes LMCache's `MemoryObj.byte_array` would describe, read
     /// from the object's tensor directly: `raw_data.data_ptr()` and
     /// `get_size()` bytes. `None` (nothing taken) unless `obj` has a
-    /// `raw_data` contiguous CPU tensor and a `get_size`; the caller then
-    /// falls back to `byte_array`. `BufferError` when `get_size()` is
-    /// past the tensor's bytes (`byte_array` would describe memory past
-    /// it).
+    /// `raw_data` tensor (an object with `is_cpu`) and a `get_size`; the
+    /// caller then falls back to `byte_array`. `BufferError` when the
+    /// tensor is not on the CPU or not contiguous, or `get_size()` is past
+    /// its bytes: `byte_array` would then describe memory that is not the
+    /// tensor's (device memory read as host memory; for a strided or
+    /// expanded tensor, bytes between and past its elements, another
+    /// object's), which a put would store and a restore overwrite
+    /// (`test_backend.py::test_a_memory_object_over_a_non_contiguous_tensor_is_never_read_or_written_past_it`).
     pub(crate) fn memory_obj(obj: &Bound<'_, PyAny>) -> PyResult<Option<View>> {
         let py = obj.py();
         let Ok(t) = obj.getattr(pyo3::intern!(py, "raw_data")) else {
             return Ok(None);
         };
-        let is = |name: &Bound<'_, PyString>| -> bool {
-            t.getattr(name).and_then(|v| v.is_truthy()).unwrap_or(false)
-        };
-        if !is(pyo3::intern!(py, "is_cpu")) {
+        // Not a tensor (`BytesBufferMemoryObj`'s bytes): its `byte_array`.
+        let Ok(is_cpu) = t.getattr(pyo3::intern!(py, "is_cpu")) else {
             return Ok(None);
+        };
+        if !is_cpu.is_truthy().unwrap_or(false) {
+            let device = t
+                .getattr(pyo3::intern!(py, "device"))
+                .and_then(|d| d.str().map(|s| s.to_string()))
+                .unwrap_or_else(|_| "?".into());
+            return Err(PyBufferError::new_err(format!(
+                "raw_data is a tensor on {device}, not on the CPU: its data_ptr() is not host \
+                 memory"
+            )));
         }
         let contiguous = t
             .call_method0(pyo3::intern!(py, "is_contiguous"))
             .and_then(|v| v.is_truthy())
             .unwrap_or(false);
         if !contiguous {
-            return Ok(None);
+            return Err(PyBufferError::new_err(
+                "raw_data is a tensor that is not contiguous: the get_size() bytes at its \
+                 data_ptr() are not its elements and may run past it",
+            ));
         }
         let (Ok(ptr), Ok(nbytes)) = (
             t.call_method0(pyo3::intern!(py, "data_ptr"))

@@ -1089,3 +1089,55 @@ def test_a_memory_object_whose_size_is_past_its_tensor_is_refused(dx: Env) -> No
     assert same(got, good)
     release(got, good, bad, *outs)
     settled(b, live=1)
+
+
+def _strided_obj(raw: Any) -> MemoryObj:
+    """A real LMCache ``TensorMemoryObj`` over ``raw`` (a flat uint8 CPU
+    tensor), no allocator: ``get_size()`` is ``raw.numel()`` bytes."""
+    from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
+
+    shape = torch.Size([raw.numel()])
+    meta = MemoryObjMetadata(
+        shape, torch.uint8, 0, raw.numel(), 1, 0, MemoryFormat.KV_2LTD,
+        shapes=[shape], dtypes=[torch.uint8],
+    )
+    return TensorMemoryObj(raw, meta, parent_allocator=None)
+
+
+def test_a_memory_object_over_a_non_contiguous_tensor_is_never_read_or_written_past_it(
+    dx: Env,
+) -> None:
+    """A ``MemoryObj`` whose ``raw_data`` is a CPU tensor that is not
+    contiguous (here one byte expanded to 256: stride 0): its elements are
+    not the ``get_size()`` bytes at ``data_ptr()``, which run past the
+    tensor into memory it does not own (``byte_array`` describes exactly
+    those). A put must not store the neighbour's bytes as this object's,
+    and a restore into such an output must not write the neighbour: both
+    are refused with ``BufferError`` naming the object, nothing stored,
+    the neighbour untouched, nothing leaked."""
+    b = dx.launch(slots=4)
+    n = 256
+    # One storage: byte `n - 1` is the tensor's, the `n` bytes after it a
+    # neighbour's (another object's memory, in LMCache's shared buffer).
+    backing = torch.arange(2 * n, dtype=torch.int32).to(torch.uint8)
+    neighbour = bytes(backing[n:].numpy())
+    src = _strided_obj(backing[n - 1 : n].expand(n))
+    assert not src.raw_data.is_contiguous() and src.get_size() == n
+    with pytest.raises(BufferError, match="source object 0: .*not contiguous"):
+        b.batched_submit_put_task([key(970)], [src])
+    assert not b.contains(key(970)), "stored bytes that are not the object's"
+    settled(b, live=0)
+
+    good = kv(dx.lcb, 971)
+    put(b, key(971), good)
+
+    def strided(hits):  # type: ignore[no-untyped-def]
+        ((_, _, nbytes),) = hits
+        return [_strided_obj(backing[n - 1 : n].expand(nbytes))]
+
+    with pytest.raises(BufferError, match="destination object 0: .*not contiguous"):
+        b._store.restore([key(971)], False, strided)
+    assert bytes(backing[n:].numpy()) == neighbour, "the restore wrote past its object"
+    assert b.contains(key(971))
+    release(good)
+    settled(b, live=1)

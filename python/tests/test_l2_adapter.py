@@ -837,6 +837,19 @@ def test_memory_obj_read_from_its_tensor(plugin):
     with pytest.raises(BufferError, match="source object 0: get_size.. is 100 bytes, past its tensor's 50"):
         a.submit_store_task(ks[1:], [bad])
     assert a._core.exists(ks[1:]) == [False]
+    # A tensor that is not contiguous (one byte expanded: stride 0): the
+    # get_size() bytes at its data_ptr() are its neighbour's. Refused both
+    # ways; the neighbour is neither stored nor written.
+    backing = torch.arange(512, dtype=torch.int32).to(torch.uint8)
+    neighbour = bytes(backing[256:].numpy())
+    strided = obj(256)
+    strided.raw_data = backing[255:256].expand(256)
+    with pytest.raises(BufferError, match="source object 0: .*not contiguous"):
+        a.submit_store_task(ks[1:], [strided])
+    assert a._core.exists(ks[1:]) == [False]
+    with pytest.raises(BufferError, match="destination object 0: .*not contiguous"):
+        a.submit_load_task(ks[:1], [strided])
+    assert bytes(backing[256:].numpy()) == neighbour
     a.submit_unlock(ks)
     assert a.pending_tasks() == 0
 
