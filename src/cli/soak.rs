@@ -1169,7 +1169,7 @@ mod tests {
     fn a_key_dropped_unreported_and_never_looked_up_is_lost() {
         use crate::device::arena::ArenaSpec;
         use crate::engine::{DeviceSpec, EngineOptions};
-        use crate::CoreConfig;
+        use crate::device::core::CoreConfig;
         const SLOT: usize = 4096;
         let dev = DeviceSpec {
             path: "memfd".into(),
@@ -1213,7 +1213,7 @@ mod tests {
     fn a_key_held_after_its_report_is_counted() {
         use crate::device::arena::ArenaSpec;
         use crate::engine::{DeviceSpec, EngineOptions};
-        use crate::CoreConfig;
+        use crate::device::core::CoreConfig;
         const SLOT: usize = 4096;
         let dev = DeviceSpec {
             path: "memfd".into(),
