@@ -514,12 +514,19 @@ impl PyDaxStore {
                 }
             }
             let (addr, len) = spans[i];
-            // SAFETY: `views[i]` (alive until after `allow_threads` returns)
-            // exports `len` readable bytes at `addr`, which stay in place
-            // until the export is released. LMCache does not write an
-            // object while it is being put (it holds a reference for the
-            // put), the contract its own memmove-based backend relies on.
-            let src: &[u8] = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+            // An empty object may export a null address (`torch.empty(0)`),
+            // which no slice may be made from.
+            let src: &[u8] = if len == 0 {
+                &[]
+            } else {
+                // SAFETY: `views[i]` (alive until after `allow_threads`
+                // returns) exports `len` readable bytes at `addr`, which
+                // stay in place until the export is released. LMCache does
+                // not write an object while it is being put (it holds a
+                // reference for the put), the contract its own
+                // memmove-based backend relies on.
+                unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+            };
             w.write(0, src)
         };
         let n = keys.len();
@@ -652,7 +659,11 @@ impl PyDaxStore {
                 }
                 Ok(spans
                     .into_iter()
-                    .map(|(addr, len)| {
+                    .map(|(addr, len)| -> &mut [u8] {
+                        // An empty object may export a null address.
+                        if len == 0 {
+                            return &mut [];
+                        }
                         // SAFETY: each (addr, len) is a live writable export
                         // (kept in `views` until after `restore_into`
                         // returns); the exports do not overlap (checked just

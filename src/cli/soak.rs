@@ -1168,8 +1168,8 @@ mod tests {
     #[test]
     fn a_key_dropped_unreported_and_never_looked_up_is_lost() {
         use crate::device::arena::ArenaSpec;
-        use crate::engine::{DeviceSpec, EngineOptions};
         use crate::device::core::CoreConfig;
+        use crate::engine::{DeviceSpec, EngineOptions};
         const SLOT: usize = 4096;
         let dev = DeviceSpec {
             path: "memfd".into(),
@@ -1212,8 +1212,8 @@ mod tests {
     #[test]
     fn a_key_held_after_its_report_is_counted() {
         use crate::device::arena::ArenaSpec;
-        use crate::engine::{DeviceSpec, EngineOptions};
         use crate::device::core::CoreConfig;
+        use crate::engine::{DeviceSpec, EngineOptions};
         const SLOT: usize = 4096;
         let dev = DeviceSpec {
             path: "memfd".into(),
