@@ -1161,12 +1161,9 @@ mod tests {
         }
     }
 
-    /// An acknowledged key that vanishes with no report is lost, whether
-    /// or not a traffic lookup happened to pick it during the run: the
-    /// end looks at every acknowledged key, not only the suspects (a key
-    /// stored, silently dropped and never picked was not counted).
-    #[test]
-    fn a_key_dropped_unreported_and_never_looked_up_is_lost() {
+    /// An engine on one memfd of 64 slots of 4 KiB, and one traffic thread
+    /// over it whose `Gone` set the engine does not know of.
+    fn one_traffic_thread() -> (Arc<Engine>, Traffic) {
         use crate::device::arena::ArenaSpec;
         use crate::device::core::CoreConfig;
         use crate::engine::{DeviceSpec, EngineOptions};
@@ -1177,7 +1174,7 @@ mod tests {
         };
         let engine =
             Arc::new(Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap());
-        let mut tr = Traffic {
+        let tr = Traffic {
             id: 0,
             engine: engine.clone(),
             sub: engine.submitter().unwrap(),
@@ -1186,12 +1183,22 @@ mod tests {
             keys: HashMap::new(),
             live: Vec::new(),
             counts: Arc::new(Counts::default()),
-            // Not registered: the engine tells it nothing.
             gone: Arc::new(Gone::default()),
             slot_bytes: SLOT,
             max_keys: 32,
             scratch: Vec::new(),
         };
+        (engine, tr)
+    }
+
+    /// An acknowledged key that vanishes with no report is lost, whether
+    /// or not a traffic lookup happened to pick it during the run: the
+    /// end looks at every acknowledged key, not only the suspects (a key
+    /// stored, silently dropped and never picked was not counted).
+    #[test]
+    fn a_key_dropped_unreported_and_never_looked_up_is_lost() {
+        // Its `Gone` is not registered: the engine tells it nothing.
+        let (engine, mut tr) = one_traffic_thread();
         tr.store_some();
         let acked: Vec<Key> = tr
             .keys
@@ -1211,32 +1218,8 @@ mod tests {
     /// the run): a report of a delete that did not happen.
     #[test]
     fn a_key_held_after_its_report_is_counted() {
-        use crate::device::arena::ArenaSpec;
-        use crate::device::core::CoreConfig;
-        use crate::engine::{DeviceSpec, EngineOptions};
-        const SLOT: usize = 4096;
-        let dev = DeviceSpec {
-            path: "memfd".into(),
-            core: CoreConfig::new(ArenaSpec::memfd(64 * SLOT), SLOT),
-        };
-        let engine =
-            Arc::new(Engine::open(vec![dev], SLOT, false, EngineOptions::default()).unwrap());
-        let counts = Arc::new(Counts::default());
-        let gone = Arc::new(Gone::default());
-        let mut tr = Traffic {
-            id: 0,
-            engine: engine.clone(),
-            sub: engine.submitter().unwrap(),
-            rng: Rng(3),
-            next_n: 0,
-            keys: HashMap::new(),
-            live: Vec::new(),
-            counts: counts.clone(),
-            gone: gone.clone(),
-            slot_bytes: SLOT,
-            max_keys: 32,
-            scratch: Vec::new(),
-        };
+        let (engine, mut tr) = one_traffic_thread();
+        let (counts, gone) = (tr.counts.clone(), tr.gone.clone());
         while tr.live.is_empty() || tr.keys.values().any(|o| o.held != Held::Acked) {
             tr.keys.clear();
             tr.live.clear();

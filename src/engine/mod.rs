@@ -727,33 +727,19 @@ impl Engine {
         if self.inner.closing.load(Ordering::Acquire) {
             return 0;
         }
-        let mut left: Vec<usize> = (0..n).collect();
-        let mut batch: Vec<Key> = Vec::with_capacity(n);
-        let mut hits: Vec<bool> = Vec::with_capacity(n);
-        for d in self.inner.pool.list().iter() {
-            if left.is_empty() {
-                break;
-            }
-            if !d.state().is_readable() {
-                continue;
-            }
-            batch.clear();
-            batch.extend(left.iter().map(|&i| keys[i]));
-            hits.clear();
-            hits.resize(batch.len(), false);
-            if d.core().exists_many_into(&batch, true, &mut hits).is_err() {
-                continue;
-            }
-            let mut j = 0;
-            left.retain(|&i| {
-                let hit = hits[j];
-                j += 1;
-                if hit {
-                    out[i] = true;
-                }
-                !hit
-            });
-        }
+        let (mut left, mut batch, mut hits) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        pool::lock_lookup(
+            &self.inner.pool.list(),
+            &keys[..n],
+            &mut left,
+            &mut batch,
+            &mut hits,
+            |i| out[i] = true,
+        );
         let found = n - left.len();
         // `usize::MAX` is no worker's shard: a caller shard records it.
         self.inner

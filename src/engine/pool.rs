@@ -1106,3 +1106,44 @@ mod tests {
         ));
     }
 }
+
+/// The locking lookup a lookup task and [`Engine::lookup_and_lock_into`]
+/// share: one batched `exists_many_into(.., lock = true)` per readable
+/// device, in list order, over the keys still missing (upstream's
+/// grouping, docs/lmcache-dax-behavior.md §3.6 step 3); `hit(i)` for each
+/// key `keys[i]` found (and locked), once. `left`, `batch` and `hits` are
+/// scratch; `left` ends holding the indices of the keys not found.
+///
+/// [`Engine::lookup_and_lock_into`]: super::Engine::lookup_and_lock_into
+pub(super) fn lock_lookup(
+    devs: &[Arc<Device>],
+    keys: &[Key],
+    left: &mut Vec<usize>,
+    batch: &mut Vec<Key>,
+    hits: &mut Vec<bool>,
+    mut hit: impl FnMut(usize),
+) {
+    left.clear();
+    left.extend(0..keys.len());
+    for d in devs.iter().filter(|d| d.state().is_readable()) {
+        if left.is_empty() {
+            break;
+        }
+        batch.clear();
+        batch.extend(left.iter().map(|&i| keys[i]));
+        hits.clear();
+        hits.resize(batch.len(), false);
+        if d.core().exists_many_into(batch, true, hits).is_err() {
+            continue;
+        }
+        let mut j = 0;
+        left.retain(|&i| {
+            let found = hits[j];
+            j += 1;
+            if found {
+                hit(i);
+            }
+            !found
+        });
+    }
+}

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 
 use super::answer::TaskKind;
-use super::pool::{store_one, Device, Stored, SESSION_DEVICES, STORE_ROUNDS_MAX};
+use super::pool::{lock_lookup, store_one, Device, Stored, SESSION_DEVICES, STORE_ROUNDS_MAX};
 use super::task::{TaskRec, TaskSlot};
 use super::{panic_message, EngineError, Inner, Signal};
 use crate::device::core::Session;
@@ -554,37 +554,12 @@ impl WorkerCtx {
         match task.kind {
             TaskKind::Store => store_part(inner, &devs, task, start, len),
             TaskKind::Lookup => {
-                // One batched call per readable device over the keys still
-                // missing (upstream's grouping, docs/lmcache-dax-behavior.md
-                // §3.6 step 3).
                 let Scratch {
                     left,
                     keys: batch,
                     hits,
                 } = &mut self.scratch;
-                left.clear();
-                left.extend(0..len);
-                for d in devs.iter().filter(|d| d.state().is_readable()) {
-                    if left.is_empty() {
-                        break;
-                    }
-                    batch.clear();
-                    batch.extend(left.iter().map(|&i| keys[i]));
-                    hits.clear();
-                    hits.resize(batch.len(), false);
-                    if d.core().exists_many_into(batch, true, hits).is_err() {
-                        continue;
-                    }
-                    let mut j = 0;
-                    left.retain(|&i| {
-                        let hit = hits[j];
-                        j += 1;
-                        if hit {
-                            task.set(start + i);
-                        }
-                        !hit
-                    });
-                }
+                lock_lookup(&devs, keys, left, batch, hits, |i| task.set(start + i));
             }
             TaskKind::Load => {
                 // Parts cover disjoint index ranges; the claim checks it (a
