@@ -16,46 +16,34 @@
 //! config_parse` runs it coverage-guided.
 
 use std::path::Path;
+use std::sync::LazyLock;
 
 use bolero::{check, TypeGenerator};
 use daxkv::cli::serve::load_config;
-use daxkv::control::config::{EngineConfig, MAX_DEVICE_BYTES};
+use daxkv::control::config::{self, EngineConfig, DAXKV_KEYS, LMCACHE_KEYS, MAX_DEVICE_BYTES};
 use daxkv::host::numa::Placement;
 use serde_json::{json, Map, Value};
 
 /// Documents per plain `cargo test` run (a few seconds on a 2-vCPU VM).
 const ITERATIONS: usize = 3000;
 
-const KEYS: &[&str] = &[
-    "type",
-    "slot_bytes",
-    "devices",
-    "device_path",
-    "max_dax_size_gb",
-    "max_size_gb",
-    "hotplug_enabled",
-    "num_store_workers",
-    "num_lookup_workers",
-    "num_load_workers",
-    "numa",
-    "cpus",
-    "spin_us",
-    "wait_spin_us",
-    "prefault",
-    "task_slots",
-    "task_keys",
-    "sysfs_root",
-    "signal",
-    "eviction",
-    "shared",
-    "persist_enabled",
-    "serde",
-    "watch_directory",
-    "watch_interval_seconds",
-    "typo_key",
-];
+/// Every key the config reads or accepts, from the config's own lists (so
+/// a key added there is fuzzed here), and one it does not know: `type`,
+/// daxkv's keys, LMCache's others, `typo_key`.
+static KEYS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    let mut k = vec!["type"];
+    k.extend_from_slice(DAXKV_KEYS);
+    k.extend(LMCACHE_KEYS.iter().filter(|&&k| k != "type"));
+    k.push("typo_key");
+    k
+});
 
-const DEVICE_KEYS: &[&str] = &["device_path", "max_dax_size_gb", "max_size_gb", "bogus"];
+/// A device entry's keys, and one it does not know.
+static DEVICE_KEYS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    let mut k = config::DEVICE_KEYS.to_vec();
+    k.push("bogus");
+    k
+});
 
 #[derive(Clone, Debug, TypeGenerator)]
 enum Str {
@@ -189,7 +177,7 @@ fn document(d: &Doc) -> Value {
         );
     }
     for f in d.fields.iter().take(8) {
-        let (k, v) = field(KEYS, f);
+        let (k, v) = field(&KEYS, f);
         obj.insert(k.into(), v);
     }
     if let Some(list) = &d.devices {
@@ -199,7 +187,7 @@ fn document(d: &Doc) -> Value {
             .map(|fields| {
                 let mut e = Map::new();
                 for f in fields.iter().take(5) {
-                    let (k, v) = field(DEVICE_KEYS, f);
+                    let (k, v) = field(&DEVICE_KEYS, f);
                     e.insert(k.into(), v);
                 }
                 Value::Object(e)

@@ -60,9 +60,11 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 pub const MAX_DEVICE_BYTES: usize = 1 << 47;
 
 /// The keys of one `devices[i]` entry: LMCache's (docs/lmcache-dax-behavior.md §3.1) and daxkv's `max_size_gb`.
-const DEVICE_KEYS: &[&str] = &["device_path", "max_dax_size_gb", "max_size_gb"];
+pub const DEVICE_KEYS: &[&str] = &["device_path", "max_dax_size_gb", "max_size_gb"];
 
-const LMCACHE_KEYS: &[&str] = &[
+/// Top-level keys LMCache's adapter JSON may carry that daxkv accepts
+/// and does not use (its own `type` among them).
+pub const LMCACHE_KEYS: &[&str] = &[
     "type",
     "eviction",
     "shared",
@@ -72,7 +74,9 @@ const LMCACHE_KEYS: &[&str] = &[
     "watch_interval_seconds",
 ];
 
-const OURS: &[&str] = &[
+/// Top-level keys daxkv reads (any key in neither list is refused,
+/// naming it).
+pub const DAXKV_KEYS: &[&str] = &[
     "slot_bytes",
     "devices",
     "device_path",
@@ -307,7 +311,7 @@ impl EngineConfig {
             .ok_or_else(|| err("(document)", "must be a JSON object"))?;
         if let Some(k) = obj
             .keys()
-            .find(|k| !OURS.contains(&k.as_str()) && !LMCACHE_KEYS.contains(&k.as_str()))
+            .find(|k| !DAXKV_KEYS.contains(&k.as_str()) && !LMCACHE_KEYS.contains(&k.as_str()))
         {
             return Err(err(k.clone(), "unknown key"));
         }
