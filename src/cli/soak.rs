@@ -259,7 +259,7 @@ fn key_of(thread: u64, n: u64) -> Key {
 const HEADER: usize = 24;
 
 /// Fill `out` (the payload of `(thread, n)`, `out.len()` bytes): a header
-/// of thread, number and length, then a stream seeded by them.
+/// of thread, number and length, then bytes seeded by them.
 fn stamp(thread: u64, n: u64, out: &mut [u8]) {
     let len = out.len() as u64;
     let mut head = [0u8; HEADER];
@@ -268,11 +268,9 @@ fn stamp(thread: u64, n: u64, out: &mut [u8]) {
     head[16..].copy_from_slice(&len.to_le_bytes());
     let h = HEADER.min(out.len());
     out[..h].copy_from_slice(&head[..h]);
-    let mut g = Rng(thread.rotate_left(32) ^ n ^ len.rotate_left(17));
-    for chunk in out[h..].chunks_mut(8) {
-        let w = g.next().to_le_bytes();
-        chunk.copy_from_slice(&w[..chunk.len()]);
-    }
+    // The bench's source pattern, seeded by all three.
+    let seed = thread.rotate_left(32) ^ n ^ len.rotate_left(17);
+    super::bench::fill(&mut out[h..], seed as usize);
 }
 
 /// Whether `got` is exactly the payload of `(thread, n)` of `len` bytes.

@@ -924,14 +924,21 @@ impl DaxCore {
 
     // ----- put -----
 
-    /// Store `data` under `key` with the caller's tag `meta`.
-    pub fn put(&self, key: Key, data: &[u8], meta: u32) -> Result<PutOutcome, PutError> {
-        if data.len() > self.slot_bytes {
+    /// `TooLarge` for a payload longer than a slot.
+    #[inline]
+    fn fits(&self, len: usize) -> Result<(), PutError> {
+        if len > self.slot_bytes {
             return Err(PutError::TooLarge {
-                len: data.len(),
+                len,
                 slot_bytes: self.slot_bytes,
             });
         }
+        Ok(())
+    }
+
+    /// Store `data` under `key` with the caller's tag `meta`.
+    pub fn put(&self, key: Key, data: &[u8], meta: u32) -> Result<PutOutcome, PutError> {
+        self.fits(data.len())?;
         self.session().ok_or(PutError::Closed)?.put(key, data, meta)
     }
 
@@ -1103,12 +1110,7 @@ impl DaxCore {
         meta: u32,
         writer: impl FnOnce(&SlotWriter<'_>) -> bool,
     ) -> Result<PutOutcome, PutError> {
-        if len > self.slot_bytes {
-            return Err(PutError::TooLarge {
-                len,
-                slot_bytes: self.slot_bytes,
-            });
-        }
+        self.fits(len)?;
         let g = self.arena.enter().map_err(|_| PutError::Closed)?;
         self.put_with(&g, key, len, meta, writer)
     }
@@ -1721,12 +1723,7 @@ impl Session<'_> {
     /// [`DaxCore::put`] under this session's guard.
     pub fn put(&self, key: Key, data: &[u8], meta: u32) -> Result<PutOutcome, PutError> {
         let c = self.core;
-        if data.len() > c.slot_bytes {
-            return Err(PutError::TooLarge {
-                len: data.len(),
-                slot_bytes: c.slot_bytes,
-            });
-        }
+        c.fits(data.len())?;
         c.put_with(&self.g, key, data.len(), meta, |w| w.write(0, data))
     }
 
@@ -1740,12 +1737,7 @@ impl Session<'_> {
         meta: u32,
     ) -> Result<PutOutcome, PutError> {
         let c = self.core;
-        if data.len() > c.slot_bytes {
-            return Err(PutError::TooLarge {
-                len: data.len(),
-                slot_bytes: c.slot_bytes,
-            });
-        }
+        c.fits(data.len())?;
         c.put_absent_with(&self.g, key, data.len(), meta, |w| w.write(0, data))
     }
 

@@ -113,7 +113,7 @@ impl Inner {
             let deleted = match wait_for {
                 Some(_) => None,
                 None => match d.core().try_session() {
-                    Ok(_held) => Some(d.core().delete(k, true)),
+                    Ok(held) => Some(held.delete(k, true)),
                     Err(TryEnterError::Closed) => Some(false),
                     Err(TryEnterError::Busy) => {
                         wait_for = Some(d.clone());
