@@ -661,6 +661,52 @@ fn client(
     Ok(())
 }
 
+/// The name of the signal that stopped a soak early, once one came.
+type SignalSeen = std::sync::Arc<std::sync::Mutex<Option<&'static str>>>;
+
+/// SIGINT / SIGTERM stop the soak early and orderly (its devices' files in
+/// /dev/shm are removed, every key is still checked): blocked here, before
+/// any thread starts, and taken by a thread of their own that raises the
+/// soak's stop flag; a second signal ends the process at once. The thread
+/// lives as long as the process (the soak's leak check counts it before
+/// and after).
+fn soak_signals() -> anyhow::Result<(std::sync::Arc<std::sync::atomic::AtomicBool>, SignalSeen)> {
+    daxkv::cli::serve::block_shutdown_signals().context("soak: blocking SIGINT/SIGTERM")?;
+    let interrupt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let signal = SignalSeen::default();
+    let (flag, seen) = (interrupt.clone(), signal.clone());
+    std::thread::Builder::new()
+        .name("daxkv-signals".into())
+        .spawn(move || loop {
+            let Ok(name) = daxkv::cli::serve::wait_for_shutdown_signal() else {
+                continue;
+            };
+            let mut seen = seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if seen.is_some() {
+                // A second one: the operator will not wait.
+                eprintln!("soak: {name} again: exiting now (device files may be left in /dev/shm)");
+                std::process::exit(
+                    128 + if name == "SIGINT" {
+                        libc::SIGINT
+                    } else {
+                        libc::SIGTERM
+                    },
+                );
+            }
+            eprintln!(
+                "soak: {name}: stopping early (checking every key, removing the devices; \
+                 again to exit at once)"
+            );
+            *seen = Some(name);
+            // ORDERING: Relaxed — a stop flag the soak polls.
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+        .context("soak: starting the signal thread")?;
+    Ok((interrupt, signal))
+}
+
 /// `daxkv soak`: run, print progress on stderr and the report on stdout.
 fn soak(cmd: Cmd) -> anyhow::Result<()> {
     let Cmd::Soak {
@@ -691,7 +737,9 @@ fn soak(cmd: Cmd) -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
     });
+    let (interrupt, signal) = soak_signals()?;
     let cfg = daxkv::cli::soak::SoakConfig {
+        interrupt: Some(interrupt),
         duration: std::time::Duration::from_secs(seconds),
         max_ops: max_ops.unwrap_or(u64::MAX),
         seed,
@@ -733,6 +781,15 @@ fn soak(cmd: Cmd) -> anyhow::Result<()> {
         report.stuck,
         report.control_errors.len()
     );
+    let signal = *signal
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(name) = signal {
+        println!(
+            "soak: stopped early by {name} after {} s of {seconds}",
+            report.ops_per_second.len()
+        );
+    }
     println!("{}", report.summary());
     if let Some(p) = json {
         std::fs::write(&p, report.json())
@@ -740,6 +797,17 @@ fn soak(cmd: Cmd) -> anyhow::Result<()> {
     }
     if !report.clean() {
         bail!("soak failed: {}", report.summary());
+    }
+    if let Some(name) = signal {
+        // Clean as far as it ran; a shell reports it as stopped by the
+        // signal (128 + its number).
+        std::process::exit(
+            128 + if name == "SIGINT" {
+                libc::SIGINT
+            } else {
+                libc::SIGTERM
+            },
+        );
     }
     Ok(())
 }

@@ -217,3 +217,91 @@ fn a_daxkv_thread_left_running_after_the_soak_is_a_leak() {
     starter.join().unwrap().join().unwrap();
     assert!(!r.leaked.is_empty() && !r.clean(), "{r:?}");
 }
+
+/// Ctrl-C (or a supervisor's SIGTERM) stops a long soak early and orderly:
+/// every key is still checked, the report is printed, the device files it
+/// made in /dev/shm are removed (a killed soak left gigabytes there), and
+/// it exits 128 + the signal's number.
+#[test]
+fn a_signal_stops_the_soak_early_checks_every_key_and_removes_its_files() {
+    use std::io::{BufRead, BufReader};
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let bin = env!("CARGO_BIN_EXE_daxkv");
+    for (sig, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
+        let mut child = std::process::Command::new(bin)
+            .args([
+                "soak",
+                "--seconds",
+                "600",
+                "--seed",
+                "11",
+                "--hotplug-every-ms",
+                "20",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run daxkv soak");
+        let tag = format!("daxkv-soak-{}-11-", child.id());
+        let files = || {
+            std::fs::read_dir("/dev/shm").map_or(0, |d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&tag))
+                    .count()
+            })
+        };
+        // Wait for its first progress line (10 s in): devices were added.
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            let n = err.read_line(&mut line).expect("read stderr");
+            assert!(n > 0, "soak ended before its first progress line: {seen}");
+            seen.push_str(&line);
+            if line.starts_with("soak: 10s ") {
+                break;
+            }
+        }
+        // Signal it while it holds an added device's file (what a killed
+        // soak left behind), so the check below can fail.
+        let t0 = std::time::Instant::now();
+        let mut during = files();
+        while during == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "no device file added"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+            during = files();
+        }
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        // SAFETY: signalling a child this test started and has not reaped.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0);
+        let rest = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut s);
+            s
+        });
+        let out = child.wait_with_output().expect("wait");
+        let stderr = rest.join().unwrap_or_default();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(128 + sig), "{stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("soak: stopped early by {name} after ")),
+            "{stdout}"
+        );
+        let last = stdout.lines().last().unwrap_or_default();
+        assert!(
+            last.ends_with("lost=0 corrupted=0 leaked=0"),
+            "{stdout}\n{stderr}"
+        );
+        assert_eq!(
+            files(),
+            0,
+            "{name}: files left in /dev/shm (there were {during})"
+        );
+    }
+}

@@ -1311,3 +1311,66 @@ def test_a_lookup_in_a_forked_child_raises(plugin):
     assert status_of(a)["locked_key_count"] == 0
     assert lookup(a, ks) == [True, True]
     a.submit_unlock(ks)
+
+
+def test_a_truncated_device_fails_alone_and_lmcache_hears_its_keys_deleted(made):
+    """A device file truncated under its mapping (what a device that goes
+    bad looks like: a SIGBUS in the copy) fails that device alone: its keys
+    read as misses and reach LMCache's listener as deleted, once; the other
+    device's keys load with their bytes; new stores go to it; status says
+    degraded and names the device; remove evicts it (docs/hotplug.md,
+    "Failed devices")."""
+    a_path, b_path = made.file(), made.file()
+    a = made.adapter(params("plugin", a_path, hotplug_enabled=True))
+    ev = Events()
+    a.register_listener(ev)
+    on_a = [key(700 + i) for i in range(6)]
+    data_a = [os.urandom(SLOT) for _ in on_a]
+    r = store(a, on_a, [obj(d) for d in data_a])
+    assert r.is_successful()
+    _call(a, "add", {"device_path": b_path, "size_bytes": SLOTS * SLOT})
+    # The least used device takes each new key: all of these go to b.
+    on_b = [key(800 + i) for i in range(4)]
+    data_b = [os.urandom(SLOT // 2) for _ in on_b]
+    assert store(a, on_b, [obj(d) for d in data_b]).is_successful()
+    live = {d["device_path"]: d["live_slot_count"] for d in a.reconfigure_status()["status"]["devices"]}
+    assert live == {a_path: 6, b_path: 4}
+
+    os.truncate(a_path, 0)
+    # LMCache looks up (the index is in DRAM: found), then loads: a miss.
+    assert lookup(a, on_a) == [True] * 6
+    assert load(a, on_a[:2], [obj(SLOT) for _ in range(2)]) == [False, False]
+    a.submit_unlock(on_a)
+
+    st = a.report_status()
+    assert st["degraded"] is True and st["is_healthy"] is True, st
+    # `failed_devices` indexes `devices`.
+    assert [st["devices"][i]["device_path"] for i in st["failed_devices"]] == [a_path], st
+    # The keys are deleted: the store controller's next pop tells LMCache.
+    a.pop_completed_store_tasks()
+    assert sorted(map(repr, ev.deleted)) == sorted(map(repr, on_a))
+    assert lookup(a, on_a) == [False] * 6
+    # b serves on: its bytes, new stores.
+    dsts = [obj(SLOT // 2) for _ in on_b]
+    assert load(a, on_b, dsts) == [True] * 4
+    assert [bytes(d.byte_array) for d in dsts] == data_b
+    a.submit_unlock(on_b)
+    again = [key(900 + i) for i in range(3)]
+    assert store(a, again, [obj(b"n" * 100) for _ in again]).is_successful()
+    devs = {d["device_path"]: d for d in a.reconfigure_status()["status"]["devices"]}
+    assert devs[a_path]["state"] == "failed" and devs[b_path]["live_slot_count"] == 7
+    # Re-adding it while failed is refused by its size (the file is empty)
+    # and, once its file is whole again, as failed (remove it first); remove
+    # evicts it (nothing more to tell: its keys were reported once).
+    code, body = _call(a, "add", {"device_path": a_path, "size_bytes": SLOTS * SLOT})
+    assert code == 400 and "file size 0" in body["error"], body
+    os.truncate(a_path, SLOTS * SLOT)
+    code, body = _call(a, "add", {"device_path": a_path, "size_bytes": SLOTS * SLOT})
+    assert code == 409, body
+    told = len(ev.deleted)
+    code, body = _call(a, "remove", {"device_path": a_path, "mode": "evict"})
+    assert code == 200 and body["state"] == "removed", body
+    a.pop_completed_store_tasks()
+    assert len(ev.deleted) == told
+    st = a.report_status()
+    assert st["is_healthy"] and not st["degraded"], st

@@ -87,6 +87,10 @@ pub struct SoakConfig {
     pub faults: bool,
     /// Milliseconds between two faults (at random up to twice this).
     pub fault_every_ms: u64,
+    /// Set (by `daxkv soak`'s SIGINT / SIGTERM thread) to stop early, as at
+    /// the end of `duration`: the threads stop, every key is checked, the
+    /// devices and their files are removed and the report covers what ran.
+    pub interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl Default for SoakConfig {
@@ -104,6 +108,7 @@ impl Default for SoakConfig {
             shm_dir: "/dev/shm".into(),
             faults: false,
             fault_every_ms: 300,
+            interrupt: None,
         }
     }
 }
@@ -1052,6 +1057,8 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
             // ORDERING: Relaxed — statistics.
             && counts.ops.load(Ordering::Relaxed) < cfg.max_ops
             && !workers.iter().any(std::thread::ScopedJoinHandle::is_finished)
+            // ORDERING: Relaxed — a stop flag polled every 50 ms.
+            && !cfg.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
         {
             std::thread::sleep(Duration::from_millis(50));
             if tick.elapsed() >= Duration::from_secs(1) {
