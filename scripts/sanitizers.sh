@@ -9,7 +9,7 @@
 #
 # Needs: rustup component add miri rust-src --toolchain nightly
 # (-Zsanitizer needs -Zbuild-std, which needs rust-src). Each sanitizer
-# builds into its own target folder (target/san-asan, target/san-tsan): the
+# builds into its own target folder (target/san-address, target/san-thread): the
 # first build takes 15–25 minutes on 2 vCPUs, a run 10–30.
 #
 # What runs: `cargo test -p daxkv --lib --tests` with the dev-dependency's
@@ -46,10 +46,15 @@ run_sanitizer() {
   printf '\n=== %s sanitizer (at %ds)\n' "$san" "$SECONDS"
   local flags="-Zsanitizer=$san"
   # ASan: leaks are reported too (LeakSanitizer); a test that leaks on
-  # purpose must say so in scripts/lsan.supp.
-  export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:abort_on_error=0"
+  # purpose must say so in scripts/lsan.supp. allocator_may_return_null:
+  # the code asks for impossible sizes with try_reserve and must get an
+  # error back (ASan aborts by default). handle_sigbus=0: daxkv's own
+  # SIGBUS handler recovers a fault in a device copy (device::fault) and
+  # must be the one that runs, as in production.
+  export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:abort_on_error=0:allocator_may_return_null=1:handle_sigbus=0"
   export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
-  export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp:halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0"
+  # TSan: handle_sigbus=0 for the same reason.
+  export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp:halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:handle_sigbus=0"
   DAXKV_SANITIZER="$san" RUSTFLAGS="$flags" RUSTDOCFLAGS="$flags" \
     CARGO_TARGET_DIR="target/san-$san" \
     cargo +nightly test -Zbuild-std --target "$target" -p daxkv --lib --tests "$@"

@@ -221,11 +221,16 @@ fn add_remove_cycles_leave_fds_and_rss_bounded() {
     }
     let grown = rss_bytes().saturating_sub(rss0);
     assert_eq!(fds_to("/memfd:"), memfds0, "memfd fds grew");
-    assert!(
-        grown < 64 << 20,
-        "RSS grew by {} MiB over {CYCLES} cycles",
-        grown >> 20
-    );
+    // Under AddressSanitizer freed memory sits in its quarantine (256 MiB)
+    // and its shadow grows with every mapping: RSS says nothing there (the
+    // fd count and ASan's own leak check do).
+    if std::env::var_os("DAXKV_SANITIZER").is_none() {
+        assert!(
+            grown < 64 << 20,
+            "RSS grew by {} MiB over {CYCLES} cycles",
+            grown >> 20
+        );
+    }
     assert_eq!(e.devices().len() as u64, CYCLES + 2, "tombstones listed");
     e.check_invariants().unwrap();
 }

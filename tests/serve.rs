@@ -767,10 +767,16 @@ fn a_config_that_is_a_device_or_a_stream_is_refused_unread() {
             .arg(cfg)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // A sanitizer's shadow memory needs terabytes of address space: the
+        // limit that bounds a server reading 64 GiB is left off there.
+        let limit_as = std::env::var_os("DAXKV_SANITIZER").is_none();
         // SAFETY: the closure runs in the forked child before exec and
         // calls setrlimit(2) only, which is async-signal-safe.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
+                if !limit_as {
+                    return Ok(());
+                }
                 let lim = libc::rlimit {
                     rlim_cur: 2 << 30,
                     rlim_max: 2 << 30,

@@ -293,6 +293,10 @@ impl PyDaxStore {
                 "device_path must be a non-empty string",
             ));
         }
+        // As the engine's config and hotplug refuse it: a path with control
+        // or invisible characters shows in logs as another path.
+        daxkv::engine::check_device_path(device_path)
+            .map_err(|why| PyValueError::new_err(format!("device_path {why}")))?;
         let source = if device_path == "memfd" {
             ArenaSource::Memfd
         } else {

@@ -442,3 +442,18 @@ def test_backend_store_open_errors_are_value_errors(dax_file: str) -> None:
     with pytest.raises(ValueError, match="exceeds device capacity") as e:
         DaxStore(dax_file, 16 * SLOT, SLOT)
     assert isinstance(e.value, RuntimeError)
+
+
+def test_backend_store_refuses_a_path_with_control_characters(dax_file: str) -> None:
+    """The non-MP store checks its path as the config and hotplug do: a
+    newline or bidirectional-formatting character (a path that prints as
+    another in the logs) is refused, naming the field, before anything is
+    opened."""
+    from daxkv._daxkv import DaxStore
+
+    with open(dax_file, "wb") as f:
+        f.truncate(8 * SLOT)
+    for bad in (dax_file + "\n", dax_file + "\u202e"):
+        with pytest.raises(ValueError, match="device_path must not contain control"):
+            DaxStore(bad, 8 * SLOT, SLOT)
+    DaxStore(dax_file, 8 * SLOT, SLOT).close()
