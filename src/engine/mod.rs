@@ -1100,6 +1100,14 @@ impl Engine {
             }
             drop(pools);
         }
+        // A store's record is freed once its result is taken *and* its
+        // completion entry popped; a waiter may take the result (its done
+        // id is published first) before the entry reaches the ring, and
+        // the next harvest frees it. No harvest comes after close: pop the
+        // last entries here, so that a closed engine holds no record whose
+        // result was collected (status's `task_records_in_use` is then the
+        // results nobody collected).
+        inner.harvest_stores(None);
         inner.pool.close_all();
         *closed = true;
     }

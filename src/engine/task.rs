@@ -253,7 +253,9 @@ impl TaskTable {
         self.free.claim_retries()
     }
 
-    /// Records holding a task in flight or a result not collected.
+    /// Records holding a task in flight or a result not collected, and
+    /// collected stores whose completion entry is not popped yet (freed by
+    /// the next harvest; `Engine::close` runs one).
     pub(super) fn in_use(&self) -> usize {
         self.free.in_use()
     }
