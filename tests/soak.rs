@@ -305,3 +305,47 @@ fn a_signal_stops_the_soak_early_checks_every_key_and_removes_its_files() {
         );
     }
 }
+
+/// The control thread keeps a few removed device files for re-adding and
+/// deletes older ones: a long soak's `/dev/shm` stays bounded (it kept
+/// every one, and 30 minutes filled the machine's memory with them).
+#[test]
+fn removed_device_files_do_not_pile_up() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = std::path::PathBuf::from(format!("/dev/shm/daxkv-soak-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let stop = AtomicBool::new(false);
+    let most = AtomicU64::new(0);
+    let cfg = SoakConfig {
+        duration: Duration::from_secs(8),
+        seed: 31,
+        hotplug_every_ms: 2,
+        device_bytes: 4 << 20,
+        shm_dir: dir.clone(),
+        ..SoakConfig::default()
+    };
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let n = std::fs::read_dir(&dir).map_or(0, Iterator::count) as u64;
+                most.fetch_max(n, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let r = run(&cfg, &mut |_| {});
+        stop.store(true, Ordering::Relaxed);
+        r
+    })
+    .expect("soak runs");
+    let left = std::fs::read_dir(&dir).map_or(0, Iterator::count);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(r.clean(), "{r:?}");
+    assert!(r.hotplug_ops > 100, "too little hotplug to tell: {r:?}");
+    // Open devices (the control thread keeps fewer than 5) + the re-add
+    // pool (8) + one being added.
+    let most = most.load(Ordering::Relaxed);
+    assert!(most <= 14, "{most} device files at once ({r:?})");
+    assert_eq!(left, 0, "files left after the soak");
+}

@@ -722,6 +722,14 @@ fn remove_failed(client: &Client, devs: &[Dev], out: &mut ControlCounts) -> bool
     true
 }
 
+/// How many removed paths the control thread keeps for re-adding. The
+/// files it made that neither a device (not a tombstone) nor this pool
+/// holds are deleted: a `/dev/shm` file holds the memory its device's
+/// stores touched, and keeping every removed one (and every one whose
+/// re-add was refused) filled the machine's memory over a long run (30
+/// minutes left ~20 GB there and slowed everything down).
+const READD_POOL: usize = 8;
+
 /// Drive hotplug until `stop`: one operation every `every` (at random up
 /// to twice that), chosen by `rng` among what the devices allow.
 #[allow(clippy::too_many_lines)] // one loop: look, choose an operation, send it, count the answer
@@ -734,6 +742,8 @@ fn control(
 ) {
     let tag = format!("daxkv-soak-{}-{}", std::process::id(), cfg.seed);
     let mut removed: Vec<String> = Vec::new();
+    // The device files this thread made that still exist.
+    let mut files: Vec<String> = Vec::new();
     let mut added = 0u64;
     let slot = cfg.slot_bytes as u64;
     // ORDERING: Relaxed — a stop flag polled between operations.
@@ -747,6 +757,17 @@ fn control(
                 continue;
             }
         };
+        // Files that no device and no re-add can use any more.
+        files.retain(|f| {
+            let keep = removed.contains(f)
+                || devs
+                    .iter()
+                    .any(|d| &d.path == f && d.state != "removed" && d.state != "closed");
+            if !keep {
+                let _ = std::fs::remove_file(f);
+            }
+            keep
+        });
         if remove_failed(client, &devs, out) {
             continue;
         }
@@ -779,7 +800,9 @@ fn control(
                 added += 1;
                 let p = cfg.shm_dir.join(format!("{tag}-{added}"));
                 out.made.push(p.clone());
-                p.to_string_lossy().into_owned()
+                let p = p.to_string_lossy().into_owned();
+                files.push(p.clone());
+                p
             };
             let create = !path.starts_with("memfd");
             let mut body = json!({"device_path": path, "size": size, "max_size": 2 * size});
@@ -800,7 +823,12 @@ fn control(
             // Traffic nearly always holds a lock somewhere: half the removes
             // are forced, or most would be refused.
             let force = rng.below(2) == 0;
-            removed.push(d.path.clone());
+            if !removed.contains(&d.path) {
+                removed.push(d.path.clone());
+            }
+            if removed.len() > READD_POOL {
+                removed.remove(0);
+            }
             (
                 "remove",
                 json!({"device_index": d.index, "mode": mode, "force": force}),
