@@ -661,6 +661,21 @@ fn client(
     Ok(())
 }
 
+/// Write a line to stderr, ignoring a closed pipe (the soak's reader may
+/// be gone: `daxkv soak | tee log` and a Ctrl-C that ended `tee` too).
+fn say_err(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// `println!` that ignores a closed stdout (see [`say_err`]).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// The name of the signal that stopped a soak early, once one came.
 type SignalSeen = std::sync::Arc<std::sync::Mutex<Option<&'static str>>>;
 
@@ -684,24 +699,30 @@ fn soak_signals() -> anyhow::Result<(std::sync::Arc<std::sync::atomic::AtomicBoo
             let mut seen = seen
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let code = 128
+                + if name == "SIGINT" {
+                    libc::SIGINT
+                } else {
+                    libc::SIGTERM
+                };
             if seen.is_some() {
                 // A second one: the operator will not wait.
-                eprintln!("soak: {name} again: exiting now (device files may be left in /dev/shm)");
-                std::process::exit(
-                    128 + if name == "SIGINT" {
-                        libc::SIGINT
-                    } else {
-                        libc::SIGTERM
-                    },
-                );
+                say_err(&format!(
+                    "soak: {name} again: exiting now (device files may be left in /dev/shm)"
+                ));
+                std::process::exit(code);
             }
-            eprintln!(
-                "soak: {name}: stopping early (checking every key, removing the devices; \
-                 again to exit at once)"
-            );
+            // The flag first, then the line: stderr may be a pipe whose
+            // reader the same Ctrl-C ended (`| tee`), and a failed write
+            // must not keep the soak from stopping.
             *seen = Some(name);
             // ORDERING: Relaxed — a stop flag the soak polls.
             flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            drop(seen);
+            say_err(&format!(
+                "soak: {name}: stopping early (checking every key, removing the devices; \
+                 again to exit at once)"
+            ));
         })
         .context("soak: starting the signal thread")?;
     Ok((interrupt, signal))
@@ -752,25 +773,25 @@ fn soak(cmd: Cmd) -> anyhow::Result<()> {
         faults,
         ..daxkv::cli::soak::SoakConfig::default()
     };
-    eprintln!(
+    say_err(&format!(
         "soak: seed={seed} seconds={seconds} threads={threads} hotplug={}",
         !no_hotplug
-    );
-    let report = daxkv::cli::soak::run(&cfg, &mut |line| eprintln!("{line}"))
+    ));
+    let report = daxkv::cli::soak::run(&cfg, &mut |line| say_err(line))
         .map_err(|e| anyhow::anyhow!("soak: {e}"))?;
     for f in &report.findings {
-        println!("soak: finding: {f}");
+        say!("soak: finding: {f}");
     }
     for e in &report.control_errors {
-        println!("soak: control error: {e}");
+        say!("soak: control error: {e}");
     }
     for l in &report.leaked {
-        println!("soak: leaked: {l}");
+        say!("soak: leaked: {l}");
     }
     if let Some((first, last, ratio)) = report.held((report.ops_per_second.len() / 2).min(300)) {
-        println!("soak: ops/s held: first {first}/s, last {last}/s ({ratio:.2}x)");
+        say!("soak: ops/s held: first {first}/s, last {last}/s ({ratio:.2}x)");
     }
-    println!(
+    say!(
         "soak: acknowledged={} reported_gone={} reported_twice={} reported_but_held={} transient_misses={} hotplug_refused={} stuck={} control_errors={}",
         report.keys_acknowledged,
         report.reported_gone,
@@ -785,12 +806,12 @@ fn soak(cmd: Cmd) -> anyhow::Result<()> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(name) = signal {
-        println!(
+        say!(
             "soak: stopped early by {name} after {} s of {seconds}",
             report.ops_per_second.len()
         );
     }
-    println!("{}", report.summary());
+    say!("{}", report.summary());
     if let Some(p) = json {
         std::fs::write(&p, report.json())
             .with_context(|| format!("--json {}: writing", p.display()))?;

@@ -349,3 +349,119 @@ fn removed_device_files_do_not_pile_up() {
     assert!(most <= 14, "{most} device files at once ({r:?})");
     assert_eq!(left, 0, "files left after the soak");
 }
+
+/// `daxkv soak 2>&1 | tee soak.log`, then Ctrl-C: the terminal's SIGINT
+/// ends `tee` too, and the soak's stderr becomes a pipe with no reader. It
+/// must still stop early and orderly (a review found its signal thread
+/// panicking in `eprintln!` before it raised the stop flag, with SIGINT
+/// and SIGTERM blocked everywhere: only SIGKILL ended it, and its device
+/// files stayed in /dev/shm).
+#[test]
+fn a_signal_after_stderr_lost_its_reader_still_stops_the_soak() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let bin = env!("CARGO_BIN_EXE_daxkv");
+    let seed = "9317";
+    let child = Command::new(bin)
+        .args([
+            "soak",
+            "--seconds",
+            "600",
+            "--seed",
+            seed,
+            "--hotplug-every-ms",
+            "20",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Killed and reaped whatever happens below.
+    let mut child = Reaped(child);
+    let pid = libc::pid_t::try_from(child.0.id()).unwrap();
+    let tag = format!("daxkv-soak-{pid}-{seed}-");
+    let files = || -> Vec<String> {
+        std::fs::read_dir("/dev/shm").map_or_else(
+            |_| Vec::new(),
+            |d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&tag))
+                    .collect()
+            },
+        )
+    };
+    // The first line ("soak: seed=…") is read, as tee would.
+    let mut err = BufReader::new(child.0.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    assert!(first.starts_with("soak: seed="), "{first}");
+    // Running, with a device file of its own in /dev/shm.
+    let t0 = Instant::now();
+    while files().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no device file");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Ctrl-C: tee is gone first (its end of the pipe closes), then the
+    // soak gets SIGINT.
+    drop(err);
+    // SAFETY: our own unreaped child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let t1 = Instant::now();
+    let mut status = None;
+    while t1.elapsed() < Duration::from_secs(25) {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A second SIGINT ("exits at once") and a SIGTERM, for good measure.
+    if status.is_none() {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t2 = Instant::now();
+        while t2.elapsed() < Duration::from_secs(5) {
+            if let Some(s) = child.0.try_wait().unwrap() {
+                status = Some(s);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+    if status.is_none() {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = child.0.wait();
+    }
+    let left = files();
+    for f in &left {
+        let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+    }
+    assert!(
+        status.is_some(),
+        "soak still running {:?} after SIGINT, SIGINT, SIGTERM ({threads} threads); \
+         {} device files left in /dev/shm after SIGKILL",
+        t1.elapsed(),
+        left.len()
+    );
+    assert!(left.is_empty(), "device files left: {left:?}");
+    assert_eq!(status.and_then(|s| s.code()), Some(128 + libc::SIGINT));
+}
+
+/// A child process killed (if still running) and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

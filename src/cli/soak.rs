@@ -722,6 +722,16 @@ fn remove_failed(client: &Client, devs: &[Dev], out: &mut ControlCounts) -> bool
     true
 }
 
+/// Raises a stop flag when dropped (by an unwinding panic too).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        // ORDERING: Relaxed — a stop flag the threads poll.
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// How many removed paths the control thread keeps for re-adding. The
 /// files it made that neither a device (not a tombstone) nor this pool
 /// holds are deleted: a `/dev/shm` file holds the memory its device's
@@ -1039,6 +1049,9 @@ pub fn run(cfg: &SoakConfig, progress: &mut dyn FnMut(&str)) -> Result<SoakRepor
     #[cfg_attr(not(feature = "failpoints"), allow(unused_mut))]
     let mut faults_injected = 0;
     let (lost, transient) = std::thread::scope(|s| {
+        // A panic on this thread (a progress line to a closed pipe, say)
+        // must stop the threads, or the scope would join them for ever.
+        let _stop_on_unwind = StopOnDrop(&stop);
         let mut workers = Vec::new();
         for t in 0..cfg.threads as u64 {
             let sub = engine.submitter().map_err(|e| e.to_string())?;

@@ -39,6 +39,12 @@ impl Engine {
     }
 }
 
+/// Remap waits `evict_failed` spends on one key before it skips it.
+const KEY_WAITS: usize = 8;
+/// Remap waits one `evict_failed` walk spends in all; past them each busy
+/// key gets one try.
+const TOTAL_WAITS: usize = 4 * super::pool::STORE_ROUNDS_MAX;
+
 impl Inner {
     /// [`Engine::report_failed_devices`] (also run by an idle worker).
     pub(super) fn report_failed_devices(&self) -> usize {
@@ -83,6 +89,7 @@ impl Inner {
         let mut i = 0;
         let mut rounds = 0usize;
         let mut skipped = 0usize;
+        let mut total = 0usize;
         while i < keys.len() {
             let k = keys[i];
             let claim = self.pool.claims.claim(k);
@@ -127,11 +134,14 @@ impl Inner {
                 if let Some(w) = wait_for {
                     drop(w.core().session());
                 }
-                // The budget is this key's: a key that waited its whole
-                // budget (remaps back to back) must not use up the next
-                // keys' waits, or every later key would get one try.
+                // Each key has its own budget (a key that waited through
+                // remaps back to back must not use up the next keys'
+                // waits: every later key would get one try), and the walk
+                // a total one (it runs on the caller of a health check or
+                // a status: it must end in bounded time).
                 rounds += 1;
-                if rounds >= super::pool::STORE_ROUNDS_MAX {
+                total += 1;
+                if rounds >= KEY_WAITS || total >= TOTAL_WAITS {
                     skipped += 1;
                     rounds = 0;
                     i += 1;

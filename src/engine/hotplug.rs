@@ -307,15 +307,24 @@ pub struct ResizeReport {
 
 /// Characters a device path may not hold: controls, Unicode's format
 /// characters that reorder or hide text (bidirectional embeddings,
-/// overrides, isolates and marks; zero-width spaces and joiners; the BOM)
-/// and its line and paragraph separators. A path is written to the log,
+/// overrides, isolates and marks; zero-width spaces and joiners; the BOM;
+/// the soft hyphen, the Mongolian and interlinear-annotation marks, the
+/// tag block), the characters that print as nothing (the combining
+/// grapheme joiner, the Hangul and Khmer fillers, variation selectors) and
+/// the line and paragraph separators. A path is written to the log,
 /// `daxkv status` and `/metrics` labels: these would forge lines, garble a
-/// terminal or make two names look alike.
+/// terminal or make two names look alike (`/dev/shm/kv\u{AD}0` prints as
+/// `/dev/shm/kv0`).
 fn is_hidden_or_control(c: char) -> bool {
     c.is_control()
         || matches!(c,
-            '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
-            | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+            '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}'
+            | '\u{17B4}' | '\u{17B5}' | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}' | '\u{FFA0}' | '\u{FFF0}'..='\u{FFFB}'
+            | '\u{1BCA0}'..='\u{1BCA3}' | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}')
 }
 
 /// Refuse a device path holding a character of `is_hidden_or_control`'s

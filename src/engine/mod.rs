@@ -1104,10 +1104,11 @@ impl Engine {
         // completion entry popped; a waiter may take the result (its done
         // id is published first) before the entry reaches the ring, and
         // the next harvest frees it. No harvest comes after close: pop the
-        // last entries here, so that a closed engine holds no record whose
-        // result was collected (status's `task_records_in_use` is then the
-        // results nobody collected).
-        inner.harvest_stores(None);
+        // last entries here (waiting for a collector inside its own
+        // harvest), so that a closed engine holds no record whose result
+        // was collected (status's `task_records_in_use` is then the results
+        // nobody collected).
+        inner.harvest_stores_waiting();
         inner.pool.close_all();
         *closed = true;
     }
