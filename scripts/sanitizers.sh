@@ -53,8 +53,8 @@ run_sanitizer() {
   # must be the one that runs, as in production.
   export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:abort_on_error=0:allocator_may_return_null=1:handle_sigbus=0"
   export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
-  # TSan: handle_sigbus=0 for the same reason.
-  export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp:halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:handle_sigbus=0"
+  # TSan: handle_sigbus=0 and allocator_may_return_null for the same reasons.
+  export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp:halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:handle_sigbus=0:allocator_may_return_null=1"
   DAXKV_SANITIZER="$san" RUSTFLAGS="$flags" RUSTDOCFLAGS="$flags" \
     CARGO_TARGET_DIR="target/san-$san" \
     cargo +nightly test -Zbuild-std --target "$target" -p daxkv --lib --tests "$@"
