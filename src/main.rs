@@ -676,6 +676,15 @@ macro_rules! say {
     }};
 }
 
+/// A shell's exit status for a process stopped by SIGINT or SIGTERM.
+fn signal_exit_code(name: &str) -> i32 {
+    128 + if name == "SIGINT" {
+        libc::SIGINT
+    } else {
+        libc::SIGTERM
+    }
+}
+
 /// The name of the signal that stopped a soak early, once one came.
 type SignalSeen = std::sync::Arc<std::sync::Mutex<Option<&'static str>>>;
 
@@ -699,12 +708,7 @@ fn soak_signals() -> anyhow::Result<(std::sync::Arc<std::sync::atomic::AtomicBoo
             let mut seen = seen
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let code = 128
-                + if name == "SIGINT" {
-                    libc::SIGINT
-                } else {
-                    libc::SIGTERM
-                };
+            let code = signal_exit_code(name);
             if seen.is_some() {
                 // A second one: the operator will not wait.
                 say_err(&format!(
@@ -822,13 +826,7 @@ fn soak(cmd: Cmd) -> anyhow::Result<()> {
     if let Some(name) = signal {
         // Clean as far as it ran; a shell reports it as stopped by the
         // signal (128 + its number).
-        std::process::exit(
-            128 + if name == "SIGINT" {
-                libc::SIGINT
-            } else {
-                libc::SIGTERM
-            },
-        );
+        std::process::exit(signal_exit_code(name));
     }
     Ok(())
 }
