@@ -31,7 +31,14 @@ fn fd_is_open(fd: RawFd) -> bool {
 }
 
 fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
+    // The kernel's count (`Threads:`), not a walk of /proc/self/task,
+    // which can skip live threads while others exit.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
 }
 
 /// docs/lmcache-dax-behavior.md §8.1 item 17: close blocks until in-flight work

@@ -26,23 +26,21 @@ fn memfd_dev() -> DeviceSpec {
     }
 }
 
-/// Every thread of this process: tid -> (name, `Cpus_allowed_list`).
-fn threads() -> BTreeMap<i32, (String, String)> {
-    std::fs::read_dir("/proc/self/task")
+/// One thread of this process as the kernel reports it: (name,
+/// `Cpus_allowed_list`). Read by tid, never by walking `/proc/self/task`:
+/// that walk resumes by index and can skip live threads while other
+/// tests' threads exit.
+fn thread(tid: i32) -> (String, String) {
+    let dir = format!("/proc/self/task/{tid}");
+    let comm = std::fs::read_to_string(format!("{dir}/comm")).unwrap();
+    let status = std::fs::read_to_string(format!("{dir}/status")).unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
         .unwrap()
-        .filter_map(Result::ok)
-        .filter_map(|t| {
-            let tid = t.file_name().to_str()?.parse().ok()?;
-            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-            let allowed = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
-                .trim()
-                .to_string();
-            Some((tid, (comm.trim().to_string(), allowed)))
-        })
-        .collect()
+        .trim()
+        .to_string();
+    (comm.trim().to_string(), allowed)
 }
 
 /// Open an engine from a thread pinned to `opener_cpu` alone; returns it
@@ -51,7 +49,6 @@ fn open_from_pinned_thread(
     opener_cpu: usize,
     opts: EngineOptions,
 ) -> (Engine, BTreeMap<String, String>) {
-    let before = threads();
     let e = std::thread::spawn(move || {
         // SAFETY: cpu_set_t is plain data (all-zero is the empty set);
         // CPU_SET sets one bit below CPU_SETSIZE; the call only reads it.
@@ -65,16 +62,21 @@ fn open_from_pinned_thread(
         }
         // SAFETY: gettid takes no arguments.
         let tid = unsafe { libc::gettid() };
-        let me = threads()[&tid].clone();
+        let me = thread(tid);
         assert_eq!(me.1, opener_cpu.to_string(), "the opener is narrowed");
         Engine::open(vec![memfd_dev()], SLOT, false, opts).unwrap()
     })
     .join()
     .unwrap();
-    let workers = threads()
-        .into_iter()
-        .filter(|(tid, (name, _))| name.starts_with("daxkv-") && !before.contains_key(tid))
-        .map(|(_, (name, allowed))| (name, allowed))
+    // The workers' own tids; their names and masks as the kernel has them.
+    let workers = e
+        .worker_placement()
+        .iter()
+        .map(|w| {
+            let (name, allowed) = thread(w.tid);
+            assert_eq!(name, w.name, "tid {} is this worker", w.tid);
+            (name, allowed)
+        })
         .collect();
     (e, workers)
 }

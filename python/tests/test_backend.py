@@ -520,14 +520,27 @@ def dax_threads() -> int:
     """Live threads named ``dax-*`` (upstream's and our Python pools, and
     the Rust workers, whose OS names /proc shows)."""
     py = sum(1 for t in threading.enumerate() if t.name.startswith("dax-"))
-    native = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                native += f.read().startswith("dax-")
-        except OSError:
-            pass
-    return py + native
+
+    def walk() -> frozenset[str]:
+        tids = set()
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().startswith("dax-"):
+                        tids.add(tid)
+            except OSError:
+                pass
+        return frozenset(tids)
+
+    # The kernel resumes a /proc/self/task walk by index, so a walk can skip
+    # live threads while others exit: take two walks that agree.
+    last = walk()
+    for _ in range(20):
+        now = walk()
+        if now == last:
+            break
+        last = now
+    return py + len(last)
 
 
 def resources(path: str) -> tuple[int, int, int]:
