@@ -276,9 +276,8 @@ fn closing_err() -> PyErr {
 /// `format(n, "08x")` for `width` 8, `"x"` for 0), negative values as
 /// Python writes them (`-` then the padded magnitude).
 fn push_hex(out: &mut String, v: &Bound<'_, PyAny>, width: usize) -> PyResult<()> {
-    use std::fmt::Write;
     if let Ok(n) = v.extract::<u64>() {
-        let _ = write!(out, "{n:0width$x}");
+        push_hex_u64(out, n, width);
         return Ok(());
     }
     // Negative or past u64: let Python format it, exactly as LMCache's
@@ -297,6 +296,21 @@ fn push_hex(out: &mut String, v: &Bound<'_, PyAny>, width: usize) -> PyResult<()
     Ok(())
 }
 
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// `format!("{n:0width$x}")` appended to `out`, without `core::fmt` (two
+/// of these run per key on every submit; `fmt` was most of the key's
+/// conversion).
+fn push_hex_u64(out: &mut String, n: u64, width: usize) {
+    let digits = (64 - n.leading_zeros() as usize).div_ceil(4).max(1);
+    for _ in digits..width {
+        out.push('0');
+    }
+    for i in (0..digits).rev() {
+        out.push(char::from(HEX[((n >> (4 * i)) & 15) as usize]));
+    }
+}
+
 /// The wire string of an `ObjectKey` (module doc), into `out`.
 fn wire_string(out: &mut String, k: &Bound<'_, PyAny>) -> PyResult<()> {
     // Interned names: a `&str` name would build a new Python string per
@@ -312,7 +326,7 @@ fn wire_string(out: &mut String, k: &Bound<'_, PyAny>) -> PyResult<()> {
     out.push('@');
     let hash = k.getattr(pyo3::intern!(py, "chunk_hash"))?;
     if let Ok(b) = hash.downcast::<PyBytes>() {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
+        out.reserve(2 * b.as_bytes().len());
         for &byte in b.as_bytes() {
             out.push(char::from(HEX[usize::from(byte >> 4)]));
             out.push(char::from(HEX[usize::from(byte & 15)]));
@@ -1003,16 +1017,7 @@ impl DaxL2Core {
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;
         Ok(crate::gil::release(py, || {
-            let mut left = self.engine.delete(&ks);
-            ks.iter()
-                .map(|k| match left.iter().position(|d| d == k) {
-                    Some(p) => {
-                        left.swap_remove(p);
-                        true
-                    }
-                    None => false,
-                })
-                .collect()
+            crate::deleted_bits(&ks, self.engine.delete(&ks))
         }))
     }
 

@@ -14,8 +14,19 @@
 //! three plus one eventfd of our own (for futures completed on the caller
 //! thread: exists, delete, refusals). An epoll fd is readable while any
 //! watched fd is, so `select.poll` on it works; `drain_completions` reads
-//! all four eventfds to zero *before* collecting, so a completion published
+//! the readable ones to zero *before* collecting, so a completion published
 //! after the collection signals again and is never lost.
+//!
+//! A syscall costs about a microsecond on a VM and a lookup of 16 keys a
+//! few, so the fds are touched as little as correctness allows: one
+//! `epoll_wait` (timeout 0) says which of the four are readable and only
+//! those are read (a lookup's drain: two syscalls, where it was four),
+//! and a future completed here writes our eventfd only if it is not
+//! written and unread already (`State::own_signalled`). Both happen under
+//! the state's mutex, in the same critical section as the completion's
+//! push and the collection, so the flag is true exactly while our
+//! eventfd's count is non-zero: a completion either finds it written (a
+//! drain still to come collects it) or writes it.
 //!
 //! ## Buffers
 //!
@@ -251,6 +262,10 @@ struct State {
     /// The memory of the tasks in flight: a submit whose buffers would
     /// alias one in flight is refused (`daxkv::plumbing::busy`).
     busy: Busy,
+    /// Our own eventfd was written and not read since: a completion made
+    /// here writes it only when this is false (module doc, "The one fd").
+    /// Changed only under this state's mutex, as is the fd's count.
+    own_signalled: bool,
 }
 
 impl State {
@@ -290,9 +305,12 @@ pub struct DaxConnector {
     epoll: Mutex<Option<OwnedFd>>,
     /// Our own eventfd, for futures completed on the caller thread.
     efd: Mutex<Option<OwnedFd>>,
-    /// The engine's three completion fds (owned by the engine), read to
-    /// zero by `drain_completions`.
-    engine_fds: [RawFd; 3],
+    /// The numbers of `epoll` and `efd`, for `drain_completions`, which
+    /// uses them (and the engine's three fds in the epoll set) only while
+    /// the state holds the engine: `close` takes the engine out, under the
+    /// state's mutex, before any of them is closed.
+    epoll_fd: RawFd,
+    own_fd: RawFd,
     /// The `l2_name` label of `metrics_text` and the control plane.
     l2_name: String,
     /// The control plane, when `adapter_params` asked for one.
@@ -308,6 +326,34 @@ pub struct DaxConnector {
 
 fn closed() -> PyErr {
     PyRuntimeError::new_err("daxkv: connector is closed")
+}
+
+/// The fds (their `epoll_event` data) of the epoll set `epfd` that are
+/// readable now (`epoll_wait`, timeout 0); none when the call fails.
+fn readable(epfd: RawFd) -> [Option<RawFd>; 4] {
+    // SAFETY: `epoll_event` is plain old data; all-zero is valid.
+    let mut evs: [libc::epoll_event; 4] = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most 4 events into `evs`. The caller
+    // holds the connector's state with its engine, so `epfd` is open and
+    // ours (`drain_completions`).
+    let n = unsafe { libc::epoll_wait(epfd, evs.as_mut_ptr(), 4, 0) };
+    let mut out = [None; 4];
+    for (o, ev) in out.iter_mut().zip(&evs[..usize::try_from(n).unwrap_or(0)]) {
+        // Copied out of the packed struct before use.
+        let data = ev.u64;
+        *o = RawFd::try_from(data).ok();
+    }
+    out
+}
+
+/// Per key of a delete's input, whether it was deleted: `deleted` holds
+/// each deleted key once, so a key listed twice reads `true` at its first
+/// place only. A set, not a scan of `deleted` per key: LMCache's eviction
+/// deletes thousands of keys in one call (a scan per key cost 4096² key
+/// compares there).
+pub(crate) fn deleted_bits(keys: &[Key], deleted: Vec<Key>) -> Vec<bool> {
+    let mut left: std::collections::HashSet<Key> = deleted.into_iter().collect();
+    keys.iter().map(|k| left.remove(k)).collect()
 }
 
 /// Read an eventfd (or any non-blocking fd) to zero; errors ignored.
@@ -612,7 +658,12 @@ impl DaxConnector {
     fn complete_now(&self, st: &mut State, c: Completion) -> u64 {
         let fid = c.0;
         st.ready.push(c);
-        self.signal();
+        // Written and unread: the drain that reads it collects this too
+        // (module doc, "The one fd").
+        if !st.own_signalled {
+            self.signal();
+            st.own_signalled = true;
+        }
         fid
     }
 
@@ -737,13 +788,15 @@ impl DaxConnector {
                 ready: Vec::new(),
                 release: Vec::new(),
                 busy: Busy::new(slot_bytes),
+                own_signalled: false,
             }),
             next: AtomicU64::new(1),
             closing: Mutex::new(()),
             owner: crate::fork::Owner::here(),
+            epoll_fd: epoll.as_raw_fd(),
+            own_fd: efd.as_raw_fd(),
             epoll: Mutex::new(Some(epoll)),
             efd: Mutex::new(Some(efd)),
-            engine_fds,
         })
     }
 
@@ -953,19 +1006,7 @@ impl DaxConnector {
         let fid = self.fid();
         crate::gil::release(py, move || {
             let engine = self.lock().engine.clone().ok_or_else(closed)?;
-            let deleted = engine.delete(&keys);
-            let mut left: Vec<Key> = deleted;
-            let bits: Vec<bool> = keys
-                .iter()
-                .map(|k| {
-                    if let Some(p) = left.iter().position(|d| d == k) {
-                        left.swap_remove(p);
-                        true
-                    } else {
-                        false
-                    }
-                })
-                .collect();
+            let bits = deleted_bits(&keys, engine.delete(&keys));
             let mut st = self.lock();
             Ok(self.complete_now(&mut st, (fid, true, String::new(), Some(bits))))
         })
@@ -978,20 +1019,24 @@ impl DaxConnector {
         self.owner.check("DaxConnector")?;
         let (out, release) = crate::gil::release(py, || {
             // Reset first, then collect: a completion published after the
-            // collection signals again.
-            if let Some(fd) = self
-                .efd
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .as_ref()
-            {
-                reset_fd(fd.as_raw_fd());
-            }
+            // collection signals again. Only the readable fds are read
+            // (module doc, "The one fd"). While the state holds the engine,
+            // `close` has not begun closing any of these fds: it takes the
+            // engine out first, under this mutex.
             let mut st = self.lock();
             if st.engine.is_some() {
-                for &fd in &self.engine_fds {
+                let own = self.own_fd;
+                let ready = readable(self.epoll_fd);
+                for fd in ready.iter().flatten().copied() {
                     reset_fd(fd);
                 }
+                // Read with the others when readable; the flag follows
+                // the count (it is never true with the count at zero, but
+                // a failed `epoll_wait` reads nothing: read ours anyway).
+                if st.own_signalled && !ready.iter().flatten().any(|&fd| fd == own) {
+                    reset_fd(own);
+                }
+                st.own_signalled = false;
             }
             Self::collect(&mut st);
             (

@@ -163,6 +163,58 @@ def test_bridge_driver_two_threads_submitting_at_once(make_connector):
     assert not drv.pending
 
 
+def test_futures_completed_here_never_lose_their_wake(make_connector):
+    """Exists and delete complete on the caller and write the connector's
+    own eventfd only when it is not written and unread already; a drain
+    reads only the fds `epoll_wait` reports. A slip in that bookkeeping (a
+    count read to zero with the flag left set) loses every later wake of
+    an exists-only workload: the bridge's poll then never fires. Two
+    submitting threads, the bridge's demux thread draining between and
+    during their submits, 5 s to see each future."""
+    drv = BridgeDriver(make_connector())
+    data = payload(7, SLOT)
+    ok, err, _ = drv.wait(drv.submit("set", ["here"], [memoryview(data)]))
+    assert ok, err
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for r in range(400):
+                fids = [drv.submit("exists", ["here", f"none{t}@{r}"]) for _ in range(1 + r % 3)]
+                for fid in fids:
+                    ok, err, bits = drv.wait(fid, timeout=5.0)
+                    assert ok and bits == [True, False], (ok, err, bits)
+                if r % 50 == 0:
+                    _, _, bits = drv.wait(drv.submit("delete", [f"none{t}@{r}"]), timeout=5.0)
+                    assert bits == [False]
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    drv.close()
+    assert not errors, errors
+    assert not drv.pending
+
+
+def test_delete_answers_each_key_once(make_connector):
+    """A key listed twice reads True at its first place only; an unknown
+    key False."""
+    drv = BridgeDriver(make_connector())
+    keys = [f"d{i}" for i in range(3)]
+    data = [payload(i, SLOT) for i in range(3)]
+    ok, err, _ = drv.wait(drv.submit("set", keys, [memoryview(d) for d in data]))
+    assert ok, err
+    _, _, bits = drv.wait(drv.submit("delete", ["d0", "d0", "d1", "nope", "d2", "d1"]))
+    assert bits == [True, False, True, False, True, False]
+    _, _, bits = drv.wait(drv.submit("exists", keys))
+    assert bits == [False] * 3
+    drv.close()
+
+
 def test_bad_input(make_connector):
     c = make_connector()
     with pytest.raises(ValueError, match="2 keys but 1 buffers"):

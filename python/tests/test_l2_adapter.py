@@ -586,6 +586,22 @@ def plugin(made):
     return make
 
 
+def test_delete_answers_each_key_once_and_scales(plugin):
+    """The core's delete says per key whether it was deleted: a key listed
+    twice reads True at its first place only, an unknown key False, and a
+    delete of thousands of keys (LMCache's eviction batch) answers each
+    (it once scanned the deleted list per key: 4096² compares)."""
+    a = plugin(slot_bytes=4096, max_dax_size_gb=16 / 1024)
+    ks = [key(i) for i in range(3000)]
+    data = b"y" * 4096
+    for i in range(0, len(ks), 500):
+        assert store(a, ks[i:i + 500], [obj(data) for _ in ks[i:i + 500]]) == 500 * 4096
+    assert a._core.delete([ks[0], ks[0], ks[1], key(99999)]) == [True, False, True, False]
+    got = a._core.delete(ks[::-1])
+    assert got == [i > 1 for i in range(len(ks))][::-1]
+    assert a.get_usage().total_bytes_used == 0
+
+
 def test_key_wire_format_is_the_native_connectors():
     """An ObjectKey names the same engine entry on the plugin and the
     native_plugin paths: the same wire string is digested."""
@@ -595,6 +611,9 @@ def test_key_wire_format_is_the_native_connectors():
                   object_group_id=300, cache_salt="user-1"),
         ObjectKey(chunk_hash=b"", model_name="", kv_rank=1 << 40, object_group_id=0),
     ]
+    # The hex of every digit count, padded (kv_rank, 8) and not (group).
+    for v in [0, 1, 0xF, 0x10, 0xFF, 0x1234567, 0xFFFFFFFF, 1 << 32, 0x123456789ABCDEF0, (1 << 64) - 1]:
+        ks.append(ObjectKey(chunk_hash=b"\xab", model_name="m", kv_rank=v, object_group_id=v))
     for k in ks:
         assert DaxL2Core.key_string(k) == _object_key_to_string(k)
 
