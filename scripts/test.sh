@@ -60,10 +60,10 @@ step "criterion benches, one pass each"
 cargo test --bench '*'
 
 if [ "${DAXKV_SKIP_LOOM:-0}" != 1 ]; then
-  step "loom (slot word + bitmap, core index/slot protocols, ring, task-table mailbox, record set + completion ring, key claims)"
+  step "loom (slot word + bitmap, core index/slot protocols and leases, ring, task-table mailbox, record set + completion ring, key claims, gate leases)"
   RUSTFLAGS="--cfg daxkv_loom" CARGO_TARGET_DIR="$out/loom" cargo test --release \
     --test loom_slot --test loom_core --test loom_ring --test loom_cell \
-    --test loom_task_table --test loom_claims
+    --test loom_task_table --test loom_claims --test loom_gate
 fi
 
 if [ "${DAXKV_SKIP_PYTHON:-0}" != 1 ]; then

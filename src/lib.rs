@@ -71,9 +71,11 @@ pub use crate::device::arena::{ArenaSource, ArenaSpec};
 #[cfg(feature = "failpoints")]
 pub use crate::device::core::StallPoint;
 pub use crate::device::core::{
-    CoreConfig, CoreStatus, DaxCore, PutFromPtrResult, PutOutcome, ReadSet, Reservation, SlotWriter,
+    CoreConfig, CoreStatus, DaxCore, LeasedStore, PutFromPtrResult, PutOutcome, ReadLease, ReadSet,
+    Reservation, SlotWriter, StoreLease,
 };
 pub use crate::device::error::{CoreError, OpenError, PutError};
+pub use crate::device::lease::{LeaseError, LEASES_MAX};
 pub use crate::device::slot::{Generation, SlotId};
 pub use crate::engine::{Answer, Engine, Submitter, TaskId};
 pub use crate::key::Key;

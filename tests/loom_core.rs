@@ -117,3 +117,42 @@ fn forced_delete_races_failing_writer_and_reput() {
         settle_and_check(&c, k, 0);
     });
 }
+
+/// A store lease racing a plain put of its key (`device::lease`): the put
+/// never succeeds on the key while the lease is open. It answers `Stored`
+/// before the lease (which then finds the key present), `Leased` while it
+/// is open, `AlreadyPresent` only once it committed. Fails with `present`
+/// answering `AlreadyPresent` for a leased key (checked: the put's
+/// `AlreadyPresent` then comes with the key not readable).
+#[test]
+fn a_put_never_succeeds_on_a_key_under_an_open_store_lease() {
+    use daxkv::{LeaseError, LeasedStore};
+    model(|| {
+        let c = Arc::new(core(4));
+        let k = home0(5);
+        let c2 = c.clone();
+        let leaser = thread::spawn(move || match c2.lease_store(k, 16, 0) {
+            Ok(LeasedStore::Leased(l)) => {
+                l.commit().unwrap();
+                true
+            }
+            Ok(LeasedStore::AlreadyPresent) => false,
+            Err(e @ (LeaseError::Full | LeaseError::Busy)) => panic!("{e}"),
+            Err(e) => panic!("{e}"),
+        });
+        let put = c.put(k, b"plain", 0);
+        let readable_after = c.exists(k, false);
+        let leased = leaser.join().unwrap();
+        match put {
+            Ok(PutOutcome::Stored) => assert!(!leased, "both stored the key"),
+            Ok(PutOutcome::AlreadyPresent) => {
+                assert!(leased);
+                assert!(readable_after, "a put succeeded on a key not yet committed");
+            }
+            Err(PutError::Leased) => assert!(leased),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(c.exists(k, false));
+        c.check_invariants().unwrap();
+    });
+}

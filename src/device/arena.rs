@@ -90,9 +90,7 @@ use crate::host::devdax::{self, DEFAULT_DEVDAX_ALIGN_BYTES};
 use crate::host::memlimit::{self, MemRoots};
 use crate::host::sys;
 
-const COUNT_MASK: u64 = (1 << 48) - 1;
-const EXCLUSIVE: u64 = 1 << 62;
-const CLOSED: u64 = 1 << 63;
+use crate::device::gate::{Gate, Refused, CLOSED, COUNT_MASK, EXCLUSIVE};
 
 /// Distinct arenas one thread can hold guards on and still re-enter while
 /// a remap is pending (module doc, "Nested guards").
@@ -364,7 +362,8 @@ pub struct Arena {
     mapped: UnsafeCell<Mapped>,
     /// Process-unique id for the nested-guard record (module doc).
     id: u64,
-    gate: CachePadded<AtomicU64>,
+    /// The admission word and the lease count (`gate`).
+    gate: CachePadded<Gate>,
     /// Bound on `exclusive` / `close` waiting for guards, in milliseconds.
     drain_timeout_ms: AtomicU64,
     admin: Mutex<()>,
@@ -769,7 +768,7 @@ impl Arena {
             }),
             // ORDERING: Relaxed — only uniqueness matters.
             id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
-            gate: CachePadded::new(AtomicU64::new(0)),
+            gate: CachePadded::new(Gate::new()),
             drain_timeout_ms: AtomicU64::new(DEFAULT_DRAIN_TIMEOUT.as_millis() as u64),
             admin: Mutex::new(()),
             waiters: Mutex::new(()),
@@ -829,13 +828,13 @@ impl Arena {
     /// be refused or admitted a moment later).
     pub fn is_closed(&self) -> bool {
         // ORDERING: Relaxed — advisory; `enter` re-checks with Acquire.
-        self.gate.load(Ordering::Relaxed) & CLOSED != 0
+        self.gate.peek() & CLOSED != 0
     }
 
     /// Live guards (status only).
     pub fn active_guards(&self) -> usize {
         // ORDERING: Relaxed — a statistic.
-        (self.gate.load(Ordering::Relaxed) & COUNT_MASK) as usize
+        (self.gate.peek() & COUNT_MASK) as usize
     }
 
     /// How long [`Arena::exclusive`] and [`Arena::close`] wait for live
@@ -854,8 +853,7 @@ impl Arena {
 
     /// True while an exclusive section (remap) is pending or running.
     pub fn is_exclusive_pending(&self) -> bool {
-        // ORDERING: Relaxed — advisory (status and tests).
-        self.gate.load(Ordering::Relaxed) & EXCLUSIVE != 0
+        self.gate.peek() & EXCLUSIVE != 0
     }
 
     /// Take a guard: the mapping stays valid until it drops. Waits while a
@@ -874,8 +872,8 @@ impl Arena {
                 .waiters
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // ORDERING: Acquire — see the new state before retrying.
-            while self.gate.load(Ordering::Acquire) & EXCLUSIVE != 0 {
+            // Advisory: `try_enter` decides (with an Acquire RMW).
+            while self.gate.peek() & EXCLUSIVE != 0 {
                 g = self
                     .wake
                     .wait_timeout(g, Duration::from_millis(10))
@@ -891,47 +889,77 @@ impl Arena {
     /// engine's "Key ownership" doc).
     pub fn try_enter(&self) -> Result<ArenaGuard<'_>, TryEnterError> {
         let nested = held_on(self.id) > 0;
-        // ORDERING: Acquire — pairs with the Release `fetch_and` in
-        // `exclusive` (through the RMW release sequence on the gate), so a
-        // guard admitted after a remap sees the new `mapped`; and the
-        // increment is in the gate's modification order before or after
-        // `exclusive`'s `fetch_or`: before → that section waits for us;
-        // after → we see EXCLUSIVE and back out.
-        let prev = self.gate.fetch_add(1, Ordering::Acquire);
-        if prev & CLOSED == 0 && (prev & EXCLUSIVE == 0 || nested) {
-            // SAFETY: our increment was admitted: either no EXCLUSIVE /
-            // CLOSED was set before it, or this thread holds an undropped
-            // guard on this very arena (the id is unique), whose increment
-            // keeps the count above zero so the pending section is still
-            // waiting. Either way no exclusive section or close mutates
-            // `mapped` until this guard drops (see `unsafe impl Sync`).
-            let m = unsafe { &*self.mapped.get() };
-            return Ok(ArenaGuard {
-                arena: self,
-                base: m.base,
-                len: m.len,
-                recorded: note_enter(self.id),
-            });
+        // The admission (`Gate::enter` has the orderings): a guard admitted
+        // after a remap sees the new `mapped`.
+        if let Err((why, wake)) = self.gate.enter(nested) {
+            return Err(self.refused(why, wake));
         }
-        self.leave();
-        Err(if prev & CLOSED != 0 {
-            TryEnterError::Closed
-        } else {
-            TryEnterError::Busy
+        // SAFETY: our increment was admitted: either no EXCLUSIVE /
+        // CLOSED was set before it, or this thread holds an undropped
+        // guard on this very arena (the id is unique), whose increment
+        // keeps the count above zero so the pending section is still
+        // waiting. Either way no exclusive section or close mutates
+        // `mapped` until this guard drops (see `unsafe impl Sync`).
+        let m = unsafe { &*self.mapped.get() };
+        Ok(ArenaGuard {
+            arena: self,
+            base: m.base,
+            len: m.len,
+            recorded: note_enter(self.id),
         })
     }
 
-    fn leave(&self) {
-        // ORDERING: Release — this guard's copies happen-before the Acquire
-        // load in `wait_idle` that sees the count reach zero.
-        let prev = self.gate.fetch_sub(1, Ordering::Release);
-        if prev & (EXCLUSIVE | CLOSED) != 0 && prev & COUNT_MASK == 1 {
-            let _g = self
-                .waiters
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.wake.notify_all();
+    /// A refused admission: wake a waiter if the undo was the last count,
+    /// and say why.
+    fn refused(&self, why: Refused, wake: bool) -> TryEnterError {
+        if wake {
+            self.notify();
         }
+        if why == Refused::Closed {
+            TryEnterError::Closed
+        } else {
+            TryEnterError::Busy
+        }
+    }
+
+    /// A lease: a guard not tied to a thread, that never waits and that
+    /// no remap waits for (`gate`, "Leases"). `Busy` while a remap is
+    /// pending, `Closed` once closing. The mapping stays while it lives;
+    /// [`Arena::exclusive`] answers [`GateError::Leased`] at once meanwhile
+    /// and [`Arena::close`] leaves the unmap to the arena's drop.
+    pub fn try_lease(&self) -> Result<ArenaLease<'_>, TryEnterError> {
+        if let Err((why, wake)) = self.gate.try_lease() {
+            return Err(self.refused(why, wake));
+        }
+        // SAFETY: admitted with neither EXCLUSIVE nor CLOSED set
+        // (`Gate::try_lease`), and counted: no exclusive section or close
+        // mutates `mapped` until it is dropped.
+        let m = unsafe { &*self.mapped.get() };
+        Ok(ArenaLease {
+            arena: self,
+            base: m.base,
+            len: m.len,
+        })
+    }
+
+    /// Leases alive now.
+    pub fn active_leases(&self) -> u64 {
+        self.gate.leases()
+    }
+
+    fn leave(&self) {
+        if self.gate.leave() {
+            self.notify();
+        }
+    }
+
+    /// Wake the threads waiting on the gate.
+    fn notify(&self) {
+        let _g = self
+            .waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.wake.notify_all();
     }
 
     /// Wait until no guard is alive, at most the drain timeout; the number
@@ -943,9 +971,9 @@ impl Arena {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
-            // ORDERING: Acquire — pairs with the Release in `leave`: every
-            // departed guard's copies happen-before what we do next.
-            let live = self.gate.load(Ordering::Acquire) & COUNT_MASK;
+            // Acquire (`Gate::live`): every departed guard's copies
+            // happen-before what we do next.
+            let live = self.gate.live();
             if live == 0 {
                 return Ok(());
             }
@@ -962,32 +990,33 @@ impl Arena {
     }
 
     fn end_exclusive(&self) {
-        // ORDERING: Release — publishes the new mapping to the Acquire
-        // `fetch_add` in `enter`.
-        self.gate.fetch_and(!EXCLUSIVE, Ordering::Release);
-        let _g = self
-            .waiters
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.wake.notify_all();
+        self.gate.end_exclusive();
+        self.notify();
     }
 
     /// Run `f` with no guard alive and new guards held off: the place to
     /// remap and to change anything the data path reads without locks.
     /// Fails with [`GateError::Busy`] (and runs nothing) when guards are
     /// still alive after the drain timeout, or at once when the calling
-    /// thread holds one itself.
+    /// thread holds one itself; with [`GateError::Leased`] at once while a
+    /// lease is alive (a lease is never waited for, and new guards are not
+    /// held off for it: `gate`, "Leases").
     pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, GateError> {
         let _admin = self
             .admin
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // ORDERING: AcqRel — the bit must be in the gate's modification
-        // order before we read the count, so every later `enter` sees it.
-        let prev = self.gate.fetch_or(EXCLUSIVE, Ordering::AcqRel);
-        if prev & CLOSED != 0 {
-            self.end_exclusive();
-            return Err(GateError::Closed);
+        // EXCLUSIVE is in the gate's modification order before the count
+        // is read, so every later `enter` sees it (`Gate::begin_exclusive`).
+        match self.gate.begin_exclusive() {
+            Ok(()) => {}
+            Err(why) => {
+                self.notify();
+                return Err(match why {
+                    Refused::Leased(leases) => GateError::Leased { leases },
+                    Refused::Closed | Refused::Busy => GateError::Closed,
+                });
+            }
         }
         // A thread that holds a guard on this arena would wait for itself
         // (a writer callback that resizes the device it writes into): busy
@@ -1021,17 +1050,16 @@ impl Arena {
     /// `false` without running `f`. If guards are still alive at the
     /// deadline (a stuck caller, or a guard leaked with `mem::forget`),
     /// or at once when the calling thread holds a guard on this arena
-    /// itself, `f` does not run and the mapping stays until the arena
-    /// drops (when no guard can be in use any more); the arena refuses
-    /// guards either way.
+    /// itself or a lease is alive (a lease is never waited for), `f` does
+    /// not run and the mapping stays until the arena drops (when no guard
+    /// or lease can be in use any more); the arena refuses guards and
+    /// leases either way.
     pub fn close(&self, f: impl FnOnce()) -> bool {
         let _admin = self
             .admin
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // ORDERING: AcqRel — as in `exclusive`.
-        let prev = self.gate.fetch_or(CLOSED, Ordering::AcqRel);
-        if prev & CLOSED != 0 {
+        if !self.gate.close() {
             return false;
         }
         // A thread that holds a guard on this arena (a writer callback
@@ -1039,7 +1067,9 @@ impl Arena {
         // closes the gate and returns at once, as at the drain timeout
         // (it waited out the whole timeout before,
         // `tests/store.rs::close_from_a_put_writer_returns_at_once`).
-        if held_on(self.id) > 0 || self.wait_idle().is_err() {
+        // A lease counted before CLOSED was set is seen here; one after it
+        // saw CLOSED and backed out (`Gate::close`, SeqCst).
+        if held_on(self.id) > 0 || self.gate.leases() > 0 || self.wait_idle().is_err() {
             return true;
         }
         f();
@@ -1232,6 +1262,58 @@ impl Drop for ArenaGuard<'_> {
     }
 }
 
+/// The mapping held open across calls and threads ([`Arena::try_lease`];
+/// `gate`, "Leases"): the base and length it saw stay valid until it drops.
+/// Unlike an [`ArenaGuard`] it is `Send` and not recorded per thread, and
+/// gives no copy methods: its holder copies through raw pointers (a GPU's
+/// copy engine), so a SIGBUS in such a copy is not caught by `fault`.
+pub struct ArenaLease<'a> {
+    arena: &'a Arena,
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the lease is a count on the arena's gate, which any thread may
+// drop; `base` points into a process-wide shared mapping that the count
+// keeps mapped, and the lease itself never dereferences it.
+unsafe impl Send for ArenaLease<'_> {}
+// SAFETY: as above; `&ArenaLease` only reads `base` and `len`.
+unsafe impl Sync for ArenaLease<'_> {}
+
+impl std::fmt::Debug for ArenaLease<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaLease")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ArenaLease<'_> {
+    /// Mapping length this lease sees, bytes (stable while it lives).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length mapping.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A raw pointer `offset` bytes into the mapping, valid while this
+    /// lease lives; `None` past the end.
+    pub fn ptr(&self, offset: usize) -> Option<*mut u8> {
+        (offset <= self.len).then(|| self.base.wrapping_add(offset))
+    }
+}
+
+impl Drop for ArenaLease<'_> {
+    fn drop(&mut self) {
+        if self.arena.gate.end_lease() {
+            self.arena.notify();
+        }
+    }
+}
+
 /// Why a copy into or out of the mapping failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CopyError {
@@ -1267,10 +1349,10 @@ impl<'a> ArenaGuard<'a> {
     /// nested-guard record.
     #[must_use]
     pub fn reenter(&self) -> ArenaGuard<'a> {
-        // ORDERING: Relaxed — the count is already non-zero (ours), so this
-        // increment changes no admission decision; `leave`'s Release
-        // publishes what the new guard does.
-        self.arena.gate.fetch_add(1, Ordering::Relaxed);
+        // The count is already non-zero (ours), so this increment changes
+        // no admission decision; `leave`'s Release publishes what the new
+        // guard does.
+        self.arena.gate.reenter();
         ArenaGuard {
             arena: self.arena,
             base: self.base,

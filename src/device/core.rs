@@ -58,7 +58,14 @@
 //!
 //! All operations run under an arena guard (one per call, or one per
 //! [`Session`]), so `remap` and `close` wait for them and new ones wait for a
-//! pending remap.
+//! pending remap; a lease (`device::lease`) holds an arena lease instead,
+//! which no remap or close waits for and which never waits.
+//!
+//! ```text
+//! lease_store: the put up to the copy (reserve, key, lease table entry,
+//!              index.insert); commit / abort later, from any thread
+//! lease_load:  pin_readable; the pin is released when the lease drops
+//! ```
 //!
 //! ## Memory
 //!
@@ -70,7 +77,8 @@
 //! about 840 MB of DRAM; in 2 MiB slots, 26 MB. The tables are sized once,
 //! for the largest slot count the device can reach, so a grow never
 //! reallocates them (why: docs/design.md §5.3). This is the one place these
-//! numbers are written; docs/design.md links here.
+//! numbers are written; docs/design.md links here. Beside them, per device
+//! and whatever its size, the lease table (`device::lease`): 16 KiB.
 // Unsafe code here is limited to the copies into and out of the mapping:
 // their safety (no other thread touching the bytes) is what the slot state
 // machine in this module provides, so the obligation is discharged where it
@@ -84,10 +92,11 @@ use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 
 use crate::device::arena::{
-    Arena, ArenaGuard, ArenaKind, ArenaSpec, DeviceIdentity, TryEnterError,
+    Arena, ArenaGuard, ArenaKind, ArenaLease, ArenaSpec, DeviceIdentity, TryEnterError,
 };
 use crate::device::error::{CoreError, GateError, OpenError, PutError};
 use crate::device::index::{Entry, Index, Insert, SLOT_MAX};
+use crate::device::lease::{LeaseError, LeaseTable};
 use crate::device::slot::{
     Bitmap, Commit, Generation, SlotError, SlotId, SlotState, State, Transition, PENDING_FREE,
     REFERENCED, WRITING,
@@ -124,6 +133,15 @@ pub enum PutOutcome {
     /// The bytes were copied in and committed.
     Stored,
     /// The key was already stored or being stored: a successful no-op.
+    AlreadyPresent,
+}
+
+/// A [`DaxCore::lease_store`].
+#[derive(Debug)]
+pub enum LeasedStore<'a> {
+    /// The slot is the caller's to fill, then commit.
+    Leased(StoreLease<'a>),
+    /// The key is stored or in flight already: no slot, no pointer.
     AlreadyPresent,
 }
 
@@ -353,6 +371,148 @@ impl SlotWriter<'_> {
     }
 }
 
+/// A slot reserved for a key, for the caller to fill
+/// ([`DaxCore::lease_store`](DaxCore::lease_store); `device::lease`).
+/// Commit it, abort it, or drop it (which aborts). `Send`: any thread may
+/// end it.
+#[must_use = "dropping a store lease aborts it"]
+pub struct StoreLease<'a> {
+    pub(crate) core: &'a DaxCore,
+    pub(crate) arena: ArenaLease<'a>,
+    pub(crate) key: Key,
+    pub(crate) slot: SlotId,
+    pub(crate) generation: Generation,
+    pub(crate) entry: Entry,
+    pub(crate) table_at: usize,
+    pub(crate) len: usize,
+    /// Committed or aborted: nothing left for `drop`.
+    pub(crate) ended: bool,
+}
+
+impl std::fmt::Debug for StoreLease<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreLease")
+            .field("key", &self.key)
+            .field("slot", &self.slot)
+            .field("offset", &self.offset())
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreLease<'_> {
+    /// Where the payload goes: `len()` bytes from here are the caller's
+    /// to write until it commits or aborts.
+    pub fn ptr(&self) -> *mut u8 {
+        self.arena
+            .ptr(self.offset())
+            .expect("a leased slot lies inside the mapping its lease holds")
+    }
+
+    /// The payload's length, bytes (as asked for).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty payload.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Byte offset of the slot in the device's mapping.
+    pub fn offset(&self) -> usize {
+        self.slot.0 as usize * self.core.slot_bytes()
+    }
+
+    /// The key this lease stores.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// The key is stored: readable from now on, as after a put. The
+    /// caller's copy into [`StoreLease::ptr`] must be finished (module
+    /// doc, "The contract"). [`LeaseError::Canceled`] if a forced delete
+    /// hit the key meanwhile (the slot is freed, the key not stored).
+    pub fn commit(mut self) -> Result<(), LeaseError> {
+        self.ended = true;
+        self.core.lease_commit(&self)
+    }
+
+    /// Give the slot back without storing the key. The caller's copy must
+    /// be finished, as for a commit.
+    pub fn abort(mut self) {
+        self.ended = true;
+        self.core.lease_abort(&self);
+    }
+}
+
+impl Drop for StoreLease<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.core.lease_abort(self);
+        }
+    }
+}
+
+/// A readable slot kept from being freed or reused, for the caller to
+/// read ([`DaxCore::lease_load`](DaxCore::lease_load); `device::lease`).
+/// Dropping it releases the slot. `Send`.
+pub struct ReadLease<'a> {
+    pub(crate) core: &'a DaxCore,
+    pub(crate) arena: ArenaLease<'a>,
+    pub(crate) slot: SlotId,
+    pub(crate) generation: Generation,
+    pub(crate) table_at: usize,
+    pub(crate) len: usize,
+    pub(crate) meta: u32,
+}
+
+impl std::fmt::Debug for ReadLease<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadLease")
+            .field("slot", &self.slot)
+            .field("offset", &self.offset())
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadLease<'_> {
+    /// Where the payload is: `len()` bytes from here, to read only.
+    pub fn ptr(&self) -> *const u8 {
+        self.arena
+            .ptr(self.offset())
+            .expect("a leased slot lies inside the mapping its lease holds")
+            .cast_const()
+    }
+
+    /// The payload's length, bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty payload.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The caller's tag stored with the payload.
+    pub fn meta(&self) -> u32 {
+        self.meta
+    }
+
+    /// Byte offset of the slot in the device's mapping.
+    pub fn offset(&self) -> usize {
+        self.slot.0 as usize * self.core.slot_bytes()
+    }
+}
+
+impl Drop for ReadLease<'_> {
+    fn drop(&mut self) {
+        self.core.lease_release(self);
+    }
+}
+
 /// Per-slot metadata next to the state word: 32 bytes.
 #[derive(Debug, Default)]
 struct SlotMeta {
@@ -402,6 +562,11 @@ pub struct CoreStatus {
     pub supports_restart_recovery: bool,
     /// DRAM held by the slot table, index and bitmap, bytes.
     pub dram_bytes: usize,
+    /// Leases alive (`device::lease`), store and read.
+    pub lease_count: usize,
+    /// How long the oldest lease alive has been held (a leaked lease shows
+    /// as an age that only grows).
+    pub oldest_lease_age: Option<std::time::Duration>,
 }
 
 /// One DAX device: a mapped arena of fixed-size slots and its index.
@@ -420,6 +585,8 @@ pub struct DaxCore {
     pending: CachePadded<AtomicUsize>,
     active_reads: AtomicUsize,
     clock_hand: AtomicUsize,
+    /// The leases this device has handed out (`device::lease`).
+    leases: LeaseTable,
     /// Fault hooks (the `failpoints` feature), this device's own.
     #[cfg(any(test, feature = "failpoints"))]
     faults: CopyFaults,
@@ -535,6 +702,7 @@ impl DaxCore {
             pending: CachePadded::new(AtomicUsize::new(0)),
             active_reads: AtomicUsize::new(0),
             clock_hand: AtomicUsize::new(0),
+            leases: LeaseTable::new(),
             #[cfg(any(test, feature = "failpoints"))]
             faults: CopyFaults::default(),
         })
@@ -997,7 +1165,7 @@ impl DaxCore {
     ) -> Result<PutOutcome, PutError> {
         // Cheap early exit for re-stores, the common case in LMCache.
         if !self.arena.is_failed() && self.index.contains_live(key, self.is_key(key)) {
-            return Ok(PutOutcome::AlreadyPresent);
+            return self.present(key);
         }
         self.put_absent_with(guard, key, len, meta, copy)
     }
@@ -1049,7 +1217,7 @@ impl DaxCore {
                 self.settle(s, t);
                 return match other {
                     Insert::Full => Err(PutError::IndexFull),
-                    _ => Ok(PutOutcome::AlreadyPresent),
+                    _ => self.present(key),
                 };
             }
         };
@@ -1177,6 +1345,212 @@ impl DaxCore {
         } else {
             PutFromPtrResult::AlreadyExists
         })
+    }
+
+    /// A put found `key` present: a successful no-op, unless a store lease
+    /// holds it uncommitted, which may never commit (`device::lease`): then
+    /// [`PutError::Leased`]. One load when no store lease is alive. The
+    /// entry looked at is any live one, a PROVISIONAL one included: a put
+    /// can meet a lease's entry while its insert is still settling (loom,
+    /// `tests/loom_core.rs`, found that window with an OWNED-only `find`).
+    ///
+    /// The lease's table entry was claimed before its index entry was
+    /// inserted (both SeqCst), so a put that saw the index entry sees it.
+    /// A bucket that changes while it is read (PROVISIONAL → OWNED) reads
+    /// as no entry for that instant, so a miss is looked at again while
+    /// the key is still live (loom found that window too).
+    fn present(&self, key: Key) -> Result<PutOutcome, PutError> {
+        if !self.leases.any_store() {
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        for _ in 0..RETRY_MAX {
+            if let Some(e) = self.index.find_live(key, self.is_key(key)) {
+                let leased = self.leases.holds_store(e.slot)
+                    && !self.meta(e.slot).state.load().is_readable();
+                return if leased {
+                    Err(PutError::Leased)
+                } else {
+                    Ok(PutOutcome::AlreadyPresent)
+                };
+            }
+            if !self.index.contains_live(key, self.is_key(key)) {
+                // Gone meanwhile (an abort, a delete): not under a lease.
+                break;
+            }
+        }
+        Ok(PutOutcome::AlreadyPresent)
+    }
+
+    // ----- leases (`device::lease`) -----
+
+    /// Reserve a slot for `key` and hand it to the caller to fill
+    /// (`device::lease` has the contract): `len` bytes (at most a slot)
+    /// with the caller's tag `meta`. The key is in flight until
+    /// [`StoreLease::commit`]: lookups and loads miss it, a plain put of
+    /// it answers [`PutError::Leased`], a delete skips it and a forced one
+    /// cancels it. A key stored or in flight already answers
+    /// [`LeasedStore::AlreadyPresent`]. Never waits: `Busy` while a remap
+    /// is pending.
+    pub fn lease_store(
+        &self,
+        key: Key,
+        len: usize,
+        meta: u32,
+    ) -> Result<LeasedStore<'_>, LeaseError> {
+        if len > self.slot_bytes {
+            return Err(LeaseError::TooLarge {
+                len,
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        // First the mapping: no remap can change `max_slots` (and so which
+        // slots the bitmap hands out) or move the mapping from here on.
+        let arena = self.arena.try_lease().map_err(|e| match e {
+            TryEnterError::Closed => LeaseError::Closed,
+            TryEnterError::Busy => LeaseError::Busy,
+        })?;
+        if self.arena.is_failed() {
+            return Err(LeaseError::DeviceFailed);
+        }
+        if self.index.contains_live(key, self.is_key(key)) {
+            return Ok(LeasedStore::AlreadyPresent);
+        }
+        if self.fault_full() {
+            return Err(LeaseError::Full);
+        }
+        // The put protocol up to the copy (`put_absent_with`).
+        let s = self.bitmap.claim().ok_or(LeaseError::Full)?;
+        // ORDERING: Relaxed — a counter for `usage`.
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let m = self.meta(s);
+        let gen = m.state.reserve();
+        // ORDERING: Release fence — as in `put_absent_with`.
+        fence(Ordering::Release);
+        // ORDERING: Relaxed — published by the index insert and the commit,
+        // as in `put_absent_with`.
+        m.key_hi.store(key.hi(), Ordering::Relaxed);
+        m.key_lo.store(key.lo(), Ordering::Relaxed);
+        m.len_meta
+            .store(len as u64 | (u64::from(meta) << 32), Ordering::Relaxed);
+        // The table entry before the index entry (both SeqCst): a put that
+        // finds the key through the index also finds its lease (`present`).
+        let undo = |s: SlotId| {
+            let t = m
+                .state
+                .abort(gen, true)
+                .expect("a fresh reservation aborts");
+            self.settle(s, t);
+        };
+        let Some(table_at) = self.leases.claim(s, true) else {
+            undo(s);
+            return Err(LeaseError::TooMany {
+                max: crate::device::lease::LEASES_MAX,
+            });
+        };
+        let entry = match self.index.insert(key, s, self.is_key(key)) {
+            Insert::Inserted(e) => e,
+            other => {
+                self.leases.release(table_at);
+                undo(s);
+                return match other {
+                    Insert::Full => Err(LeaseError::IndexFull),
+                    _ => Ok(LeasedStore::AlreadyPresent),
+                };
+            }
+        };
+        Ok(LeasedStore::Leased(StoreLease {
+            core: self,
+            arena,
+            key,
+            slot: s,
+            generation: gen,
+            entry,
+            table_at,
+            len,
+            ended: false,
+        }))
+    }
+
+    /// [`StoreLease::commit`]: the put's commit, or its cancel path.
+    pub(crate) fn lease_commit(&self, l: &StoreLease<'_>) -> Result<(), LeaseError> {
+        let m = self.meta(l.slot);
+        // The commit's Release CAS publishes the caller's copy to readers,
+        // which borrow with an Acquire CAS (the copy finished before this
+        // call: the lease contract).
+        match m
+            .state
+            .commit(l.generation)
+            .expect("only the lease holder clears WRITING")
+        {
+            Commit::Committed => {
+                // After the commit: a put that still finds the entry finds
+                // it readable (`present`).
+                self.leases.release(l.table_at);
+                Ok(())
+            }
+            Commit::Canceled(t) => {
+                self.leases.release(l.table_at);
+                self.settle(l.slot, t);
+                self.unlink_owned(l.slot, l.generation, l.entry, false);
+                Err(LeaseError::Canceled)
+            }
+        }
+    }
+
+    /// [`StoreLease::abort`] (and its drop): the put's failed-copy path.
+    pub(crate) fn lease_abort(&self, l: &StoreLease<'_>) {
+        self.leases.release(l.table_at);
+        let t = self
+            .meta(l.slot)
+            .state
+            .abort(l.generation, false)
+            .expect("only the lease holder clears WRITING");
+        self.settle(l.slot, t);
+        self.unlink_owned(l.slot, l.generation, l.entry, false);
+    }
+
+    /// Borrow `key`'s readable slot for the caller to read
+    /// (`device::lease`): `None` on a miss (absent, in flight, detached).
+    /// The slot is not freed or reused until the lease drops; a delete
+    /// meanwhile detaches the key. Never waits: `Busy` while a remap is
+    /// pending.
+    pub fn lease_load(&self, key: Key) -> Result<Option<ReadLease<'_>>, LeaseError> {
+        let arena = self.arena.try_lease().map_err(|e| match e {
+            TryEnterError::Closed => LeaseError::Closed,
+            TryEnterError::Busy => LeaseError::Busy,
+        })?;
+        let Some((s, gen)) = self.pin_readable(key) else {
+            return Ok(None);
+        };
+        let Some(table_at) = self.leases.claim(s, false) else {
+            self.unpin(s, gen);
+            return Err(LeaseError::TooMany {
+                max: crate::device::lease::LEASES_MAX,
+            });
+        };
+        // ORDERING: Relaxed — ordered by the borrow's Acquire CAS, which
+        // read from this incarnation's commit (after the writer's stores).
+        let lm = self.meta(s).len_meta.load(Ordering::Relaxed);
+        Ok(Some(ReadLease {
+            core: self,
+            arena,
+            slot: s,
+            generation: gen,
+            table_at,
+            len: (lm & 0xFFFF_FFFF) as usize,
+            meta: (lm >> 32) as u32,
+        }))
+    }
+
+    /// [`ReadLease`]'s drop.
+    pub(crate) fn lease_release(&self, l: &ReadLease<'_>) {
+        self.leases.release(l.table_at);
+        self.unpin(l.slot, l.generation);
+    }
+
+    /// Leases alive on this device and the oldest one's age.
+    pub fn lease_ages(&self) -> (usize, Option<std::time::Duration>) {
+        self.leases.ages()
     }
 
     // ----- lookup -----
@@ -1537,7 +1911,7 @@ impl DaxCore {
     pub fn quiesce(&self) -> Result<(), CoreError> {
         self.arena.exclusive(|_| ()).map_err(|e| match e {
             GateError::Closed => CoreError::Closed,
-            busy @ GateError::Busy { .. } => CoreError::Busy(busy),
+            busy @ (GateError::Busy { .. } | GateError::Leased { .. }) => CoreError::Busy(busy),
         })
     }
 
@@ -1579,7 +1953,7 @@ impl DaxCore {
             })
             .map_err(|e| match e {
                 GateError::Closed => CoreError::Closed,
-                busy @ GateError::Busy { .. } => CoreError::Busy(busy),
+                busy @ (GateError::Busy { .. } | GateError::Leased { .. }) => CoreError::Busy(busy),
             })?
     }
 
@@ -1602,6 +1976,7 @@ impl DaxCore {
     /// cold path.
     pub fn status(&self) -> CoreStatus {
         let closing = self.is_closing();
+        let (lease_count, oldest_lease_age) = self.leases.ages();
         let (mut committed, mut locked, mut borrowed, mut writing) = (0, 0, 0, 0);
         if !closing {
             for m in &self.slots[..self.max_slots()] {
@@ -1632,6 +2007,8 @@ impl DaxCore {
             closing,
             supports_restart_recovery: false,
             dram_bytes: self.dram_bytes(),
+            lease_count,
+            oldest_lease_age,
         }
     }
 

@@ -238,6 +238,11 @@ pub enum PutError {
     /// The core is closing or closed.
     #[error("the core is closing")]
     Closed,
+    /// The key's store is in flight under a store lease not yet committed
+    /// (`device::lease`): not stored by this put, and not a successful
+    /// no-op either, since the lease may never commit.
+    #[error("the key is leased for a store not yet committed")]
+    Leased,
 }
 
 /// Errors of core operations other than put.
@@ -298,6 +303,13 @@ pub enum GateError {
         guards: usize,
         /// How long it waited.
         waited: Duration,
+    },
+    /// Leases were alive: refused at once (a lease may last as long as its
+    /// holder likes, so it is never waited for; `device::gate`).
+    #[error("{leases} leases still hold the mapping; nothing was changed")]
+    Leased {
+        /// Leases alive when it was refused.
+        leases: u64,
     },
 }
 

@@ -19,5 +19,7 @@ pub mod copy;
 pub mod core;
 pub mod error;
 pub mod fault;
+pub mod gate;
 pub mod index;
+pub mod lease;
 pub mod slot;
