@@ -400,16 +400,9 @@ fn bad_submissions_are_refused_cleanly() {
 /// Worker threads are gone after close (no thread leak).
 #[test]
 fn close_joins_every_worker() {
-    fn threads() -> usize {
-        // The kernel's count (`Threads:`), not a walk of /proc/self/task,
-        // which can skip live threads while others exit.
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Threads:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap()
-    }
+    #[path = "common/threads.rs"]
+    mod count;
+    use count::threads;
     let counter = Arc::new(AtomicUsize::new(0));
     let before = threads();
     for _ in 0..3 {

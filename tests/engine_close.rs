@@ -30,16 +30,9 @@ fn fd_is_open(fd: RawFd) -> bool {
     unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
 }
 
-fn threads() -> usize {
-    // The kernel's count (`Threads:`), not a walk of /proc/self/task,
-    // which can skip live threads while others exit.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap()
-}
+#[path = "common/threads.rs"]
+mod count;
+use count::threads;
 
 /// docs/lmcache-dax-behavior.md §8.1 item 17: close blocks until in-flight work
 /// finishes (here a read borrowed on the device); §8.3 item 1: the fds are

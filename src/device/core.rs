@@ -371,28 +371,30 @@ impl SlotWriter<'_> {
     }
 }
 
-/// A slot reserved for a key, for the caller to fill
-/// ([`DaxCore::lease_store`](DaxCore::lease_store); `device::lease`).
-/// Commit it, abort it, or drop it (which aborts). `Send`: any thread may
-/// end it.
-#[must_use = "dropping a store lease aborts it"]
-pub struct StoreLease<'a> {
+/// What every lease holds: the slot's incarnation, its place in the lease
+/// table and the mapping (`device::lease`, "What a lease holds").
+pub(crate) struct LeasedSlot<'a> {
     pub(crate) core: &'a DaxCore,
     pub(crate) arena: ArenaLease<'a>,
-    pub(crate) key: Key,
     pub(crate) slot: SlotId,
     pub(crate) generation: Generation,
-    pub(crate) entry: Entry,
     pub(crate) table_at: usize,
     pub(crate) len: usize,
-    /// Committed or aborted: nothing left for `drop`.
-    pub(crate) ended: bool,
 }
 
-impl std::fmt::Debug for StoreLease<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreLease")
-            .field("key", &self.key)
+impl LeasedSlot<'_> {
+    fn offset(&self) -> usize {
+        self.slot.0 as usize * self.core.slot_bytes()
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.arena
+            .ptr(self.offset())
+            .expect("a leased slot lies inside the mapping its lease holds")
+    }
+
+    fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name)
             .field("slot", &self.slot)
             .field("offset", &self.offset())
             .field("len", &self.len)
@@ -400,28 +402,45 @@ impl std::fmt::Debug for StoreLease<'_> {
     }
 }
 
+/// A slot reserved for a key, for the caller to fill
+/// ([`DaxCore::lease_store`](DaxCore::lease_store); `device::lease`).
+/// Commit it, abort it, or drop it (which aborts). `Send`: any thread may
+/// end it.
+#[must_use = "dropping a store lease aborts it"]
+pub struct StoreLease<'a> {
+    pub(crate) held: LeasedSlot<'a>,
+    pub(crate) key: Key,
+    pub(crate) entry: Entry,
+    /// Committed or aborted: nothing left for `drop`.
+    pub(crate) ended: bool,
+}
+
+impl std::fmt::Debug for StoreLease<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.held.debug("StoreLease", f)
+    }
+}
+
 impl StoreLease<'_> {
     /// Where the payload goes: `len()` bytes from here are the caller's
     /// to write until it commits or aborts.
     pub fn ptr(&self) -> *mut u8 {
-        self.arena
-            .ptr(self.offset())
-            .expect("a leased slot lies inside the mapping its lease holds")
+        self.held.ptr()
     }
 
     /// The payload's length, bytes (as asked for).
     pub fn len(&self) -> usize {
-        self.len
+        self.held.len
     }
 
     /// True for an empty payload.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.held.len == 0
     }
 
     /// Byte offset of the slot in the device's mapping.
     pub fn offset(&self) -> usize {
-        self.slot.0 as usize * self.core.slot_bytes()
+        self.held.offset()
     }
 
     /// The key this lease stores.
@@ -430,26 +449,27 @@ impl StoreLease<'_> {
     }
 
     /// The key is stored: readable from now on, as after a put. The
-    /// caller's copy into [`StoreLease::ptr`] must be finished (module
-    /// doc, "The contract"). [`LeaseError::Canceled`] if a forced delete
-    /// hit the key meanwhile (the slot is freed, the key not stored).
+    /// caller's copy into [`StoreLease::ptr`] must be finished
+    /// (`device::lease`, "The contract"). [`LeaseError::Canceled`] if a
+    /// forced delete hit the key meanwhile (the slot is freed, the key not
+    /// stored).
     pub fn commit(mut self) -> Result<(), LeaseError> {
         self.ended = true;
-        self.core.lease_commit(&self)
+        self.held.core.lease_commit(&self)
     }
 
     /// Give the slot back without storing the key. The caller's copy must
     /// be finished, as for a commit.
     pub fn abort(mut self) {
         self.ended = true;
-        self.core.lease_abort(&self);
+        self.held.core.lease_abort(&self);
     }
 }
 
 impl Drop for StoreLease<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            self.core.lease_abort(self);
+            self.held.core.lease_abort(self);
         }
     }
 }
@@ -458,42 +478,30 @@ impl Drop for StoreLease<'_> {
 /// read ([`DaxCore::lease_load`](DaxCore::lease_load); `device::lease`).
 /// Dropping it releases the slot. `Send`.
 pub struct ReadLease<'a> {
-    pub(crate) core: &'a DaxCore,
-    pub(crate) arena: ArenaLease<'a>,
-    pub(crate) slot: SlotId,
-    pub(crate) generation: Generation,
-    pub(crate) table_at: usize,
-    pub(crate) len: usize,
+    pub(crate) held: LeasedSlot<'a>,
     pub(crate) meta: u32,
 }
 
 impl std::fmt::Debug for ReadLease<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadLease")
-            .field("slot", &self.slot)
-            .field("offset", &self.offset())
-            .field("len", &self.len)
-            .finish_non_exhaustive()
+        self.held.debug("ReadLease", f)
     }
 }
 
 impl ReadLease<'_> {
     /// Where the payload is: `len()` bytes from here, to read only.
     pub fn ptr(&self) -> *const u8 {
-        self.arena
-            .ptr(self.offset())
-            .expect("a leased slot lies inside the mapping its lease holds")
-            .cast_const()
+        self.held.ptr().cast_const()
     }
 
     /// The payload's length, bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.held.len
     }
 
     /// True for an empty payload.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.held.len == 0
     }
 
     /// The caller's tag stored with the payload.
@@ -503,13 +511,13 @@ impl ReadLease<'_> {
 
     /// Byte offset of the slot in the device's mapping.
     pub fn offset(&self) -> usize {
-        self.slot.0 as usize * self.core.slot_bytes()
+        self.held.offset()
     }
 }
 
 impl Drop for ReadLease<'_> {
     fn drop(&mut self) {
-        self.core.lease_release(self);
+        self.held.core.lease_release(self);
     }
 }
 
@@ -1459,39 +1467,41 @@ impl DaxCore {
             }
         };
         Ok(LeasedStore::Leased(StoreLease {
-            core: self,
-            arena,
+            held: LeasedSlot {
+                core: self,
+                arena,
+                slot: s,
+                generation: gen,
+                table_at,
+                len,
+            },
             key,
-            slot: s,
-            generation: gen,
             entry,
-            table_at,
-            len,
             ended: false,
         }))
     }
 
     /// [`StoreLease::commit`]: the put's commit, or its cancel path.
     pub(crate) fn lease_commit(&self, l: &StoreLease<'_>) -> Result<(), LeaseError> {
-        let m = self.meta(l.slot);
+        let m = self.meta(l.held.slot);
         // The commit's Release CAS publishes the caller's copy to readers,
         // which borrow with an Acquire CAS (the copy finished before this
         // call: the lease contract).
         match m
             .state
-            .commit(l.generation)
+            .commit(l.held.generation)
             .expect("only the lease holder clears WRITING")
         {
             Commit::Committed => {
                 // After the commit: a put that still finds the entry finds
                 // it readable (`present`).
-                self.leases.release(l.table_at);
+                self.leases.release(l.held.table_at);
                 Ok(())
             }
             Commit::Canceled(t) => {
-                self.leases.release(l.table_at);
-                self.settle(l.slot, t);
-                self.unlink_owned(l.slot, l.generation, l.entry, false);
+                self.leases.release(l.held.table_at);
+                self.settle(l.held.slot, t);
+                self.unlink_owned(l.held.slot, l.held.generation, l.entry, false);
                 Err(LeaseError::Canceled)
             }
         }
@@ -1499,14 +1509,14 @@ impl DaxCore {
 
     /// [`StoreLease::abort`] (and its drop): the put's failed-copy path.
     pub(crate) fn lease_abort(&self, l: &StoreLease<'_>) {
-        self.leases.release(l.table_at);
+        self.leases.release(l.held.table_at);
         let t = self
-            .meta(l.slot)
+            .meta(l.held.slot)
             .state
-            .abort(l.generation, false)
+            .abort(l.held.generation, false)
             .expect("only the lease holder clears WRITING");
-        self.settle(l.slot, t);
-        self.unlink_owned(l.slot, l.generation, l.entry, false);
+        self.settle(l.held.slot, t);
+        self.unlink_owned(l.held.slot, l.held.generation, l.entry, false);
     }
 
     /// Borrow `key`'s readable slot for the caller to read
@@ -1532,20 +1542,22 @@ impl DaxCore {
         // read from this incarnation's commit (after the writer's stores).
         let lm = self.meta(s).len_meta.load(Ordering::Relaxed);
         Ok(Some(ReadLease {
-            core: self,
-            arena,
-            slot: s,
-            generation: gen,
-            table_at,
-            len: (lm & 0xFFFF_FFFF) as usize,
+            held: LeasedSlot {
+                core: self,
+                arena,
+                slot: s,
+                generation: gen,
+                table_at,
+                len: (lm & 0xFFFF_FFFF) as usize,
+            },
             meta: (lm >> 32) as u32,
         }))
     }
 
     /// [`ReadLease`]'s drop.
     pub(crate) fn lease_release(&self, l: &ReadLease<'_>) {
-        self.leases.release(l.table_at);
-        self.unpin(l.slot, l.generation);
+        self.leases.release(l.held.table_at);
+        self.unpin(l.held.slot, l.held.generation);
     }
 
     /// Leases alive on this device and the oldest one's age.

@@ -87,15 +87,19 @@ impl Gate {
         if prev & CLOSED == 0 && (prev & EXCLUSIVE == 0 || nested) {
             return Ok(());
         }
+        Err(self.back_out(prev))
+    }
+
+    /// Undo a refused increment that read `prev`: why it was refused, and
+    /// whether a waiter must be woken ([`Gate::leave`]).
+    fn back_out(&self, prev: u64) -> (Refused, bool) {
         let wake = self.leave();
-        Err((
-            if prev & CLOSED != 0 {
-                Refused::Closed
-            } else {
-                Refused::Busy
-            },
-            wake,
-        ))
+        let why = if prev & CLOSED != 0 {
+            Refused::Closed
+        } else {
+            Refused::Busy
+        };
+        (why, wake)
     }
 
     /// Another guard next to a live one (the arena's `reenter`): the count
@@ -127,18 +131,11 @@ impl Gate {
         if prev & (CLOSED | EXCLUSIVE) == 0 {
             return Ok(());
         }
-        let wake = self.leave();
+        let refused = self.back_out(prev);
         // ORDERING: Release — nothing was done under this lease; the order
         // against the exclusive section is carried by the SeqCst pair.
         self.leases.fetch_sub(1, Ordering::Release);
-        Err((
-            if prev & CLOSED != 0 {
-                Refused::Closed
-            } else {
-                Refused::Busy
-            },
-            wake,
-        ))
+        Err(refused)
     }
 
     /// Drop a lease; true when a waiter should be woken (as [`Gate::leave`]).

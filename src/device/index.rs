@@ -233,6 +233,7 @@ impl Index {
 
     /// The key's live entry (OWNED, or PROVISIONAL: an insert still
     /// settling), if any: where [`Index::contains_live`] found it.
+    #[inline]
     pub fn find_live(&self, key: Key, is_key: impl Fn(SlotId) -> bool) -> Option<Entry> {
         let home = self.home(key);
         let fp = Self::fp(key);
@@ -257,23 +258,9 @@ impl Index {
     }
 
     /// Whether the key has a live entry (OWNED or PROVISIONAL).
+    #[inline]
     pub fn contains_live(&self, key: Key, is_key: impl Fn(SlotId) -> bool) -> bool {
-        let home = self.home(key);
-        let fp = Self::fp(key);
-        // ORDERING: Acquire — as in `find`.
-        let h = usize::from(self.hints[home].load(Ordering::Acquire));
-        for d in 0..=h {
-            let pos = self.at(home, d);
-            // ORDERING: Acquire — as in `find`.
-            let b = self.buckets[pos].load(Ordering::Acquire);
-            if b == 0 {
-                return false;
-            }
-            if self.is_entry(pos, b, fp, &is_key, Ordering::Acquire) {
-                return true;
-            }
-        }
-        false
+        self.find_live(key, is_key).is_some()
     }
 
     /// Insert `key → slot` unless the key is present. The slot's key must
