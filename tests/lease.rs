@@ -494,3 +494,158 @@ fn hunt_leases_against_deletes_puts_and_remaps() {
     assert_eq!(c.live_slot_count(), 0, "a slot was leaked");
     c.check_invariants().unwrap();
 }
+
+/// A hunt (from a hostile review): one thread only ever leases key K and
+/// aborts (it never commits); another puts K and, when its put stored K,
+/// force-deletes it again. So a put answering `Ok(AlreadyPresent)` claims
+/// a success for a key that is not stored and never will be. Found in the
+/// first version, thousands of times a second: the table entry given back
+/// before the abort, a "no lease alive" shortcut read after the put had
+/// seen the lease's entry, the state read before the table, and a key
+/// leaving answered as present (`DaxCore::present` has each).
+#[test]
+fn a_put_racing_a_lease_abort_never_answers_already_present() {
+    let c = core(8);
+    let key = k(1);
+    let stop = AtomicBool::new(false);
+    let bogus = AtomicUsize::new(0);
+    let (leased, refused, stored) = (
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                match c.lease_store(key, 64, 0) {
+                    Ok(LeasedStore::Leased(l)) => {
+                        leased.fetch_add(1, Ordering::Relaxed);
+                        l.abort();
+                    }
+                    Ok(LeasedStore::AlreadyPresent) => {}
+                    Err(e) => panic!("lease_store: {e}"),
+                }
+            }
+        });
+        s.spawn(|| {
+            let data = [5u8; 64];
+            while !stop.load(Ordering::Relaxed) {
+                match c.put(key, &data, 0) {
+                    Ok(PutOutcome::Stored) => {
+                        stored.fetch_add(1, Ordering::Relaxed);
+                        assert!(c.delete(key, true), "our own stored key deletes");
+                    }
+                    Ok(PutOutcome::AlreadyPresent) => {
+                        // Only a lease that never commits can hold the key.
+                        bogus.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(PutError::Leased) => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => panic!("put: {e}"),
+                }
+            }
+        });
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(1500) && bogus.load(Ordering::Relaxed) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    eprintln!(
+        "leased {} refused {} stored {} bogus AlreadyPresent {}",
+        leased.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+        stored.load(Ordering::Relaxed),
+        bogus.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        bogus.load(Ordering::Relaxed),
+        0,
+        "a put answered Ok(AlreadyPresent) for a key held only by a store lease that aborted"
+    );
+    assert_eq!(c.status().lease_count, 0);
+    c.delete(key, true);
+    assert_eq!(c.live_slot_count(), 0);
+    c.check_invariants().unwrap();
+}
+
+/// A hunt (from a hostile review): `PutError::Leased` means "the key is
+/// leased for a store not yet committed". Key K1 is never leased: one
+/// thread puts and deletes it, another puts it (finding it present), a
+/// third leases and aborts a different key K2 in the slots K1 keeps
+/// freeing. A put of K1 never answers `Leased`. Found in the first
+/// version: the check read K1's slot number, then the table, without a
+/// pin, so K1 deleted and its slot reused by K2's lease read as "K1 is
+/// leased"; now the incarnation is pinned and table entries name it.
+#[test]
+fn a_put_of_a_never_leased_key_never_answers_leased() {
+    let c = core(2);
+    let (k1, k2) = (k(11), k(22));
+    let stop = AtomicBool::new(false);
+    let bogus = AtomicUsize::new(0);
+    let present = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        // Put and delete K1, over and over.
+        s.spawn(|| {
+            let d = [1u8; 32];
+            while !stop.load(Ordering::Relaxed) {
+                match c.put(k1, &d, 0) {
+                    Err(PutError::Leased) => {
+                        bogus.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) | Err(PutError::Full) => {}
+                    Err(e) => panic!("put: {e}"),
+                }
+                c.delete(k1, true);
+            }
+        });
+        // Put K1 (usually finding it present).
+        s.spawn(|| {
+            let d = [1u8; 32];
+            while !stop.load(Ordering::Relaxed) {
+                match c.put(k1, &d, 0) {
+                    Err(PutError::Leased) => {
+                        bogus.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(PutOutcome::AlreadyPresent) => {
+                        present.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) | Err(PutError::Full | PutError::Canceled) => {}
+                    Err(e) => panic!("put: {e}"),
+                }
+            }
+        });
+        // Lease K2 into whatever slot is free, hold it a moment, abort.
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                match c.lease_store(k2, 32, 0) {
+                    Ok(LeasedStore::Leased(l)) => {
+                        std::hint::spin_loop();
+                        l.abort();
+                    }
+                    Ok(LeasedStore::AlreadyPresent) | Err(LeaseError::Full) => {}
+                    Err(e) => panic!("lease_store: {e}"),
+                }
+            }
+        });
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(1500) && bogus.load(Ordering::Relaxed) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    eprintln!(
+        "present {} bogus Leased {}",
+        present.load(Ordering::Relaxed),
+        bogus.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        bogus.load(Ordering::Relaxed),
+        0,
+        "a put of a key no lease ever held answered PutError::Leased"
+    );
+    c.delete(k1, true);
+    assert_eq!(c.live_slot_count(), 0);
+    c.check_invariants().unwrap();
+}

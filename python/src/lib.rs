@@ -346,14 +346,26 @@ fn readable(epfd: RawFd) -> [Option<RawFd>; 4] {
     out
 }
 
-/// Per key of a delete's input, whether it was deleted: `deleted` holds
-/// each deleted key once, so a key listed twice reads `true` at its first
-/// place only. A set, not a scan of `deleted` per key: LMCache's eviction
-/// deletes thousands of keys in one call (a scan per key cost 4096² key
-/// compares there).
+/// Per key of a delete's input, whether it was deleted: a key listed
+/// twice reads `true` at as many of its places, first ones first, as
+/// `deleted` holds it (once, unless it was stored again between the two
+/// and deleted again). Counts in a map, not a scan of `deleted` per key:
+/// LMCache's eviction deletes thousands of keys in one call (a scan per
+/// key cost 4096² key compares there).
 pub(crate) fn deleted_bits(keys: &[Key], deleted: Vec<Key>) -> Vec<bool> {
-    let mut left: std::collections::HashSet<Key> = deleted.into_iter().collect();
-    keys.iter().map(|k| left.remove(k)).collect()
+    let mut left: HashMap<Key, usize> = HashMap::with_capacity(deleted.len());
+    for k in deleted {
+        *left.entry(k).or_default() += 1;
+    }
+    keys.iter()
+        .map(|k| match left.get_mut(k) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        })
+        .collect()
 }
 
 /// Read an eventfd (or any non-blocking fd) to zero; errors ignored.

@@ -1068,8 +1068,20 @@ impl Arena {
         // (it waited out the whole timeout before,
         // `tests/store.rs::close_from_a_put_writer_returns_at_once`).
         // A lease counted before CLOSED was set is seen here; one after it
-        // saw CLOSED and backed out (`Gate::close`, SeqCst).
-        if held_on(self.id) > 0 || self.gate.leases() > 0 || self.wait_idle().is_err() {
+        // saw CLOSED and backs out (`Gate::close`, SeqCst). A lease being
+        // refused shows in the count for an instant, so a count above zero
+        // is looked at again a few times before close gives the unmap to
+        // the drop.
+        let leased = || {
+            (0..8).all(|_| {
+                let live = self.gate.leases() > 0;
+                if live {
+                    std::thread::yield_now();
+                }
+                live
+            })
+        };
+        if held_on(self.id) > 0 || leased() || self.wait_idle().is_err() {
             return true;
         }
         f();

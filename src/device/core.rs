@@ -111,6 +111,23 @@ const STALL_AFTER_LOAD: u8 = 1;
 /// retry needs another thread to complete a transition on the same key.
 const RETRY_MAX: usize = 64;
 
+/// Retries of a put whose key is present but leaving (`DaxCore::present`),
+/// each after a yield: the remover has a few steps left, but on a busy
+/// host it may be preempted for a while.
+#[cfg(not(daxkv_loom))]
+const GONE_RETRIES: usize = 4096;
+#[cfg(daxkv_loom)]
+const GONE_RETRIES: usize = 4;
+
+/// What a put that found its key present is to answer ([`DaxCore::present`]).
+enum Present {
+    /// This.
+    Answer(Result<PutOutcome, PutError>),
+    /// The copy found is leaving (detached, aborted, canceled); `leased`:
+    /// a store lease's. Store the key after all.
+    Gone { leased: bool },
+}
+
 /// How to open a core.
 #[derive(Clone, Debug)]
 pub struct CoreConfig {
@@ -1172,8 +1189,13 @@ impl DaxCore {
         copy: impl FnOnce(&SlotWriter<'_>) -> bool,
     ) -> Result<PutOutcome, PutError> {
         // Cheap early exit for re-stores, the common case in LMCache.
+        let snap = self.leases.snapshot();
         if !self.arena.is_failed() && self.index.contains_live(key, self.is_key(key)) {
-            return self.present(key);
+            if let Present::Answer(r) = self.present(key, snap) {
+                return r;
+            }
+            // Going away as we looked (`present`): store it (the insert
+            // below settles any race).
         }
         self.put_absent_with(guard, key, len, meta, copy)
     }
@@ -1214,20 +1236,37 @@ impl DaxCore {
         m.key_lo.store(key.lo(), Ordering::Relaxed);
         m.len_meta
             .store(len as u64 | (u64::from(meta) << 32), Ordering::Relaxed);
-        let e = match self.index.insert(key, s, self.is_key(key)) {
-            Insert::Inserted(e) => e,
-            other => {
-                // Never published (or retracted): nobody else can reach it.
-                let t = m
-                    .state
-                    .abort(gen, true)
-                    .expect("a fresh reservation aborts");
-                self.settle(s, t);
-                return match other {
-                    Insert::Full => Err(PutError::IndexFull),
-                    _ => self.present(key),
-                };
-            }
+        // A present key that is going away (`present` says None) is
+        // inserted again with the same reservation: its slot and key are
+        // ready, and an answer of "present" for a key that is leaving would
+        // be a success for a key not stored.
+        let mut tries = 0;
+        let e = loop {
+            let snap = self.leases.snapshot();
+            let answer = match self.index.insert(key, s, self.is_key(key)) {
+                Insert::Inserted(e) => break e,
+                Insert::Full => Err(PutError::IndexFull),
+                Insert::Present => match self.present(key, snap) {
+                    Present::Answer(r) => r,
+                    Present::Gone { .. } if tries < GONE_RETRIES => {
+                        tries += 1;
+                        crate::sync::yield_now();
+                        continue;
+                    }
+                    // Still leaving after every retry (its remover is
+                    // preempted): a lease's copy is not claimed as
+                    // present; any other keeps a plain put's answer.
+                    Present::Gone { leased: true } => Err(PutError::Leased),
+                    Present::Gone { leased: false } => Ok(PutOutcome::AlreadyPresent),
+                },
+            };
+            // Never published (or retracted): nobody else can reach it.
+            let t = m
+                .state
+                .abort(gen, true)
+                .expect("a fresh reservation aborts");
+            self.settle(s, t);
+            return answer;
         };
         let copied = !self.fault_copy() && {
             let writer = SlotWriter {
@@ -1355,38 +1394,63 @@ impl DaxCore {
         })
     }
 
-    /// A put found `key` present: a successful no-op, unless a store lease
-    /// holds it uncommitted, which may never commit (`device::lease`): then
-    /// [`PutError::Leased`]. One load when no store lease is alive. The
-    /// entry looked at is any live one, a PROVISIONAL one included: a put
-    /// can meet a lease's entry while its insert is still settling (loom,
-    /// `tests/loom_core.rs`, found that window with an OWNED-only `find`).
+    /// A put found `key` present: its answer, or [`Present::Gone`] when the
+    /// entry it found is going away (the put should store the key after
+    /// all).
     ///
-    /// The lease's table entry was claimed before its index entry was
-    /// inserted (both SeqCst), so a put that saw the index entry sees it.
-    /// A bucket that changes while it is read (PROVISIONAL → OWNED) reads
-    /// as no entry for that instant, so a miss is looked at again while
-    /// the key is still live (loom found that window too).
-    fn present(&self, key: Key) -> Result<PutOutcome, PutError> {
-        if !self.leases.any_store() {
-            return Ok(PutOutcome::AlreadyPresent);
+    /// When no store lease can be behind the entry the put saw after
+    /// `snap` ([`LeaseTable::quiet`], one load): a successful no-op, as
+    /// ever. Otherwise the key's incarnation is
+    /// pinned and validated first ("Pin, validate, act"), so what is read
+    /// belongs to this key's copy, not to a slot freed and reused
+    /// meanwhile, and then:
+    /// - WRITING under a store lease (the table names this very
+    ///   incarnation, slot and generation): [`PutError::Leased`], since the
+    ///   lease may never commit (a forced delete's cancel included: the
+    ///   slot is the lease's until it ends);
+    /// - WRITING by a plain put, or readable: `AlreadyPresent`;
+    /// - detached, aborted or canceled and no longer WRITING: `Gone`
+    ///   (`leased`: the table named it a store lease's).
+    ///
+    /// An entry not yet confirmed (PROVISIONAL: an insert settling) is
+    /// looked at again; one whose pin failed is retried (loom,
+    /// `tests/loom_core.rs`, and the review's hunts found each of these
+    /// windows: an OWNED-only check, a check across PROVISIONAL → OWNED, a
+    /// table released before the abort, a slot reused under the check).
+    fn present(&self, key: Key, snap: u64) -> Present {
+        if self.leases.quiet(snap) {
+            return Present::Answer(Ok(PutOutcome::AlreadyPresent));
         }
         for _ in 0..RETRY_MAX {
-            if let Some(e) = self.index.find_live(key, self.is_key(key)) {
-                let leased = self.leases.holds_store(e.slot)
-                    && !self.meta(e.slot).state.load().is_readable();
-                return if leased {
-                    Err(PutError::Leased)
+            if let Some((e, gen, _)) = self.pin_published(key) {
+                // The table first, then the state: a lease gives its table
+                // entry back only after its abort, so a state still WRITING
+                // after an entry was seen gone is a plain put's, and one
+                // no longer WRITING after it was seen is a lease that
+                // ended (committed: readable; aborted: going away).
+                let leased = self.leases.holds_store(e.slot, gen);
+                let st = self.meta(e.slot).state.load();
+                let answer = if st.has(WRITING) {
+                    Present::Answer(if leased {
+                        Err(PutError::Leased)
+                    } else {
+                        Ok(PutOutcome::AlreadyPresent)
+                    })
+                } else if st.is_readable() {
+                    Present::Answer(Ok(PutOutcome::AlreadyPresent))
                 } else {
-                    Ok(PutOutcome::AlreadyPresent)
+                    Present::Gone { leased }
                 };
+                self.unpin(e.slot, gen);
+                return answer;
             }
             if !self.index.contains_live(key, self.is_key(key)) {
-                // Gone meanwhile (an abort, a delete): not under a lease.
-                break;
+                return Present::Gone { leased: false };
             }
+            // PROVISIONAL: its insert is settling.
+            crate::sync::yield_now();
         }
-        Ok(PutOutcome::AlreadyPresent)
+        Present::Gone { leased: false }
     }
 
     // ----- leases (`device::lease`) -----
@@ -1449,7 +1513,7 @@ impl DaxCore {
                 .expect("a fresh reservation aborts");
             self.settle(s, t);
         };
-        let Some(table_at) = self.leases.claim(s, true) else {
+        let Some(table_at) = self.leases.claim(s, gen, true) else {
             undo(s);
             return Err(LeaseError::TooMany {
                 max: crate::device::lease::LEASES_MAX,
@@ -1494,14 +1558,18 @@ impl DaxCore {
         {
             Commit::Committed => {
                 // After the commit: a put that still finds the entry finds
-                // it readable (`present`).
+                // it readable (`present`). The table entry names this
+                // incarnation, so a stale one never speaks for the next.
                 self.leases.release(l.held.table_at);
                 Ok(())
             }
             Commit::Canceled(t) => {
-                self.leases.release(l.held.table_at);
+                // No longer WRITING: a put that pins it now is told to
+                // store (`present`). The table entry goes last, as in
+                // `lease_abort`.
                 self.settle(l.held.slot, t);
                 self.unlink_owned(l.held.slot, l.held.generation, l.entry, false);
+                self.leases.release(l.held.table_at);
                 Err(LeaseError::Canceled)
             }
         }
@@ -1509,7 +1577,14 @@ impl DaxCore {
 
     /// [`StoreLease::abort`] (and its drop): the put's failed-copy path.
     pub(crate) fn lease_abort(&self, l: &StoreLease<'_>) {
-        self.leases.release(l.held.table_at);
+        // Until the abort a put that pins the slot sees WRITING and the
+        // table entry (`Leased`); after it, no longer WRITING (told to
+        // store). The table entry goes last, after the index entry: while
+        // the index still shows the key, `any_store` must not say "no
+        // lease" (a put would take the key for present; the review's hunt
+        // found that). An entry released after the slot was freed and
+        // reused names the old generation, so it never speaks for the new
+        // key.
         let t = self
             .meta(l.held.slot)
             .state
@@ -1517,6 +1592,7 @@ impl DaxCore {
             .expect("only the lease holder clears WRITING");
         self.settle(l.held.slot, t);
         self.unlink_owned(l.held.slot, l.held.generation, l.entry, false);
+        self.leases.release(l.held.table_at);
     }
 
     /// Borrow `key`'s readable slot for the caller to read
@@ -1532,7 +1608,7 @@ impl DaxCore {
         let Some((s, gen)) = self.pin_readable(key) else {
             return Ok(None);
         };
-        let Some(table_at) = self.leases.claim(s, false) else {
+        let Some(table_at) = self.leases.claim(s, gen, false) else {
             self.unpin(s, gen);
             return Err(LeaseError::TooMany {
                 max: crate::device::lease::LEASES_MAX,

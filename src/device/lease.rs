@@ -52,7 +52,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::device::slot::SlotId;
+use crate::device::slot::{Generation, SlotId};
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// Leases one device holds at most (store and read together).
@@ -65,6 +65,20 @@ pub const LEASES_MAX: usize = 4;
 
 /// The kind bit of a table entry: a store lease.
 const STORE: u64 = 1 << 63;
+
+/// `LeaseTable::stores`: one claim in the sequence (bits 32..64).
+const STORE_SEQ: u64 = 1 << 32;
+/// `LeaseTable::stores`: the live count (bits 0..32).
+const STORE_LIVE: u64 = STORE_SEQ - 1;
+
+/// A table entry: `slot + 1` (bits 0..31), the incarnation's generation
+/// (bits 32..56) and the kind. The generation makes an entry name one
+/// incarnation, so an entry released a moment late never speaks for the
+/// slot's next key (the review's hunt found a put told "leased" by a stale
+/// slot-only entry).
+fn entry_word(slot: SlotId, generation: Generation, store: bool) -> u64 {
+    (u64::from(slot.0) + 1) | (u64::from(generation.0) << 32) | if store { STORE } else { 0 }
+}
 
 /// Why a lease was not given or did not commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -107,15 +121,17 @@ pub enum LeaseError {
 /// The fixed lease table of one device (module doc).
 #[derive(Debug)]
 pub(crate) struct LeaseTable {
-    /// 0: free; else `slot + 1`, with [`STORE`] for a store lease.
+    /// 0: free; else an [`entry_word`].
     entries: Box<[AtomicU64]>,
     /// When each entry was taken, nanoseconds after `epoch`.
     since: Box<[AtomicU64]>,
     epoch: Instant,
     /// Where the next claim starts looking.
     hint: AtomicUsize,
-    /// Store leases alive: a put checks the table only when this is not 0.
-    stores: AtomicUsize,
+    /// Store leases: alive (bits 0..32) and ever claimed (bits 32..64, a
+    /// sequence). A put that finds its key present asks [`LeaseTable::quiet`]
+    /// whether a store lease can be behind that entry at all.
+    stores: AtomicU64,
 }
 
 impl LeaseTable {
@@ -125,18 +141,19 @@ impl LeaseTable {
             since: (0..LEASES_MAX).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
             hint: AtomicUsize::new(0),
-            stores: AtomicUsize::new(0),
+            stores: AtomicU64::new(0),
         }
     }
 
-    /// An entry for a lease on `slot`; `None` when the table is full.
-    pub(crate) fn claim(&self, slot: SlotId, store: bool) -> Option<usize> {
-        let word = (u64::from(slot.0) + 1) | if store { STORE } else { 0 };
+    /// An entry for a lease on incarnation `generation` of `slot`; `None`
+    /// when the table is full.
+    pub(crate) fn claim(&self, slot: SlotId, generation: Generation, store: bool) -> Option<usize> {
+        let word = entry_word(slot, generation, store);
         if store {
-            // ORDERING: SeqCst — before the entry: a put that reads the
-            // count at 0 cannot have seen this lease's index entry, which
-            // is inserted (SeqCst) after this (`DaxCore::lease_store`).
-            self.stores.fetch_add(1, Ordering::SeqCst);
+            // ORDERING: SeqCst — before the entry and before the lease's
+            // index entry (`DaxCore::lease_store`): a put that saw that
+            // index entry reads this (`quiet`).
+            self.stores.fetch_add(1 | STORE_SEQ, Ordering::SeqCst);
         }
         // ORDERING: Relaxed — a starting point only.
         let start = self.hint.load(Ordering::Relaxed);
@@ -162,8 +179,9 @@ impl LeaseTable {
             }
         }
         if store {
-            // ORDERING: Relaxed — undoes our own increment; no entry was
-            // published under it.
+            // ORDERING: Relaxed — undoes our own live count (the sequence
+            // stays moved: a put that saw it only looks closer); no entry
+            // was published under it.
             self.stores.fetch_sub(1, Ordering::Relaxed);
         }
         None
@@ -181,22 +199,32 @@ impl LeaseTable {
         let prev = self.entries[at].swap(0, Ordering::SeqCst);
         debug_assert_ne!(prev, 0, "a lease releases its own entry once");
         if prev & STORE != 0 {
-            // ORDERING: SeqCst — as in `claim`.
+            // ORDERING: SeqCst — as in `claim`. The lease's index entry was
+            // removed before this (`DaxCore::lease_abort`): a put that
+            // reads the live count at 0 here sees that entry gone.
             self.stores.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
-    /// Whether any store lease is alive (a put checks the table only then).
-    pub(crate) fn any_store(&self) -> bool {
-        // ORDERING: SeqCst — pairs with `claim`'s increment, which comes
-        // before the lease's index entry: a put that found that entry
-        // reads a count above 0.
-        self.stores.load(Ordering::SeqCst) != 0
+    /// The store leases' word, before a put looks for its key.
+    pub(crate) fn snapshot(&self) -> u64 {
+        // ORDERING: SeqCst — pairs with `claim` and `release`.
+        self.stores.load(Ordering::SeqCst)
     }
 
-    /// Whether a store lease holds `slot`.
-    pub(crate) fn holds_store(&self, slot: SlotId) -> bool {
-        let word = (u64::from(slot.0) + 1) | STORE;
+    /// Whether no store lease can be behind an index entry the put saw
+    /// after `snap` (one load): none was alive at `snap`, and none was
+    /// claimed since. A lease's table claim comes before its index entry,
+    /// and its release after the entry is gone, so an entry seen between
+    /// two such reads is not a lease's.
+    pub(crate) fn quiet(&self, snap: u64) -> bool {
+        // ORDERING: SeqCst — as in `snapshot`.
+        snap & STORE_LIVE == 0 && self.stores.load(Ordering::SeqCst) >> 32 == snap >> 32
+    }
+
+    /// Whether a store lease holds incarnation `generation` of `slot`.
+    pub(crate) fn holds_store(&self, slot: SlotId, generation: Generation) -> bool {
+        let word = entry_word(slot, generation, true);
         // ORDERING: SeqCst — pairs with `claim`'s CAS (module doc of
         // `DaxCore::lease_store`).
         self.entries
