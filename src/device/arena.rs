@@ -369,6 +369,70 @@ pub struct Arena {
     admin: Mutex<()>,
     waiters: Mutex<()>,
     wake: Condvar,
+    /// Told of every mapping this arena makes and drops ([`MappingObserver`]).
+    observers: Mutex<Vec<Arc<dyn MappingObserver>>>,
+    /// Bumped on every remap (1 for the first mapping).
+    epoch: AtomicU64,
+}
+
+/// One mapping of an arena as a registrant (a CUDA host registration)
+/// sees it: where it is and which mapping it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// The arena's process-unique id.
+    pub arena_id: u64,
+    /// The mapping's first byte.
+    pub base: usize,
+    /// Its length, bytes.
+    pub len: usize,
+    /// Which mapping of this arena: 1 for the first, one more for every
+    /// remap.
+    pub epoch: u64,
+}
+
+/// Told when a mapping appears and before it goes, so that something
+/// registered against it (a `cuMemHostRegister`) follows its life.
+///
+/// - [`MappingObserver::mapped`] runs after a mapping is made (for every
+///   mapping alive when the observer is added, at once: a replay that no
+///   remap can interleave with) and [`MappingObserver::unmapping`] before
+///   it is unmapped or replaced: the last step before the `munmap` (in a
+///   remap, before the new mapping takes its place; at close, or in the
+///   drop on whichever thread drops the arena, when a lease or guard kept
+///   close from unmapping).
+/// - Both run with the arena's admin lock held and no guard alive (or in
+///   the drop): an observer must not call back into the arena (a guard, a
+///   remap, a close, another observer). Such a call is detected and
+///   refused (a guard: `Closed`; a remap: `Busy`; a close: no effect;
+///   adding an observer: `false`) instead of deadlocking.
+pub trait MappingObserver: Send + Sync {
+    /// `region` is mapped and usable.
+    fn mapped(&self, region: &Region);
+    /// `region` is about to be unmapped (it is still mapped now).
+    fn unmapping(&self, region: &Region);
+}
+
+thread_local! {
+    /// This thread is inside a [`MappingObserver`] callback.
+    static IN_OBSERVER: Cell<bool> = const { Cell::new(false) };
+}
+
+fn in_observer() -> bool {
+    IN_OBSERVER.with(Cell::get)
+}
+
+/// Run `what` on each observer with this thread marked as inside one (so a
+/// call back into the arena is refused, not deadlocked). A panicking
+/// observer is caught and logged: the mapping's life goes on.
+fn tell(observers: &[Arc<dyn MappingObserver>], what: impl Fn(&dyn MappingObserver)) {
+    for o in observers {
+        IN_OBSERVER.with(|f| f.set(true));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| what(o.as_ref())));
+        IN_OBSERVER.with(|f| f.set(false));
+        if r.is_err() {
+            log_line!("daxkv: a mapping observer panicked; ignored");
+        }
+    }
 }
 
 // SAFETY: `mapped` is mutated only by `exclusive` and `close`, which hold
@@ -773,7 +837,65 @@ impl Arena {
             admin: Mutex::new(()),
             waiters: Mutex::new(()),
             wake: Condvar::new(),
+            observers: Mutex::new(Vec::new()),
+            epoch: AtomicU64::new(1),
         }
+    }
+
+    /// The current mapping as a [`Region`]; `None` once unmapped. The
+    /// caller holds `admin` or a guard or lease (the mapping is stable).
+    fn region(&self) -> Option<Region> {
+        // SAFETY: the caller's `admin`, guard or lease keeps `mapped` from
+        // changing (`unsafe impl Sync`).
+        let m = unsafe { &*self.mapped.get() };
+        m.map.as_ref().map(|_| Region {
+            arena_id: self.id,
+            base: m.base as usize,
+            len: m.len,
+            // ORDERING: Relaxed — changes only under `admin`.
+            epoch: self.epoch.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The mapping alive now, if any.
+    pub fn regions(&self) -> Vec<Region> {
+        let _admin = self
+            .admin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.region().into_iter().collect()
+    }
+
+    /// Add an observer ([`MappingObserver`]): it is told of the mapping
+    /// alive now at once, under the same lock as every later change, so
+    /// it misses none and sees none twice. False (and not added) from
+    /// inside an observer callback.
+    pub fn observe(&self, observer: Arc<dyn MappingObserver>) -> bool {
+        if in_observer() {
+            return false;
+        }
+        let _admin = self
+            .admin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(r) = self.region() {
+            tell(std::slice::from_ref(&observer), |o| o.mapped(&r));
+        }
+        self.observers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(observer);
+        true
+    }
+
+    /// Tell every observer (the caller holds `admin`, or is the drop).
+    fn tell_all(&self, what: impl Fn(&dyn MappingObserver)) {
+        let observers = self
+            .observers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        tell(&observers, what);
     }
 
     /// Whether a SIGBUS during a copy (the file truncated under the
@@ -862,6 +984,10 @@ impl Arena {
     /// arena (module doc, "Nested guards"); fails once the arena is closing
     /// or closed.
     pub fn enter(&self) -> Result<ArenaGuard<'_>, Closed> {
+        if in_observer() {
+            // Inside a remap or close of some arena: waiting could never end.
+            return Err(Closed);
+        }
         loop {
             match self.try_enter() {
                 Ok(g) => return Ok(g),
@@ -1002,6 +1128,12 @@ impl Arena {
     /// lease is alive (a lease is never waited for, and new guards are not
     /// held off for it: `gate`, "Leases").
     pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, GateError> {
+        if in_observer() {
+            return Err(GateError::Busy {
+                guards: 0,
+                waited: Duration::ZERO,
+            });
+        }
         let _admin = self
             .admin
             .lock()
@@ -1055,6 +1187,9 @@ impl Arena {
     /// or lease can be in use any more); the arena refuses guards and
     /// leases either way.
     pub fn close(&self, f: impl FnOnce()) -> bool {
+        if in_observer() {
+            return false;
+        }
         let _admin = self
             .admin
             .lock()
@@ -1085,6 +1220,9 @@ impl Arena {
             return true;
         }
         f();
+        if let Some(r) = self.region() {
+            self.tell_all(|o| o.unmapping(&r));
+        }
         // SAFETY: CLOSED is set and the count was seen at zero, so no guard
         // exists and none can be admitted (`enter` backs out on CLOSED;
         // `reenter` needs a live guard); `admin` excludes `exclusive`.
@@ -1102,6 +1240,17 @@ impl Arena {
             w.release();
         }
         true
+    }
+}
+
+impl Drop for Arena {
+    /// The observers' last word on a mapping that `close` did not unmap
+    /// (a lease or a guard was alive then): it is unmapped right after,
+    /// as the fields drop, on whichever thread dropped the arena.
+    fn drop(&mut self) {
+        if let Some(r) = self.region() {
+            self.tell_all(|o| o.unmapping(&r));
+        }
     }
 }
 
@@ -1217,6 +1366,11 @@ impl Exclusive<'_> {
             }
             m
         };
+        // The old mapping's registrants let go of it before it is
+        // replaced (it is unmapped when `Exclusive` drops).
+        if let Some(r) = a.region() {
+            a.tell_all(|o| o.unmapping(&r));
+        }
         // SAFETY: inside `exclusive`: no guard exists and `admin` is held.
         let m = unsafe { &mut *a.mapped.get() };
         m.base = new_map.as_mut_ptr();
@@ -1227,6 +1381,11 @@ impl Exclusive<'_> {
         if let Some(old) = m.map.replace(new_map) {
             // Unmapped when `Exclusive` drops, after the swap is complete.
             self.old.push(old);
+        }
+        // ORDERING: Relaxed — changes only under `admin` (held here).
+        a.epoch.fetch_add(1, Ordering::Relaxed);
+        if let Some(r) = a.region() {
+            a.tell_all(|o| o.mapped(&r));
         }
         Ok(())
     }

@@ -1636,6 +1636,24 @@ impl DaxCore {
         self.unpin(l.held.slot, l.held.generation);
     }
 
+    /// The device's mapping as a registrant sees it (`arena::Region`):
+    /// where it is and which mapping it is (the epoch changes on every
+    /// remap). Empty once unmapped.
+    pub fn regions(&self) -> Vec<crate::device::arena::Region> {
+        self.arena.regions()
+    }
+
+    /// Follow the mapping's life (`arena::MappingObserver`): told of the
+    /// mapping alive now at once, then of every remap and of the unmap
+    /// (at close, or when the core drops if a lease kept close from
+    /// unmapping). False from inside an observer callback.
+    pub fn observe(
+        &self,
+        observer: std::sync::Arc<dyn crate::device::arena::MappingObserver>,
+    ) -> bool {
+        self.arena.observe(observer)
+    }
+
     /// Leases alive on this device and the oldest one's age.
     pub fn lease_ages(&self) -> (usize, Option<std::time::Duration>) {
         self.leases.ages()
