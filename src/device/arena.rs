@@ -421,14 +421,31 @@ fn in_observer() -> bool {
     IN_OBSERVER.with(Cell::get)
 }
 
+/// Marks this thread as inside an observer callback while it lives, and
+/// puts back what was there before when it drops (a callback can run
+/// another: an arena dropped inside one tells its own observers), even if
+/// the callback's panic payload panics as it drops.
+struct InObserver(bool);
+
+impl InObserver {
+    fn enter() -> InObserver {
+        InObserver(IN_OBSERVER.with(|f| f.replace(true)))
+    }
+}
+
+impl Drop for InObserver {
+    fn drop(&mut self) {
+        IN_OBSERVER.with(|f| f.set(self.0));
+    }
+}
+
 /// Run `what` on each observer with this thread marked as inside one (so a
 /// call back into the arena is refused, not deadlocked). A panicking
 /// observer is caught and logged: the mapping's life goes on.
 fn tell(observers: &[Arc<dyn MappingObserver>], what: impl Fn(&dyn MappingObserver)) {
     for o in observers {
-        IN_OBSERVER.with(|f| f.set(true));
+        let _inside = InObserver::enter();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| what(o.as_ref())));
-        IN_OBSERVER.with(|f| f.set(false));
         if r.is_err() {
             log_line!("daxkv: a mapping observer panicked; ignored");
         }
@@ -857,27 +874,54 @@ impl Arena {
         })
     }
 
-    /// The mapping alive now, if any.
+    /// The admin lock for `regions` and `observe`, or `None` where taking
+    /// it could wait for ever or for a whole drain: inside an observer
+    /// callback (a remap or close holds it on this thread, or one on
+    /// another arena), or on a thread that holds a guard on this arena
+    /// while a remap is pending (the remap holds it and waits for that
+    /// guard; `exclusive` and `close` answer such a thread at once too).
+    fn admin_unless_waiting(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        if in_observer() {
+            return None;
+        }
+        if held_on(self.id) > 0 {
+            return match self.admin.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+        }
+        Some(
+            self.admin
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// The mapping alive now, if any. Empty where the answer could only
+    /// come after a wait that may never end ([`MappingObserver`]: from a
+    /// callback, which is given its region; from a guard holder while a
+    /// remap is pending).
     pub fn regions(&self) -> Vec<Region> {
-        let _admin = self
-            .admin
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(_admin) = self.admin_unless_waiting() else {
+            return Vec::new();
+        };
         self.region().into_iter().collect()
     }
 
     /// Add an observer ([`MappingObserver`]): it is told of the mapping
     /// alive now at once, under the same lock as every later change, so
     /// it misses none and sees none twice. False (and not added) from
-    /// inside an observer callback.
+    /// inside an observer callback, and from a thread holding a guard on
+    /// this arena while a remap is pending.
+    ///
+    /// The arena keeps the observer until [`Arena::unobserve`] or its drop:
+    /// an observer that holds its own device strongly (an `Arc` of the
+    /// core) keeps both alive for good. Hold it with a `Weak`.
     pub fn observe(&self, observer: Arc<dyn MappingObserver>) -> bool {
-        if in_observer() {
+        let Some(_admin) = self.admin_unless_waiting() else {
             return false;
-        }
-        let _admin = self
-            .admin
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        };
         if let Some(r) = self.region() {
             tell(std::slice::from_ref(&observer), |o| o.mapped(&r));
         }
@@ -886,6 +930,22 @@ impl Arena {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(observer);
         true
+    }
+
+    /// Stop telling `observer` (the same `Arc`) anything; it is told
+    /// nothing now either (a registrant that lets go of the mapping
+    /// itself). False if it was not observing, and from a callback.
+    pub fn unobserve(&self, observer: &Arc<dyn MappingObserver>) -> bool {
+        let Some(_admin) = self.admin_unless_waiting() else {
+            return false;
+        };
+        let mut list = self
+            .observers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = list.len();
+        list.retain(|o| !Arc::ptr_eq(o, observer));
+        list.len() != before
     }
 
     /// Tell every observer (the caller holds `admin`, or is the drop).

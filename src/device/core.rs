@@ -1646,12 +1646,22 @@ impl DaxCore {
     /// Follow the mapping's life (`arena::MappingObserver`): told of the
     /// mapping alive now at once, then of every remap and of the unmap
     /// (at close, or when the core drops if a lease kept close from
-    /// unmapping). False from inside an observer callback.
+    /// unmapping). False from inside an observer callback. Hold the core
+    /// weakly in the observer: the device keeps its observers until
+    /// [`DaxCore::unobserve`] or its drop.
     pub fn observe(
         &self,
         observer: std::sync::Arc<dyn crate::device::arena::MappingObserver>,
     ) -> bool {
         self.arena.observe(observer)
+    }
+
+    /// Stop telling `observer` anything (`arena::Arena::unobserve`).
+    pub fn unobserve(
+        &self,
+        observer: &std::sync::Arc<dyn crate::device::arena::MappingObserver>,
+    ) -> bool {
+        self.arena.unobserve(observer)
     }
 
     /// Leases alive on this device and the oldest one's age.
