@@ -1129,6 +1129,32 @@ impl DaxCore {
         Ok(())
     }
 
+    /// A put's first steps: claim a free slot (`None`: none is free),
+    /// reserve it (WRITING, a new generation) and write the key, length
+    /// and tag next to it, for the index insert that publishes them.
+    #[inline]
+    fn reserve_slot(&self, key: Key, len: usize, meta: u32) -> Option<(SlotId, Generation)> {
+        let s = self.bitmap.claim()?;
+        // ORDERING: Relaxed — a counter for `usage`.
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let m = self.meta(s);
+        let gen = m.state.reserve();
+        // ORDERING: Release fence — the index's seqlock reader (`is_entry`:
+        // Relaxed key loads, Acquire fence, bucket re-read) that reads this
+        // new key synchronizes with this fence, so it also sees everything
+        // before our reservation, the old incarnation's bucket tombstone
+        // included, and rejects that bucket (a release RMW alone orders
+        // only what precedes it, not the Relaxed stores after it).
+        fence(Ordering::Release);
+        // ORDERING: Relaxed — published by the index insert (SeqCst CAS) and
+        // by the commit (Release); see the fence above for seqlock readers.
+        m.key_hi.store(key.hi(), Ordering::Relaxed);
+        m.key_lo.store(key.lo(), Ordering::Relaxed);
+        m.len_meta
+            .store(len as u64 | (u64::from(meta) << 32), Ordering::Relaxed);
+        Some((s, gen))
+    }
+
     /// Store `data` under `key` with the caller's tag `meta`.
     pub fn put(&self, key: Key, data: &[u8], meta: u32) -> Result<PutOutcome, PutError> {
         self.fits(data.len())?;
@@ -1218,24 +1244,8 @@ impl DaxCore {
         if self.fault_full() {
             return Err(PutError::Full);
         }
-        let s = self.bitmap.claim().ok_or(PutError::Full)?;
-        // ORDERING: Relaxed — a counter for `usage`.
-        self.live.fetch_add(1, Ordering::Relaxed);
+        let (s, gen) = self.reserve_slot(key, len, meta).ok_or(PutError::Full)?;
         let m = self.meta(s);
-        let gen = m.state.reserve();
-        // ORDERING: Release fence — the index's seqlock reader (`is_entry`:
-        // Relaxed key loads, Acquire fence, bucket re-read) that reads this
-        // new key synchronizes with this fence, so it also sees everything
-        // before our reservation, the old incarnation's bucket tombstone
-        // included, and rejects that bucket (a release RMW alone orders
-        // only what precedes it, not the Relaxed stores after it).
-        fence(Ordering::Release);
-        // ORDERING: Relaxed — published by the index insert (SeqCst CAS) and
-        // by the commit (Release); see the fence above for seqlock readers.
-        m.key_hi.store(key.hi(), Ordering::Relaxed);
-        m.key_lo.store(key.lo(), Ordering::Relaxed);
-        m.len_meta
-            .store(len as u64 | (u64::from(meta) << 32), Ordering::Relaxed);
         // A present key that is going away (`present` says None) is
         // inserted again with the same reservation: its slot and key are
         // ready, and an answer of "present" for a key that is leaving would
@@ -1491,19 +1501,8 @@ impl DaxCore {
             return Err(LeaseError::Full);
         }
         // The put protocol up to the copy (`put_absent_with`).
-        let s = self.bitmap.claim().ok_or(LeaseError::Full)?;
-        // ORDERING: Relaxed — a counter for `usage`.
-        self.live.fetch_add(1, Ordering::Relaxed);
+        let (s, gen) = self.reserve_slot(key, len, meta).ok_or(LeaseError::Full)?;
         let m = self.meta(s);
-        let gen = m.state.reserve();
-        // ORDERING: Release fence — as in `put_absent_with`.
-        fence(Ordering::Release);
-        // ORDERING: Relaxed — published by the index insert and the commit,
-        // as in `put_absent_with`.
-        m.key_hi.store(key.hi(), Ordering::Relaxed);
-        m.key_lo.store(key.lo(), Ordering::Relaxed);
-        m.len_meta
-            .store(len as u64 | (u64::from(meta) << 32), Ordering::Relaxed);
         // The table entry before the index entry (both SeqCst): a put that
         // finds the key through the index also finds its lease (`present`).
         let undo = |s: SlotId| {

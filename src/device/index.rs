@@ -206,6 +206,24 @@ impl Index {
     #[allow(clippy::inline_always)] // measured: perf/README.md
     #[inline(always)]
     pub fn find(&self, key: Key, is_key: impl Fn(SlotId) -> bool) -> Option<Entry> {
+        self.scan::<true>(key, &is_key)
+    }
+
+    /// The key's live entry (OWNED, or PROVISIONAL: an insert still
+    /// settling), if any: where [`Index::contains_live`] found it.
+    #[inline]
+    pub fn find_live(&self, key: Key, is_key: impl Fn(SlotId) -> bool) -> Option<Entry> {
+        self.scan::<false>(key, &is_key)
+    }
+
+    /// The key's entry in its run: OWNED only, or any live one.
+    #[allow(clippy::inline_always)] // as `find`
+    #[inline(always)]
+    fn scan<const OWNED_ONLY: bool>(
+        &self,
+        key: Key,
+        is_key: &impl Fn(SlotId) -> bool,
+    ) -> Option<Entry> {
         let home = self.home(key);
         let fp = Self::fp(key);
         // ORDERING: Acquire — pairs with the SeqCst `fetch_max` in `insert`;
@@ -220,33 +238,9 @@ impl Index {
             if b == 0 {
                 return None;
             }
-            if state_of(b) == OWNED && self.is_entry(pos, b, fp, &is_key, Ordering::Acquire) {
-                return Some(Entry {
-                    pos,
-                    slot: slot_of(b),
-                    word: b,
-                });
-            }
-        }
-        None
-    }
-
-    /// The key's live entry (OWNED, or PROVISIONAL: an insert still
-    /// settling), if any: where [`Index::contains_live`] found it.
-    #[inline]
-    pub fn find_live(&self, key: Key, is_key: impl Fn(SlotId) -> bool) -> Option<Entry> {
-        let home = self.home(key);
-        let fp = Self::fp(key);
-        // ORDERING: Acquire — as in `find`.
-        let h = usize::from(self.hints[home].load(Ordering::Acquire));
-        for d in 0..=h {
-            let pos = self.at(home, d);
-            // ORDERING: Acquire — as in `find`.
-            let b = self.buckets[pos].load(Ordering::Acquire);
-            if b == 0 {
-                return None;
-            }
-            if self.is_entry(pos, b, fp, &is_key, Ordering::Acquire) {
+            if (!OWNED_ONLY || state_of(b) == OWNED)
+                && self.is_entry(pos, b, fp, is_key, Ordering::Acquire)
+            {
                 return Some(Entry {
                     pos,
                     slot: slot_of(b),
