@@ -1487,10 +1487,7 @@ impl DaxCore {
         }
         // First the mapping: no remap can change `max_slots` (and so which
         // slots the bitmap hands out) or move the mapping from here on.
-        let arena = self.arena.try_lease().map_err(|e| match e {
-            TryEnterError::Closed => LeaseError::Closed,
-            TryEnterError::Busy => LeaseError::Busy,
-        })?;
+        let arena = self.arena_lease()?;
         if self.arena.is_failed() {
             return Err(LeaseError::DeviceFailed);
         }
@@ -1542,6 +1539,15 @@ impl DaxCore {
             entry,
             ended: false,
         }))
+    }
+
+    /// The mapping held for a lease (never waits: `Busy` while a remap is
+    /// pending, `Closed` once closing).
+    fn arena_lease(&self) -> Result<ArenaLease<'_>, LeaseError> {
+        self.arena.try_lease().map_err(|e| match e {
+            TryEnterError::Closed => LeaseError::Closed,
+            TryEnterError::Busy => LeaseError::Busy,
+        })
     }
 
     /// [`StoreLease::commit`]: the put's commit, or its cancel path.
@@ -1600,10 +1606,7 @@ impl DaxCore {
     /// meanwhile detaches the key. Never waits: `Busy` while a remap is
     /// pending.
     pub fn lease_load(&self, key: Key) -> Result<Option<ReadLease<'_>>, LeaseError> {
-        let arena = self.arena.try_lease().map_err(|e| match e {
-            TryEnterError::Closed => LeaseError::Closed,
-            TryEnterError::Busy => LeaseError::Busy,
-        })?;
+        let arena = self.arena_lease()?;
         let Some((s, gen)) = self.pin_readable(key) else {
             return Ok(None);
         };
