@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use daxkv::device::arena::ArenaSpec;
-use daxkv::engine::{DeviceSpec, Engine, EngineOptions};
+use daxkv::engine::{DeviceSpec, Engine, EngineLeased, EngineOptions};
 use daxkv::plumbing::buf::Buf;
 use daxkv::{CoreConfig, Key};
 
@@ -203,4 +203,48 @@ fn no_allocation_per_task_on_either_side() {
     println!("submitter path: {w} worker and {o} caller allocations over 3 x 96 tasks");
     assert_eq!(w, 0, "engine workers allocated on the data path");
     assert_eq!(o, 0, "the submitting / collecting caller allocated");
+
+    // Slot leases (docs/leases.md), with the `_into` calls into vectors
+    // reserved outside the window: lease, fill through the pointer,
+    // commit, look up and lock, read lease, check, release, unlock,
+    // delete.
+    let lens = [SLOT; 16];
+    let mut leased = Vec::with_capacity(16);
+    let mut leases = Vec::with_capacity(16);
+    let mut commits = Vec::with_capacity(16);
+    let mut reads = Vec::with_capacity(16);
+    let (w, o) = count_allocs(rounds(), |r| {
+        for (k, lookup) in keys.iter().zip(r.lookups) {
+            leased.clear();
+            assert_eq!(e.lease_store_into(k, &lens, &mut leased).unwrap(), 16);
+            for r in leased.drain(..) {
+                let Ok(EngineLeased::Leased(l)) = r else {
+                    panic!("{r:?}");
+                };
+                // SAFETY: the lease hands out `len()` writable bytes at
+                // `ptr()` until it ends; nothing else touches them.
+                unsafe { std::ptr::write_bytes(l.ptr(), 7, l.len()) };
+                leases.push(l);
+            }
+            commits.clear();
+            assert_eq!(e.commit_into(&mut leases, &mut commits), 16);
+            let id = e.submit_lookup_and_lock(lookup).unwrap();
+            assert_eq!(e.wait_lookup(id, T).ready().unwrap().count_ones(), 16);
+            reads.clear();
+            assert_eq!(e.lease_load_into(k, &mut reads), 16);
+            for r in reads.drain(..) {
+                let l = r.unwrap().unwrap();
+                // SAFETY: a read lease hands out `len()` readable bytes at
+                // `ptr()` until it ends.
+                let got = unsafe { std::slice::from_raw_parts(l.ptr(), l.len()) };
+                assert!(got.iter().all(|&x| x == 7));
+            }
+            e.submit_unlock(k);
+            gone.clear();
+            assert_eq!(e.delete_into(k, &mut gone), 16);
+        }
+    });
+    println!("lease path: {w} worker and {o} caller allocations over 3 x 32 x 16 leases");
+    assert_eq!(w, 0, "engine workers allocated");
+    assert_eq!(o, 0, "the leasing caller allocated");
 }

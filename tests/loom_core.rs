@@ -156,3 +156,48 @@ fn a_put_never_succeeds_on_a_key_under_an_open_store_lease() {
         c.check_invariants().unwrap();
     });
 }
+
+/// The engine's lease against a forced hotplug remove (`engine/lease.rs`,
+/// "Placement, and a forced remove"), on the real lease table and slot
+/// state word: the leaser takes its lease (table entry), fences, and
+/// gives the slot back if the device is no longer writable; the remover
+/// makes it not writable, fences, cancels the store leases it finds and
+/// lists the committed keys, which it then moves. A commit that answers
+/// `Ok` must be in that listing: else the key, answered stored, goes with
+/// the device. Seen failing with either fence taken out, and with the
+/// remover's walk taken out.
+#[test]
+fn a_lease_committed_as_a_forced_remove_lists_its_device_is_listed() {
+    use daxkv::{LeaseError, LeasedStore};
+    use loom::sync::atomic::{fence, AtomicBool, Ordering};
+    model(|| {
+        let c = Arc::new(core(2));
+        let writable = Arc::new(AtomicBool::new(true));
+        let k = home0(9);
+        let (c2, w2) = (c.clone(), writable.clone());
+        let leaser = thread::spawn(move || {
+            let Ok(LeasedStore::Leased(l)) = c2.lease_store(k, 16, 0) else {
+                panic!("a fresh key on an empty device is leased");
+            };
+            fence(Ordering::SeqCst);
+            if !w2.load(Ordering::Acquire) {
+                l.abort();
+                return false;
+            }
+            match l.commit() {
+                Ok(()) => true,
+                Err(LeaseError::Canceled) => false,
+                Err(e) => panic!("{e}"),
+            }
+        });
+        writable.store(false, Ordering::Release);
+        fence(Ordering::SeqCst);
+        c.cancel_store_leases();
+        let listed = c.snapshot_keys();
+        let committed = leaser.join().unwrap();
+        if committed {
+            assert_eq!(listed, vec![k], "a commit the remove's listing missed");
+        }
+        c.check_invariants().unwrap();
+    });
+}

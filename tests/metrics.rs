@@ -358,9 +358,9 @@ fn constant_label_names_are_checked() {
 /// A controller that adds and removes devices for weeks: every removed
 /// device stays a tombstone in `status()` (ids are never reused), but
 /// its series leave `/metrics` (as a gone disk's do in node_exporter):
-/// were they kept, each would hold 10 series for ever (`slots_used`, `slots_total`
-/// and the 8-state set), so that 3000 cycles would make a 1.9 MB scrape of
-/// 30 000 dead series, growing with every cycle.
+/// were they kept, each would hold 12 series for ever (`slots_used`, `slots_total`,
+/// the two lease gauges and the 8-state set), so that 3000 cycles would make a
+/// 2.2 MB scrape of 36 000 dead series, growing with every cycle.
 #[test]
 fn removed_devices_leave_metrics() {
     let dev = DeviceSpec {
@@ -375,7 +375,7 @@ fn removed_devices_leave_metrics() {
             .count()
     };
     let before = device_lines(&e);
-    assert_eq!(before, 10, "one device: used, total and 8 states");
+    assert_eq!(before, 12, "one device: used, total, leases, lease age and 8 states");
     for c in 0..50 {
         let id = e
             .add_device(&DeviceSpec {
@@ -383,7 +383,7 @@ fn removed_devices_leave_metrics() {
                 core: CoreConfig::new(ArenaSpec::memfd(16 * SLOT), SLOT),
             })
             .unwrap();
-        assert_eq!(device_lines(&e), 20, "cycle {c}: a live device shows");
+        assert_eq!(device_lines(&e), 24, "cycle {c}: a live device shows");
         e.remove_device(id, daxkv::engine::RemoveMode::Evict, true)
             .unwrap();
     }

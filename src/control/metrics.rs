@@ -197,6 +197,25 @@ fn encode_devices(out: &mut String, devices: &[DeviceInfo]) {
     }
     header(
         out,
+        "daxkv_leases",
+        "gauge",
+        "Slot leases open on a device (store and read; docs/leases.md).",
+    );
+    for (d, l) in devices.iter().zip(&dev_labels) {
+        let _ = writeln!(out, "daxkv_leases{{{l}}} {}", d.leases);
+    }
+    header(
+        out,
+        "daxkv_oldest_lease_age_seconds",
+        "gauge",
+        "Age of a device's oldest open slot lease (0 with none): a leaked lease is an age that only grows.",
+    );
+    for (d, l) in devices.iter().zip(&dev_labels) {
+        let age = d.oldest_lease_age.map_or(0.0, |a| a.as_secs_f64());
+        let _ = writeln!(out, "daxkv_oldest_lease_age_seconds{{{l}}} {age}");
+    }
+    header(
+        out,
         "daxkv_device_state",
         "gauge",
         "Device state set: 1 for the current state, 0 for the others.",

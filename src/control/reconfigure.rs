@@ -232,6 +232,14 @@ fn hotplug_err(e: &crate::engine::HotplugError) -> ReconfigureError {
                 "borrowed_slot_count": borrowed,
             }),
         ),
+        H::Leased { leases, .. } => ReconfigureError::with_body(
+            status,
+            json!({
+                "status": "blocked",
+                "reason": e.to_string(),
+                "lease_count": leases,
+            }),
+        ),
         H::SourceLocked { locked, moved } => ReconfigureError::with_body(
             status,
             json!({

@@ -90,7 +90,7 @@ use crate::host::devdax::{self, DEFAULT_DEVDAX_ALIGN_BYTES};
 use crate::host::memlimit::{self, MemRoots};
 use crate::host::sys;
 
-use crate::device::gate::{Gate, Refused, CLOSED, COUNT_MASK, EXCLUSIVE};
+use crate::device::gate::{Gate, Refused, CLOSED, EXCLUSIVE, GUARD_MASK};
 
 /// Distinct arenas one thread can hold guards on and still re-enter while
 /// a remap is pending (module doc, "Nested guards").
@@ -1016,7 +1016,7 @@ impl Arena {
     /// Live guards (status only).
     pub fn active_guards(&self) -> usize {
         // ORDERING: Relaxed — a statistic.
-        (self.gate.peek() & COUNT_MASK) as usize
+        (self.gate.peek() & GUARD_MASK) as usize
     }
 
     /// How long [`Arena::exclusive`] and [`Arena::close`] wait for live
@@ -1125,6 +1125,10 @@ impl Arena {
             arena: self,
             base: m.base,
             len: m.len,
+            // ORDERING: Relaxed — changes only in an exclusive section,
+            // whose Release `end_exclusive` our admission read (the gate
+            // RMW), and none can run while this lease lives.
+            epoch: self.epoch.load(Ordering::Relaxed),
         })
     }
 
@@ -1157,9 +1161,10 @@ impl Arena {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
-            // Acquire (`Gate::live`): every departed guard's copies
-            // happen-before what we do next.
-            let live = self.gate.live();
+            // Acquire (`Gate::guards`): every departed guard's copies
+            // happen-before what we do next. Leases are not waited for
+            // (`gate`, "Leases").
+            let live = self.gate.guards();
             if live == 0 {
                 return Ok(());
             }
@@ -1235,6 +1240,45 @@ impl Arena {
         });
         self.end_exclusive();
         Ok(r)
+    }
+
+    /// Hold new guards and leases off and wait for the guards alive now to
+    /// leave (at most the drain timeout), whatever leases are live, then
+    /// let everything in again; the mapping does not change. A forced
+    /// hotplug remove uses it where [`Arena::exclusive`] answers
+    /// [`GateError::Leased`]: every operation that entered before the
+    /// caller changed the device's state has left when it returns `Ok`.
+    /// [`GateError::Busy`] as for `exclusive` (guards still alive at the
+    /// deadline, or held by the calling thread), `Closed` once closing.
+    pub fn drain(&self) -> Result<(), GateError> {
+        if in_observer() {
+            return Err(GateError::Busy {
+                guards: 0,
+                waited: Duration::ZERO,
+            });
+        }
+        let _admin = self
+            .admin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.gate.begin_drain().is_err() {
+            self.notify();
+            return Err(GateError::Closed);
+        }
+        let mine = held_on(self.id);
+        let r = if mine > 0 {
+            Err(GateError::Busy {
+                guards: mine as usize,
+                waited: Duration::ZERO,
+            })
+        } else {
+            self.wait_idle().map_err(|guards| GateError::Busy {
+                guards,
+                waited: self.drain_timeout(),
+            })
+        };
+        self.end_exclusive();
+        r
     }
 
     /// Refuse new guards, wait for the live ones (at most the drain
@@ -1502,6 +1546,7 @@ pub struct ArenaLease<'a> {
     arena: &'a Arena,
     base: *mut u8,
     len: usize,
+    epoch: u64,
 }
 
 // SAFETY: the lease is a count on the arena's gate, which any thread may
@@ -1520,6 +1565,11 @@ impl std::fmt::Debug for ArenaLease<'_> {
 }
 
 impl ArenaLease<'_> {
+    /// The mapping's epoch ([`Region::epoch`]): stable while it lives.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Mapping length this lease sees, bytes (stable while it lives).
     pub fn len(&self) -> usize {
         self.len

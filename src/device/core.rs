@@ -89,6 +89,8 @@
 
 use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
 
+use std::sync::Arc;
+
 use crossbeam_utils::CachePadded;
 
 use crate::device::arena::{
@@ -151,6 +153,17 @@ pub enum PutOutcome {
     Stored,
     /// The key was already stored or being stored: a successful no-op.
     AlreadyPresent,
+}
+
+/// [`Session::presence`]: a key as a store deciding its placement sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    /// Not here (or leaving).
+    Absent,
+    /// Stored, or being stored by a plain put.
+    Stored,
+    /// Reserved by a store lease that has not committed.
+    Leased,
 }
 
 /// A [`DaxCore::lease_store`].
@@ -465,6 +478,13 @@ impl StoreLease<'_> {
         self.key
     }
 
+    /// The epoch of the mapping [`StoreLease::ptr`] points into
+    /// (`arena::Region::epoch`): a registrant checks it against the
+    /// region it registered.
+    pub fn epoch(&self) -> u64 {
+        self.held.arena.epoch()
+    }
+
     /// The key is stored: readable from now on, as after a put. The
     /// caller's copy into [`StoreLease::ptr`] must be finished
     /// (`device::lease`, "The contract"). [`LeaseError::Canceled`] if a
@@ -526,6 +546,11 @@ impl ReadLease<'_> {
         self.meta
     }
 
+    /// The epoch of the mapping [`ReadLease::ptr`] points into.
+    pub fn epoch(&self) -> u64 {
+        self.held.arena.epoch()
+    }
+
     /// Byte offset of the slot in the device's mapping.
     pub fn offset(&self) -> usize {
         self.held.offset()
@@ -535,6 +560,132 @@ impl ReadLease<'_> {
 impl Drop for ReadLease<'_> {
     fn drop(&mut self) {
         self.held.core.lease_release(self);
+    }
+}
+
+/// A lease that holds what it borrows: the core's lease and an `Arc` of
+/// the thing that holds the core (an engine's device), so the lease can
+/// outlive the call that made it ([`DaxCore::lease_store_owned`],
+/// [`DaxCore::lease_load_owned`]).
+///
+/// The lease borrows the core through `owner`'s `AsRef` for as long as
+/// `owner` lives: an `Arc`'s contents never move, and while this struct
+/// holds a clone nobody can drop them or borrow them mutably, so a shared
+/// borrow taken from them stays valid that long (the pattern of
+/// `owning_ref` / `yoke` over a stable `Deref`). The lease's lifetime is
+/// widened to `'static` to be stored, ended before `owner` in `Drop`,
+/// and only ever handed out shortened to a borrow of `self`.
+pub struct Owned<L: 'static, T: AsRef<DaxCore>> {
+    /// `Some` until ended; taken in `Drop` before `owner` drops.
+    lease: Option<L>,
+    owner: Arc<T>,
+}
+
+/// [`Owned`] store lease.
+pub type OwnedStoreLease<T> = Owned<StoreLease<'static>, T>;
+/// [`Owned`] read lease.
+pub type OwnedReadLease<T> = Owned<ReadLease<'static>, T>;
+
+/// [`DaxCore::lease_store_owned`]'s answer.
+#[derive(Debug)]
+pub enum OwnedLeasedStore<T: AsRef<DaxCore>> {
+    /// The slot is the caller's to fill, then commit.
+    Leased(OwnedStoreLease<T>),
+    /// The key is stored or in flight already: no slot, no pointer.
+    AlreadyPresent,
+}
+
+impl<L: std::fmt::Debug + 'static, T: AsRef<DaxCore>> std::fmt::Debug for Owned<L, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Owned").field(&self.lease).finish()
+    }
+}
+
+impl<L: 'static, T: AsRef<DaxCore>> Owned<L, T> {
+    /// What holds the core.
+    pub fn owner(&self) -> &Arc<T> {
+        &self.owner
+    }
+
+    fn take(&mut self) -> L {
+        self.lease.take().expect("an owned lease ends once")
+    }
+}
+
+impl<T: AsRef<DaxCore>> OwnedStoreLease<T> {
+    /// The lease, borrowed for as long as `self`.
+    pub fn get(&self) -> &StoreLease<'_> {
+        self.lease.as_ref().expect("a live owned lease")
+    }
+
+    /// [`StoreLease::commit`].
+    pub fn commit(mut self) -> Result<(), LeaseError> {
+        self.take().commit()
+    }
+
+    /// [`StoreLease::abort`].
+    pub fn abort(mut self) {
+        self.take().abort();
+    }
+}
+
+impl<T: AsRef<DaxCore>> OwnedReadLease<T> {
+    /// The lease, borrowed for as long as `self`.
+    pub fn get(&self) -> &ReadLease<'_> {
+        self.lease.as_ref().expect("a live owned lease")
+    }
+}
+
+impl<L: 'static, T: AsRef<DaxCore>> Drop for Owned<L, T> {
+    fn drop(&mut self) {
+        // Before `owner` (the struct's doc).
+        drop(self.lease.take());
+    }
+}
+
+impl DaxCore {
+    /// [`DaxCore::lease_store`] on the core `owner` holds, as a lease that
+    /// holds `owner` ([`Owned`]).
+    pub fn lease_store_owned<T: AsRef<DaxCore>>(
+        owner: &Arc<T>,
+        key: Key,
+        len: usize,
+        meta: u32,
+    ) -> Result<OwnedLeasedStore<T>, LeaseError> {
+        let owner = Arc::clone(owner);
+        let l = match (*owner).as_ref().lease_store(key, len, meta)? {
+            LeasedStore::Leased(l) => l,
+            LeasedStore::AlreadyPresent => return Ok(OwnedLeasedStore::AlreadyPresent),
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: only the lifetime changes (same type, same layout); `l`
+        // borrows the core inside `owner`'s allocation, which the clone
+        // stored next to it keeps alive and unmoved until `Owned`'s drop
+        // has ended `l` (the struct's doc).
+        let l = unsafe { std::mem::transmute::<StoreLease<'_>, StoreLease<'static>>(l) };
+        Ok(OwnedLeasedStore::Leased(Owned {
+            lease: Some(l),
+            owner,
+        }))
+    }
+
+    /// [`DaxCore::lease_load`] on the core `owner` holds, as a lease that
+    /// holds `owner` ([`Owned`]).
+    pub fn lease_load_owned<T: AsRef<DaxCore>>(
+        owner: &Arc<T>,
+        key: Key,
+    ) -> Result<Option<OwnedReadLease<T>>, LeaseError> {
+        let owner = Arc::clone(owner);
+        let Some(l) = (*owner).as_ref().lease_load(key)? else {
+            return Ok(None);
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: as in `lease_store_owned`.
+        let l = unsafe { std::mem::transmute::<ReadLease<'_>, ReadLease<'static>>(l) };
+        Ok(Some(Owned {
+            lease: Some(l),
+            owner,
+        }))
     }
 }
 
@@ -1671,6 +1822,37 @@ impl DaxCore {
         self.leases.ages()
     }
 
+    /// Cancel every store lease open on this device now, as a forced
+    /// delete of each leased key would (a forced hotplug remove): each
+    /// one's commit answers [`LeaseError::Canceled`] and frees its slot.
+    /// A lease that committed first keeps its key (`SlotState::cancel`
+    /// never touches a committed copy), so the caller's later listing of
+    /// the committed keys finds it. Returns how many were canceled.
+    pub fn cancel_store_leases(&self) -> usize {
+        let mut n = 0;
+        for (s, gen) in self.leases.stores_now() {
+            if s.0 as usize >= self.capacity_slots {
+                continue;
+            }
+            if let Ok(t) = self.meta(s).state.cancel(gen) {
+                self.settle(s, t);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Wait for every operation inside the device now to leave (at most
+    /// the drain timeout), holding new ones off meanwhile, whatever leases
+    /// are live (`Arena::drain`): [`DaxCore::quiesce`] for a forced remove,
+    /// which answers [`GateError::Leased`] while a lease lives.
+    pub fn drain(&self) -> Result<(), CoreError> {
+        self.arena.drain().map_err(|e| match e {
+            GateError::Closed => CoreError::Closed,
+            busy => CoreError::Busy(busy),
+        })
+    }
+
     // ----- lookup -----
 
     /// Per key: committed and readable? With `lock`, each hit takes one
@@ -2275,6 +2457,24 @@ impl Session<'_> {
     /// [`DaxCore::contains_live`] under this session's guard.
     pub fn contains_live(&self, key: Key) -> bool {
         self.core.index.contains_live(key, self.core.is_key(key))
+    }
+
+    /// Whether `key` is here for a store deciding where it goes: absent,
+    /// stored (or stored in flight by a plain put), or under a store lease
+    /// that has not committed (a store of it must not succeed: the lease
+    /// may never commit). One extra load over `contains_live` while no
+    /// store lease is open on the device.
+    pub fn presence(&self, key: Key) -> Presence {
+        let c = self.core;
+        let snap = c.leases.snapshot();
+        if !c.index.contains_live(key, c.is_key(key)) {
+            return Presence::Absent;
+        }
+        match c.present(key, snap) {
+            Present::Answer(Err(PutError::Leased)) => Presence::Leased,
+            Present::Answer(_) => Presence::Stored,
+            Present::Gone { .. } => Presence::Absent,
+        }
     }
 
     /// Release one lookup lock on `key` under this session's guard; false

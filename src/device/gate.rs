@@ -37,12 +37,26 @@
 //! section sees the lease (both may back off, neither proceeds over the
 //! other). The section then waits for guards as before; no lease is among
 //! them.
+//!
+//! ## Guards and leases in one word
+//!
+//! A guard counts 1 in the word, a lease [`LEASE_UNIT`]: one load tells
+//! the guards apart from the leases ([`Gate::guards`]). A forced drain
+//! ([`Gate::begin_drain`]: a forced hotplug remove) holds new guards and
+//! leases off and waits for the guards alone, whatever leases are live: a
+//! drain that read guards and leases from two words could subtract a lease
+//! that had already left the word and see no guard while one is live (a
+//! lease ending between the two loads).
 #![forbid(unsafe_code)]
 
 use crate::sync::{AtomicU64, Ordering};
 
 /// The live guards and leases (bits 0..48 of the word).
 pub const COUNT_MASK: u64 = (1 << 48) - 1;
+/// What a lease counts in the word (guards count 1): leases in bits 24..48.
+pub const LEASE_UNIT: u64 = 1 << 24;
+/// The live guards (bits 0..24 of the word).
+pub const GUARD_MASK: u64 = LEASE_UNIT - 1;
 /// A remap is pending or running: new guards wait, leases are refused.
 pub const EXCLUSIVE: u64 = 1 << 62;
 /// Closing or closed: nothing is admitted.
@@ -93,7 +107,12 @@ impl Gate {
     /// Undo a refused increment that read `prev`: why it was refused, and
     /// whether a waiter must be woken ([`Gate::leave`]).
     fn back_out(&self, prev: u64) -> (Refused, bool) {
-        let wake = self.leave();
+        self.back_out_by(prev, 1)
+    }
+
+    /// [`Gate::back_out`] of an increment by `unit` (1, or [`LEASE_UNIT`]).
+    fn back_out_by(&self, prev: u64, unit: u64) -> (Refused, bool) {
+        let wake = self.leave_by(unit);
         let why = if prev & CLOSED != 0 {
             Refused::Closed
         } else {
@@ -115,10 +134,19 @@ impl Gate {
     /// (an exclusive section or close) should be woken: it was the last.
     #[inline]
     pub fn leave(&self) -> bool {
+        self.leave_by(1)
+    }
+
+    /// Take `unit` (1 for a guard, [`LEASE_UNIT`] for a lease) off the
+    /// word; true when a waiter should be woken: it was the last guard (a
+    /// drain waits for guards only), or the last of everything.
+    #[inline]
+    fn leave_by(&self, unit: u64) -> bool {
         // ORDERING: Release — this guard's copies happen-before the Acquire
-        // load in `live` that sees the count reach zero.
-        let prev = self.word.fetch_sub(1, Ordering::Release);
-        prev & (EXCLUSIVE | CLOSED) != 0 && prev & COUNT_MASK == 1
+        // load in `live` / `guards` that sees the count reach zero.
+        let prev = self.word.fetch_sub(unit, Ordering::Release);
+        prev & (EXCLUSIVE | CLOSED) != 0
+            && (prev & COUNT_MASK == unit || (unit == 1 && prev & GUARD_MASK == 1))
     }
 
     /// Take a lease (module doc, "Leases"): never waits.
@@ -127,11 +155,11 @@ impl Gate {
         // doc): the lease count first, then the word.
         self.leases.fetch_add(1, Ordering::SeqCst);
         // ORDERING: SeqCst — as above; also Acquire, as in `enter`.
-        let prev = self.word.fetch_add(1, Ordering::SeqCst);
+        let prev = self.word.fetch_add(LEASE_UNIT, Ordering::SeqCst);
         if prev & (CLOSED | EXCLUSIVE) == 0 {
             return Ok(());
         }
-        let refused = self.back_out(prev);
+        let refused = self.back_out_by(prev, LEASE_UNIT);
         // ORDERING: Release — nothing was done under this lease; the order
         // against the exclusive section is carried by the SeqCst pair.
         self.leases.fetch_sub(1, Ordering::Release);
@@ -144,7 +172,7 @@ impl Gate {
         // it commits or releases, the lease contract) happen-before a
         // section that later reads the count at zero (Acquire).
         self.leases.fetch_sub(1, Ordering::Release);
-        self.leave()
+        self.leave_by(LEASE_UNIT)
     }
 
     /// Live leases now.
@@ -182,6 +210,23 @@ impl Gate {
         Ok(())
     }
 
+    /// Set EXCLUSIVE whatever the leases (a forced drain: module doc,
+    /// "Guards and leases in one word"): new guards wait and new leases
+    /// are refused until [`Gate::end_exclusive`]; the caller then waits for
+    /// [`Gate::guards`] to reach zero. Live leases stay live: the mapping
+    /// must not change under them. `Closed` (bit left clear) once closing.
+    pub fn begin_drain(&self) -> Result<(), Refused> {
+        // ORDERING: SeqCst — as in `begin_exclusive`: in the word's
+        // modification order before the guard count is read, so every
+        // later `enter` sees the bit.
+        let prev = self.word.fetch_or(EXCLUSIVE, Ordering::SeqCst);
+        if prev & CLOSED != 0 {
+            self.end_exclusive();
+            return Err(Refused::Closed);
+        }
+        Ok(())
+    }
+
     /// Clear EXCLUSIVE.
     pub fn end_exclusive(&self) {
         // ORDERING: Release — publishes the new mapping to the Acquire
@@ -202,6 +247,12 @@ impl Gate {
     pub fn live(&self) -> u64 {
         // ORDERING: Acquire — as the doc says.
         self.word.load(Ordering::Acquire) & COUNT_MASK
+    }
+
+    /// Live guards, leases left out (Acquire, as [`Gate::live`]).
+    pub fn guards(&self) -> u64 {
+        // ORDERING: Acquire — as in `live`.
+        self.word.load(Ordering::Acquire) & GUARD_MASK
     }
 
     /// The word, for advisory reads (status, tests).

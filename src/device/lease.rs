@@ -232,6 +232,25 @@ impl LeaseTable {
             .any(|e| e.load(Ordering::SeqCst) == word)
     }
 
+    /// The incarnations (slot, generation) of the store leases in the
+    /// table now. An entry released meanwhile may still be listed: it
+    /// names its own incarnation, which a caller acts on only through a
+    /// generation-checked state CAS.
+    pub(crate) fn stores_now(&self) -> impl Iterator<Item = (SlotId, Generation)> + '_ {
+        self.entries.iter().filter_map(|e| {
+            // ORDERING: SeqCst — pairs with `claim`'s CAS: a forced
+            // remove's walk (`DaxCore::cancel_store_leases`) and an engine
+            // lease's state check form a Dekker pair through it.
+            let w = e.load(Ordering::SeqCst);
+            (w & STORE != 0).then(|| {
+                (
+                    SlotId(((w & 0xFFFF_FFFF) - 1) as u32),
+                    Generation(((w & !STORE) >> 32) as u32),
+                )
+            })
+        })
+    }
+
     /// Leases alive and the oldest one's age.
     pub(crate) fn ages(&self) -> (usize, Option<Duration>) {
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);

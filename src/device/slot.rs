@@ -466,6 +466,20 @@ impl SlotState {
         })
     }
 
+    /// Cancel the store in flight in incarnation `gen` (a forced remove's
+    /// walk over its device's store leases): set CANCELED on a WRITING
+    /// slot, so its writer's commit answers canceled and frees it. Unlike
+    /// a forced [`SlotState::detach`], never touches a committed copy: a
+    /// lease that committed first keeps its key (`WrongState`).
+    pub fn cancel(&self, gen: Generation) -> Result<Transition, SlotError> {
+        self.update(gen, |s| {
+            if !s.has(WRITING) || s.has(CANCELED) {
+                return Err(SlotError::WrongState);
+            }
+            Ok(State(s.0 | CANCELED))
+        })
+    }
+
     /// The slot's index bucket is gone: set UNLINKED, freeing it if idle.
     pub fn unlink(&self, gen: Generation) -> Result<Transition, SlotError> {
         self.update(gen, unlinked)

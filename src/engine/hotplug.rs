@@ -195,6 +195,16 @@ pub enum HotplugError {
         /// The size asked for.
         requested_bytes: usize,
     },
+    /// Slot leases are open on the device: a remap (grow, shrink) cannot
+    /// move a mapping callers hold pointers into, and a remove waits for
+    /// them to end (or, with `force`, cancels the store leases).
+    #[error("device has {leases} open slot leases: commit, abort or release them and retry{}", if *forced_ok { ", or remove with force" } else { "" })]
+    Leased {
+        /// Leases open when it was refused.
+        leases: u64,
+        /// Whether `force` would go ahead (a remove; a remap never does).
+        forced_ok: bool,
+    },
     /// Locked or borrowed slots block it (pass `force`).
     #[error("device has externally locked or borrowed slots")]
     Blocked {
@@ -248,6 +258,7 @@ impl HotplugError {
             | HotplugError::AnonymousSizeConflict { .. }
             | HotplugError::Failed { .. }
             | HotplugError::Blocked { .. }
+            | HotplugError::Leased { .. }
             | HotplugError::SourceLocked { .. }
             | HotplugError::ShrinkWouldDrop
             | HotplugError::ShrinkStillLive
@@ -570,6 +581,13 @@ impl HotplugError {
 /// `Blocked` if a key of `dev` is locked or a read of it borrowed
 /// (upstream checks the whole device, not only the keys it will touch).
 fn unblocked(dev: &Device) -> Result<(), HotplugError> {
+    let (leases, _) = dev.core().lease_ages();
+    if leases > 0 {
+        return Err(HotplugError::Leased {
+            leases: leases as u64,
+            forced_ok: true,
+        });
+    }
     let st = dev.core().status();
     if st.locked_key_count > 0 || st.borrowed_slot_count > 0 {
         return Err(HotplugError::Blocked {
@@ -586,18 +604,61 @@ fn unblocked(dev: &Device) -> Result<(), HotplugError> {
 /// that enter later see the new state and go elsewhere
 /// (`store_one` checks writability inside its session). A guard held past
 /// the drain timeout (a long borrowed read) blocks, unless `force`.
+///
+/// Slot leases are not operations: `quiesce` answers `Leased` at once
+/// while one is open. Without `force` that is a 409 (`HotplugError::Leased`);
+/// with it the operations are waited for without the leases
+/// (`DaxCore::drain`). Either way the store leases open now are then
+/// canceled (a forced remove's walk; without `force` none is open but one
+/// racing the state change, which the walk or its own state check ends:
+/// `lease.rs` module doc), so no lease commits a key after the caller
+/// lists the device's keys.
 fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
-    match dev.core().quiesce() {
-        Err(crate::device::error::CoreError::Busy(crate::device::error::GateError::Busy {
-            guards,
-            ..
-        })) if !force => Err(HotplugError::Blocked {
-            locked: 0,
-            borrowed: guards,
+    use crate::device::error::{CoreError, GateError};
+    let r = match dev.core().quiesce() {
+        Err(CoreError::Busy(GateError::Busy { guards, .. })) if !force => {
+            Err(HotplugError::Blocked {
+                locked: 0,
+                borrowed: guards,
+            })
+        }
+        Err(CoreError::Busy(GateError::Leased { leases })) if !force => Err(HotplugError::Leased {
+            leases,
+            forced_ok: true,
         }),
+        Err(CoreError::Busy(GateError::Leased { .. })) => {
+            // Done, closed, or still busy at the deadline: go on, as a
+            // forced quiesce does.
+            let _ = dev.core().drain();
+            Ok(())
+        }
         // Done, closed, or (forced) still busy: go on.
         _ => Ok(()),
+    };
+    if r.is_ok() {
+        dev.core().cancel_store_leases();
     }
+    r
+}
+
+/// [`HotplugError::Leased`] for a remap refused for its leases.
+fn remap_error(dev: &Device, e: &crate::device::error::CoreError) -> HotplugError {
+    use crate::device::error::{CoreError, GateError};
+    if let CoreError::Busy(GateError::Leased { leases }) = e {
+        return HotplugError::Leased {
+            leases: *leases,
+            forced_ok: false,
+        };
+    }
+    // The reason goes to the caller, the path left out (the log has it
+    // whole).
+    log_line!("daxkv: resize: {e}");
+    let why = e.to_string();
+    HotplugError::Remap(if is_memfd_name(dev.path()) {
+        why
+    } else {
+        why.replace(dev.path(), "the device")
+    })
 }
 
 /// `Failed` if `dev` failed: an add of its path (or of the same device)
@@ -1022,6 +1083,10 @@ impl Engine {
             _ => DeviceState::Draining,
         };
         dev.set_state(during);
+        // ORDERING: SeqCst fence — the Dekker pair with `lease_one`
+        // (`lease.rs` module doc): the state before the lease table is
+        // read (`unblocked`, `quiesce`'s walk).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let mut restore = RestoreState(&dev, old, true);
         if !force {
             unblocked(&dev)?;
@@ -1167,6 +1232,16 @@ impl Engine {
         }
         dev.set_state(DeviceState::Resizing);
         let mut restore = RestoreState(&dev, old, true);
+        // A remap cannot move a mapping leases point into, forced or not:
+        // refused before anything is moved or evicted (the remap checks
+        // again, for a lease taken meanwhile).
+        let (leases, _) = dev.core().lease_ages();
+        if leases > 0 {
+            return Err(HotplugError::Leased {
+                leases: leases as u64,
+                forced_ok: false,
+            });
+        }
         let (mut moved, mut deleted) = (0, 0);
         if new_slots < dev.core().max_slots() {
             if !force {
@@ -1201,17 +1276,9 @@ impl Engine {
                 return Err(HotplugError::ShrinkStillLive);
             }
         }
-        dev.core().remap(size_bytes).map_err(|e| {
-            // The reason goes to the caller, the path left out (the log
-            // has it whole).
-            log_line!("daxkv: resize: {e}");
-            let why = e.to_string();
-            HotplugError::Remap(if is_memfd_name(dev.path()) {
-                why
-            } else {
-                why.replace(dev.path(), "the device")
-            })
-        })?;
+        dev.core()
+            .remap(size_bytes)
+            .map_err(|e| remap_error(&dev, &e))?;
         restore.2 = false;
         dev.set_state(old);
         Ok(report(moved, deleted, &dev))

@@ -117,6 +117,7 @@ mod failpoints;
 mod hotplug;
 #[cfg(all(test, not(daxkv_loom)))]
 mod hotplug_interleavings;
+mod lease;
 mod metrics;
 mod options;
 mod pool;
@@ -132,6 +133,7 @@ pub use hotplug::{
     check_device_path, check_memfd_name, is_memfd_name, HotplugError, RemoveMode, RemoveReport,
     ResizeReport, ShrinkMode, CREATE_ROOTS, MEMFD_GROW_FACTOR, MEMFD_NAME_MAX,
 };
+pub use lease::{EngineLeased, EngineReadLease, EngineStoreLease};
 pub use metrics::{
     Contention, HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op,
     CALLER_SHARDS, DURATION_BUCKETS,
@@ -359,6 +361,8 @@ fn tombstone_json(
         "borrowed_slot_count": 0,
         "active_read_count": 0,
         "active_write_count": 0,
+        "lease_count": 0,
+        "oldest_lease_age_seconds": null,
         "closing": true,
         "inflight_store_tasks": inflight[0],
         "inflight_lookup_tasks": inflight[1],
@@ -390,6 +394,8 @@ fn live_json(
         "borrowed_slot_count": st.borrowed_slot_count,
         "active_read_count": st.active_read_count,
         "active_write_count": st.active_write_count,
+        "lease_count": st.lease_count,
+        "oldest_lease_age_seconds": st.oldest_lease_age.map(|a| a.as_secs_f64()),
         "closing": st.closing,
         "inflight_store_tasks": inflight[0],
         "inflight_lookup_tasks": inflight[1],

@@ -23,7 +23,7 @@ use arc_swap::{ArcSwap, Cache, Guard};
 use super::claims::ClaimTable;
 use super::{Engine, EngineError};
 use crate::device::arena::{ArenaSource, DeviceIdentity, TryEnterError};
-use crate::device::core::{CoreConfig, DaxCore, Session};
+use crate::device::core::{CoreConfig, DaxCore, Presence, Session};
 use crate::device::error::PutError;
 use crate::key::Key;
 
@@ -210,6 +210,7 @@ impl Device {
 
     /// A snapshot of its id, state and usage.
     pub(crate) fn info(&self) -> DeviceInfo {
+        let (leases, oldest_lease_age) = self.core.lease_ages();
         DeviceInfo {
             id: self.id,
             path: self.path.clone(),
@@ -218,7 +219,15 @@ impl Device {
             slot_bytes: self.core.slot_bytes(),
             max_slots: self.core.max_slots(),
             live_slots: self.core.live_slot_count(),
+            leases,
+            oldest_lease_age,
         }
+    }
+}
+
+impl AsRef<DaxCore> for Device {
+    fn as_ref(&self) -> &DaxCore {
+        &self.core
     }
 }
 
@@ -239,6 +248,11 @@ pub struct DeviceInfo {
     pub max_slots: usize,
     /// Slots holding a key, in flight or pending free.
     pub live_slots: usize,
+    /// Slot leases open on it (docs/leases.md).
+    pub leases: usize,
+    /// The oldest open lease's age (a leaked lease is an age that only
+    /// grows).
+    pub oldest_lease_age: Option<std::time::Duration>,
 }
 
 /// A device's mapping, for raw-copy baselines (the benchmarks compare the
@@ -296,6 +310,8 @@ impl Tombstone {
             slot_bytes: 0,
             max_slots: 0,
             live_slots: 0,
+            leases: 0,
+            oldest_lease_age: None,
         }
     }
 }
@@ -867,8 +883,12 @@ pub(super) fn store_one(
     };
     for (i, d) in devs.iter().enumerate() {
         if d.state().is_readable() {
-            match in_session(devs, sessions, i, |s| s.contains_live(key)) {
-                Ok(Some(true)) => return Stored::Yes,
+            match in_session(devs, sessions, i, |s| s.presence(key)) {
+                Ok(Some(Presence::Stored)) => return Stored::Yes,
+                // Under a store lease that has not committed: never
+                // success (the lease may never commit), never a second
+                // copy (docs/leases.md, "The engine's leases").
+                Ok(Some(Presence::Leased)) => return Stored::No,
                 Ok(_) => {}
                 Err(dev) => return Stored::WouldWait(dev),
             }

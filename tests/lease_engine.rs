@@ -1,0 +1,495 @@
+//! The engine's slot leases (docs/leases.md, "The engine's leases"):
+//! placement across devices, a committed key exactly a stored one
+//! (listeners, metrics, one copy), stores, deletes and hotplug against
+//! open leases, and a hunt of leases racing forced removes. Real memfd
+//! mappings, real threads.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use daxkv::device::arena::ArenaSpec;
+use daxkv::engine::{
+    DeviceId, DeviceSpec, Engine, EngineLeased, EngineOptions, EngineStoreLease, HotplugError,
+    Listener, RemoveMode, ShrinkMode,
+};
+use daxkv::plumbing::buf::Buf;
+use daxkv::{CoreConfig, Key, LeaseError, LEASES_MAX};
+
+const SLOT: usize = 4096;
+const T: Duration = Duration::from_secs(20);
+
+fn k(i: u64) -> Key {
+    Key::digest(&i.to_le_bytes())
+}
+
+fn memfd(slots: usize) -> DeviceSpec {
+    DeviceSpec {
+        path: "memfd".into(),
+        core: CoreConfig::new(
+            ArenaSpec::memfd(slots * SLOT).max_size_bytes(4 * slots * SLOT),
+            SLOT,
+        ),
+    }
+}
+
+fn engine(devs: &[usize]) -> Engine {
+    Engine::open(
+        devs.iter().map(|&s| memfd(s)).collect(),
+        SLOT,
+        true,
+        EngineOptions::default(),
+    )
+    .unwrap()
+}
+
+/// A lease for each key, each expected to be given.
+fn lease(e: &Engine, keys: &[Key], len: usize) -> Vec<EngineStoreLease> {
+    let lens = vec![len; keys.len()];
+    e.lease_store(keys, &lens)
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            Ok(EngineLeased::Leased(l)) => l,
+            other => panic!("no lease: {other:?}"),
+        })
+        .collect()
+}
+
+fn fill(l: &EngineStoreLease, byte: u8) {
+    // SAFETY: a store lease hands out `len()` writable bytes at `ptr()`
+    // until it ends; nothing else touches them meanwhile.
+    unsafe { std::ptr::write_bytes(l.ptr(), byte, l.len()) };
+}
+
+/// `key`'s bytes through a load task, `None` on a miss.
+fn load(e: &Engine, key: Key) -> Option<Vec<u8>> {
+    let id = e.submit_load(vec![key], vec![vec![0u8; SLOT]]).unwrap();
+    let r = e.wait_load(id, T).ready().unwrap();
+    r.bitmap
+        .test(0)
+        .then(|| r.bufs[0][..r.lens.get(0)].to_vec())
+}
+
+/// Store each key (1000 bytes of `byte`) by its own task: whether each
+/// succeeded.
+fn store(e: &Engine, keys: Vec<Key>, byte: u8) -> Vec<bool> {
+    keys.into_iter()
+        .map(|key| {
+            let id = e
+                .submit_store(vec![key], vec![Buf::Vec(vec![byte; 1000])])
+                .unwrap();
+            e.wait_store(id, T).ready().unwrap().success
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct Heard {
+    stored: Mutex<Vec<Key>>,
+    accessed: Mutex<Vec<Key>>,
+    deleted: Mutex<Vec<Key>>,
+}
+
+impl Listener for Heard {
+    fn on_keys_stored(&self, keys: &[Key], sizes: &[usize]) {
+        assert_eq!(keys.len(), sizes.len());
+        self.stored.lock().unwrap().extend_from_slice(keys);
+    }
+    fn on_keys_accessed(&self, keys: &[Key]) {
+        self.accessed.lock().unwrap().extend_from_slice(keys);
+    }
+    fn on_keys_deleted(&self, keys: &[Key]) {
+        self.deleted.lock().unwrap().extend_from_slice(keys);
+    }
+}
+
+fn listen(e: &Engine) -> Arc<Heard> {
+    let h = Arc::new(Heard::default());
+    let l: Arc<dyn Listener> = h.clone();
+    e.register_listener(&l);
+    h
+}
+
+#[test]
+fn a_committed_lease_is_exactly_a_stored_key() {
+    let e = engine(&[8, 8]);
+    let heard = listen(&e);
+    let mut ls = lease(&e, &[k(1), k(2)], 1000);
+    // Placement as a store's: the least used device each time.
+    assert_ne!(ls[0].device(), ls[1].device(), "least used first");
+    for l in &ls {
+        assert_eq!(l.len(), 1000);
+        assert_eq!(l.offset() % SLOT, 0);
+        assert_eq!(l.epoch(), 1);
+        fill(l, 0x5A);
+    }
+    // In flight until the commit: misses everywhere, no event yet.
+    assert_eq!(e.exists(&[k(1), k(2)]), vec![false, false]);
+    assert_eq!(load(&e, k(1)), None);
+    assert!(e.lease_load(&[k(1)])[0].as_ref().unwrap().is_none());
+    assert!(heard.stored.lock().unwrap().is_empty());
+    let dev_of_1 = ls[0].device();
+    let mut out = Vec::new();
+    assert_eq!(e.commit_into(&mut ls, &mut out), 2);
+    assert!(ls.is_empty());
+    assert_eq!(out, vec![Ok(()), Ok(())]);
+    assert_eq!(*heard.stored.lock().unwrap(), vec![k(1), k(2)]);
+    assert_eq!(load(&e, k(1)).unwrap(), vec![0x5A; 1000]);
+    assert_eq!(e.devices_holding(k(1)), vec![dev_of_1]);
+    // Counted as stores, and the usage moved.
+    let text = daxkv::control::metrics::encode(&e);
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("daxkv_keys_total{op=\"store\",result=\"ok\"}") && l.ends_with(" 2")
+        ),
+        "{text}"
+    );
+    assert_eq!(e.usage().0, 2 * SLOT as u64);
+    // A read lease: the bytes, told as an access.
+    let r = e.lease_load(&[k(1)]).pop().unwrap().unwrap().unwrap();
+    // SAFETY: a read lease hands out `len()` readable bytes at `ptr()`.
+    let got = unsafe { std::slice::from_raw_parts(r.ptr(), r.len()) };
+    assert_eq!(got, &[0x5A; 1000][..]);
+    assert_eq!(r.device(), dev_of_1);
+    r.release();
+    // The load task above, then the read lease.
+    assert_eq!(*heard.accessed.lock().unwrap(), vec![k(1), k(1)]);
+    // Leasing a stored key: present, no pointer.
+    let again = e.lease_store(&[k(1)], &[10]).unwrap();
+    assert!(matches!(again[0], Ok(EngineLeased::AlreadyPresent)));
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn a_store_of_a_leased_key_never_succeeds_and_never_makes_a_second_copy() {
+    // Two devices: the store would otherwise land on the emptier one.
+    let e = engine(&[8, 8]);
+    let l = lease(&e, &[k(7)], 100).pop().unwrap();
+    let leased_on = l.device();
+    // The other device is now the emptier: a store of k(7) must not go
+    // there, and must not answer stored.
+    assert_eq!(store(&e, vec![k(7)], 1), vec![false]);
+    assert!(
+        e.devices_holding(k(7)).is_empty(),
+        "not readable before commit"
+    );
+    // A second lease of it: present.
+    assert!(matches!(
+        e.lease_store(&[k(7)], &[100]).unwrap()[0],
+        Ok(EngineLeased::AlreadyPresent)
+    ));
+    // A delete skips it (in flight).
+    assert!(e.delete(&[k(7)]).is_empty());
+    fill(&l, 9);
+    l.commit().unwrap();
+    assert_eq!(e.devices_holding(k(7)), vec![leased_on]);
+    assert_eq!(load(&e, k(7)).unwrap(), vec![9; 100]);
+    // Stored: a store of it is the usual success, still one copy.
+    assert_eq!(store(&e, vec![k(7)], 1), vec![true]);
+    assert_eq!(e.devices_holding(k(7)), vec![leased_on]);
+    assert_eq!(e.delete(&[k(7)]), vec![k(7)]);
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn aborted_and_dropped_leases_give_their_slots_back() {
+    let e = engine(&[2]);
+    let mut ls = lease(&e, &[k(1), k(2)], 10);
+    // Full: a third lease and a store are refused, nothing is waited for.
+    assert_eq!(
+        e.lease_store(&[k(3)], &[10]).unwrap()[0].as_ref().err(),
+        Some(&LeaseError::Full)
+    );
+    assert_eq!(store(&e, vec![k(3)], 1), vec![false]);
+    ls.pop().unwrap().abort();
+    drop(ls);
+    assert_eq!(e.usage().0, 0);
+    assert_eq!(e.exists(&[k(1), k(2)]), vec![false, false]);
+    assert_eq!(store(&e, vec![k(1), k(2)], 1), vec![true, true]);
+    assert_eq!(e.status()["devices"][0]["lease_count"], 0);
+}
+
+#[test]
+fn bad_requests_name_what_was_wrong() {
+    let e = engine(&[4]);
+    let r = e.lease_store(&[k(1)], &[SLOT + 1]).unwrap();
+    assert_eq!(
+        r[0].as_ref().err(),
+        Some(&LeaseError::TooLarge {
+            len: SLOT + 1,
+            slot_bytes: SLOT
+        })
+    );
+    let err = e.lease_store(&[k(1), k(2)], &[1]).unwrap_err();
+    assert!(err.to_string().contains("2 keys but 1"), "{err}");
+    assert_eq!(e.usage().0, 0, "nothing reserved");
+}
+
+#[test]
+fn a_full_lease_table_sends_leases_to_the_next_device() {
+    let e = engine(&[LEASES_MAX + 8, 8]);
+    // Fill device 0's table (it stays the least used: it is much larger).
+    let keys: Vec<Key> = (0..=LEASES_MAX as u64).map(k).collect();
+    let ls = lease(&e, &keys, 1);
+    let on_second = ls.iter().filter(|l| l.device() == DeviceId(1)).count();
+    assert!(
+        on_second >= 1,
+        "the lease past the first table's bound went on"
+    );
+    let st = e.status();
+    let total: u64 = (0..2)
+        .map(|i| st["devices"][i]["lease_count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, LEASES_MAX as u64 + 1);
+    assert!(
+        st["devices"][0]["oldest_lease_age_seconds"]
+            .as_f64()
+            .unwrap()
+            >= 0.0
+    );
+    let text = daxkv::control::metrics::encode(&e);
+    assert!(text.contains("daxkv_leases{device=\"0\""), "{text}");
+    drop(ls);
+    assert_eq!(e.status()["devices"][0]["lease_count"], 0);
+    assert!(e.status()["devices"][0]["oldest_lease_age_seconds"].is_null());
+}
+
+#[test]
+fn a_read_lease_keeps_its_slot_through_a_delete() {
+    let e = engine(&[1]);
+    assert_eq!(store(&e, vec![k(1)], 3), vec![true]);
+    let r = e.lease_load(&[k(1)]).pop().unwrap().unwrap().unwrap();
+    assert_eq!(e.delete(&[k(1)]), vec![k(1)]);
+    assert_eq!(e.exists(&[k(1)]), vec![false]);
+    // The only slot is still the reader's: a new key has no room.
+    assert_eq!(store(&e, vec![k(2)], 4), vec![false]);
+    // SAFETY: as in `a_committed_lease_is_exactly_a_stored_key`.
+    let got = unsafe { std::slice::from_raw_parts(r.ptr(), r.len()) };
+    assert_eq!(got, &[3; 1000][..]);
+    drop(r);
+    assert_eq!(store(&e, vec![k(2)], 4), vec![true]);
+}
+
+#[test]
+fn hotplug_refuses_leased_devices_with_the_count_and_a_forced_remove_cancels() {
+    let e = engine(&[8, 8]);
+    let heard = listen(&e);
+    // One committed key and one open lease on device 0; a read lease too.
+    let mut ls = lease(&e, &[k(1), k(2)], 100);
+    let (on0, on1): (Vec<_>, Vec<_>) = ls.drain(..).partition(|l| l.device() == DeviceId(0));
+    let (l0, l1) = (
+        on0.into_iter().next().unwrap(),
+        on1.into_iter().next().unwrap(),
+    );
+    let k0 = l0.key();
+    let open_key = l1.key();
+    fill(&l0, 1);
+    l0.commit().unwrap();
+    // Device 1 now holds the open lease. Non-forced remove, grow and
+    // shrink: 409 with the count, nothing changed.
+    let dev1 = DeviceId(1);
+    for r in [
+        e.remove_device(dev1, RemoveMode::Migrate, false)
+            .map(|_| ()),
+        e.remove_device(dev1, RemoveMode::Evict, false).map(|_| ()),
+    ] {
+        match r {
+            Err(HotplugError::Leased { leases: 1, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    for (size, force) in [(16 * SLOT, false), (16 * SLOT, true), (4 * SLOT, true)] {
+        let r = e.resize_device_to(dev1, size, ShrinkMode::Migrate, force, |_, _| Ok(()));
+        match r {
+            Err(ref err @ HotplugError::Leased { leases: 1, .. }) => {
+                assert_eq!(err.status(), 409);
+                assert!(err.to_string().contains("1 open slot leases"), "{err}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(e.devices()[1].state.name(), "active");
+    assert_eq!(e.devices()[1].arena_bytes, 8 * SLOT);
+    // Forced: the remove goes ahead, the lease is canceled.
+    fill(&l1, 2);
+    let rep = e.remove_device(dev1, RemoveMode::Migrate, true).unwrap();
+    assert_eq!(rep.moved_keys, 0);
+    assert_eq!(l1.commit(), Err(LeaseError::Canceled));
+    assert!(!heard.stored.lock().unwrap().contains(&open_key));
+    assert_eq!(e.exists(&[open_key, k0]), vec![false, true]);
+    // The key can be stored again, elsewhere.
+    assert_eq!(store(&e, vec![open_key], 5), vec![true]);
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn a_forced_remove_keeps_a_read_leased_mapping_until_the_lease_goes() {
+    let e = engine(&[8, 8]);
+    // Put a key on device 1 (device 0 takes the first store).
+    assert_eq!(store(&e, vec![k(1), k(2)], 6), vec![true, true]);
+    let on1 = if e.devices_holding(k(1)) == vec![DeviceId(1)] {
+        k(1)
+    } else {
+        k(2)
+    };
+    let r = e.lease_load(&[on1]).pop().unwrap().unwrap().unwrap();
+    assert_eq!(r.device(), DeviceId(1));
+    let addr = r.ptr() as usize;
+    e.remove_device(DeviceId(1), RemoveMode::Migrate, true)
+        .unwrap();
+    // Moved: readable on device 0, and the old slot still readable
+    // through the lease (the mapping stays).
+    assert_eq!(e.devices_holding(on1), vec![DeviceId(0)]);
+    assert!(
+        mapped(addr),
+        "the removed device's mapping went under a live read lease"
+    );
+    // SAFETY: the read lease keeps its slot and mapping alive.
+    let got = unsafe { std::slice::from_raw_parts(r.ptr(), r.len()) };
+    assert_eq!(got, &[6; 1000][..]);
+    drop(r);
+    assert!(!mapped(addr), "the mapping stayed after its last lease");
+}
+
+/// Whether `addr` lies in a mapping of this process (`/proc/self/maps`).
+fn mapped(addr: usize) -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(|r| r.split_once('-'))
+        .any(|(a, b)| {
+            let a = usize::from_str_radix(a, 16).unwrap();
+            let b = usize::from_str_radix(b, 16).unwrap();
+            (a..b).contains(&addr)
+        })
+}
+
+#[test]
+fn commits_after_close_answer_closed() {
+    let e = engine(&[4]);
+    let l = lease(&e, &[k(1)], 10).pop().unwrap();
+    let r = e.lease_load(&[k(1)]);
+    assert!(r[0].as_ref().unwrap().is_none());
+    e.close();
+    assert_eq!(l.commit(), Err(LeaseError::Closed));
+    assert_eq!(
+        e.lease_store(&[k(2)], &[1]).unwrap()[0].as_ref().err(),
+        Some(&LeaseError::Closed)
+    );
+    assert_eq!(
+        e.lease_load(&[k(2)])[0].as_ref().err(),
+        Some(&LeaseError::Closed)
+    );
+}
+
+/// The hunt (`lease.rs` module doc, "Placement, and a forced remove"):
+/// leasers lease, fill and commit keys while the main thread force-removes
+/// the device they are on (migrating) and adds a fresh one, over and over.
+/// Every key whose commit answered `Ok` must stay readable with its bytes
+/// (nothing else deletes keys); a canceled or refused one is simply not
+/// stored. A lease that committed on a device after the remove had listed
+/// its keys would be lost with it (seen failing with `lease_one`'s state
+/// check, or the remove's cancel walk, taken out).
+#[test]
+fn leases_racing_forced_removes_never_lose_a_committed_key() {
+    let e = Arc::new(engine(&[256, 256]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(Mutex::new(Vec::<(Key, u8)>::new()));
+    let canceled = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let leasers: Vec<_> = (0..2)
+        .map(|_| {
+            let (e, stop, committed, canceled, next) = (
+                e.clone(),
+                stop.clone(),
+                committed.clone(),
+                canceled.clone(),
+                next.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as u64;
+                    let key = k(1_000_000 + i);
+                    let byte = (i % 251) as u8;
+                    let l = match e.lease_store(&[key], &[512]).unwrap().pop().unwrap() {
+                        Ok(EngineLeased::Leased(l)) => l,
+                        Ok(EngineLeased::AlreadyPresent) => panic!("fresh key present"),
+                        Err(_) => continue, // full, busy: not stored
+                    };
+                    fill(&l, byte);
+                    std::thread::yield_now();
+                    match l.commit() {
+                        Ok(()) => committed.lock().unwrap().push((key, byte)),
+                        Err(LeaseError::Canceled | LeaseError::Closed) => {
+                            canceled.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(other) => panic!("{other:?}"),
+                    }
+                    // Keep the pool from filling: delete old keys. The
+                    // delete (under each key's claim, so it waits for a
+                    // move) must find every committed one: nothing else
+                    // deletes them. (A load racing a move may miss, so
+                    // bytes are checked at the end.)
+                    if i.is_multiple_of(8) {
+                        let old = {
+                            let mut c = committed.lock().unwrap();
+                            let keep = c.len().saturating_sub(16);
+                            c.drain(..keep).collect::<Vec<_>>()
+                        };
+                        let keys: Vec<Key> = old.iter().map(|p| p.0).collect();
+                        let gone: HashSet<Key> = e.delete(&keys).into_iter().collect();
+                        for key in keys {
+                            assert!(gone.contains(&key), "committed key {key:?} lost");
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let mut removes = 0;
+    while Instant::now() < deadline {
+        // Remove the device with the highest id still in the pool.
+        let last = e
+            .devices()
+            .iter()
+            .filter(|d| !d.state.is_tombstone())
+            .map(|d| d.id)
+            .max()
+            .unwrap();
+        e.hotplug_add(&format!("memfd:hunt{removes}"), 256 * SLOT, |_, _| Ok(()))
+            .unwrap();
+        e.remove_device(last, RemoveMode::Migrate, true).unwrap();
+        removes += 1;
+        // Let some leases commit between removes, not only race them.
+        std::thread::sleep(Duration::from_micros(100 * (removes % 4)));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in leasers {
+        t.join().unwrap();
+    }
+    let left = committed.lock().unwrap().clone();
+    check(&e, &left);
+    println!(
+        "{removes} forced removes, {} leases canceled, {} keys leased",
+        canceled.load(Ordering::Relaxed),
+        next.load(Ordering::Relaxed)
+    );
+    assert!(removes > 10);
+    e.check_invariants().unwrap();
+}
+
+/// Every `(key, byte)` readable with its bytes.
+fn check(e: &Engine, pairs: &[(Key, u8)]) {
+    for &(key, byte) in pairs {
+        let got = load(e, key).unwrap_or_else(|| panic!("committed key {key:?} lost"));
+        assert_eq!(
+            got,
+            vec![byte; 512],
+            "committed key {key:?} has other bytes"
+        );
+    }
+}
