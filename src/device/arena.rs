@@ -421,6 +421,13 @@ fn in_observer() -> bool {
     IN_OBSERVER.with(Cell::get)
 }
 
+/// True on a thread inside a [`MappingObserver`] callback (of any arena):
+/// for layers above that must refuse calls from one (the engine's control
+/// calls).
+pub fn in_observer_callback() -> bool {
+    in_observer()
+}
+
 /// Marks this thread as inside an observer callback while it lives, and
 /// puts back what was there before when it drops (a callback can run
 /// another: an arena dropped inside one tells its own observers), even if

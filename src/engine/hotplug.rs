@@ -242,6 +242,10 @@ pub enum HotplugError {
     /// The remap itself failed (the reason).
     #[error("failed to remap DAX device: {0}")]
     Remap(String),
+    /// Called from a mapping observer's callback, which runs under the
+    /// locks this operation takes (`Engine::observe`).
+    #[error("hotplug operation called from a mapping observer callback: observers must not call back into the engine")]
+    Reentrant,
     /// Other engine errors (closing, …).
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -772,6 +776,9 @@ impl Engine {
     fn hotplug_admin(&self) -> Result<MutexGuard<'_, ()>, HotplugError> {
         if !self.inner.hotplug_enabled {
             return Err(HotplugError::Disabled);
+        }
+        if crate::device::arena::in_observer_callback() {
+            return Err(HotplugError::Reentrant);
         }
         let admin = self.inner.pool.admin();
         // ORDERING: Acquire — observes `request_close`; `close` takes

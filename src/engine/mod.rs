@@ -119,6 +119,7 @@ mod hotplug;
 mod hotplug_interleavings;
 mod lease;
 mod metrics;
+mod observe;
 mod options;
 mod pool;
 pub mod records;
@@ -138,6 +139,7 @@ pub use metrics::{
     Contention, HistogramSnapshot, HotplugOp, HotplugOutcome, Metrics, MetricsSnapshot, Op,
     CALLER_SHARDS, DURATION_BUCKETS,
 };
+pub use observe::DeviceObserver;
 pub use options::{EngineOptions, Signal};
 #[cfg(feature = "test-hooks")]
 pub use pool::RawDevice;
@@ -1057,6 +1059,16 @@ impl Engine {
     /// the tasks in flight finish and can be collected), logs that, and
     /// returns; the owner's next `close` (or drop) finishes it.
     pub fn close(&self) {
+        if crate::device::arena::in_observer_callback() {
+            // Under a device's admin lock (and perhaps the pool's, which
+            // closing takes): finishing here would wait for ever.
+            self.request_close();
+            log_line!(
+                "daxkv: Engine::close called from a mapping observer callback: new tasks are \
+                 refused; the close finishes on the next close or drop outside it"
+            );
+            return;
+        }
         if self.on_own_worker() {
             self.request_close();
             log_line!(

@@ -366,6 +366,9 @@ pub(super) struct DevicePool {
     /// Key ownership: a store holds its key's stripe while it decides
     /// which device gets the key (parent module doc, "Key ownership").
     pub(super) claims: ClaimTable,
+    /// The engine's mapping observers (`observe.rs`), given to every
+    /// device added; changed only under `admin`.
+    pub(super) observers: super::observe::Observers,
 }
 
 impl DevicePool {
@@ -398,6 +401,7 @@ impl DevicePool {
             next_id: AtomicU32::new(n),
             slot_bytes,
             claims: ClaimTable::default(),
+            observers: super::observe::Observers::default(),
         })
     }
 
@@ -541,14 +545,18 @@ impl DevicePool {
         }
         // ORDERING: Relaxed — advanced only under `admin`, which orders it.
         let id = DeviceId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let mut v = Vec::clone(&self.list());
-        v.push(Arc::new(Device {
+        let dev = Arc::new(Device {
             id,
             path: spec.path.clone(),
             state: AtomicU8::new(DeviceState::Active as u8),
             core,
             failure_reported: Mutex::new(false),
-        }));
+        });
+        // Its observers first: no lease (nor any other use) reaches it
+        // before they have returned (`observe.rs`, "New devices").
+        self.observers.attach(&dev);
+        let mut v = Vec::clone(&self.list());
+        v.push(dev);
         // Under `admin`: nobody else replaces the list meanwhile.
         self.devices.store(Arc::new(v));
         Ok(id)
