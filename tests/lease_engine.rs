@@ -493,3 +493,26 @@ fn check(e: &Engine, pairs: &[(Key, u8)]) {
         );
     }
 }
+
+#[test]
+fn leases_copy_from_and_to_host_memory_within_their_bounds() {
+    let e = engine(&[4]);
+    let mut l = lease(&e, &[k(1)], 100).pop().unwrap();
+    let err = l.write(90, &[1; 11]).unwrap_err();
+    assert!(err.to_string().contains("outside"), "{err}");
+    assert!(
+        l.write(usize::MAX, &[1]).is_err(),
+        "an offset that overflows"
+    );
+    l.write(0, &[3; 60]).unwrap();
+    l.write(60, &[4; 40]).unwrap();
+    l.commit().unwrap();
+    let r = e.lease_load(&[k(1)]).pop().unwrap().unwrap().unwrap();
+    let mut out = [0u8; 128];
+    assert_eq!(r.read(0, &mut out).unwrap(), 100);
+    assert_eq!(&out[..60], &[3; 60][..]);
+    assert_eq!(&out[60..100], &[4; 40][..]);
+    assert_eq!(r.read(90, &mut out).unwrap(), 10);
+    assert_eq!(r.read(100, &mut out).unwrap(), 0);
+    assert_eq!(r.read(usize::MAX, &mut out).unwrap(), 0);
+}

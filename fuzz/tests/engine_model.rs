@@ -4,6 +4,12 @@
 //! migrate, evict, forced remove, grow and shrink) and close, one task at
 //! a time. The model is a map key → (version, length, locks); the keys a
 //! hotplug operation deletes are learnt from the engine's listener.
+//! Slot leases join in (docs/leases.md): store leases filled through their
+//! pointer and committed or aborted later (a leased key is absent to
+//! lookups, loads, stores and deletes until its commit; a commit answers
+//! `Ok` and the key is stored, or `Canceled` only after a forced remove of
+//! its device), and read leases whose bytes are checked when taken and
+//! again when released, across deletes and hotplug.
 //!
 //! After every step: every task completed (no `wait_*` timed out), the
 //! engine's `exists` agrees with the model key by key, a locked key was
@@ -26,10 +32,11 @@ use std::time::Duration;
 use bolero::{check, TypeGenerator};
 use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{
-    Answer, DeviceSpec, Engine, EngineError, EngineOptions, Listener, RemoveMode, ShrinkMode,
+    Answer, DeviceId, DeviceSpec, Engine, EngineError, EngineLeased, EngineOptions,
+    EngineReadLease, EngineStoreLease, Listener, RemoveMode, ShrinkMode,
 };
 use daxkv::plumbing::buf::Buf;
-use daxkv::{CoreConfig, Key};
+use daxkv::{CoreConfig, Key, LeaseError};
 
 const SLOT: usize = 4096;
 /// Slots per device at open: small, so devices fill and shrinks bite.
@@ -85,6 +92,20 @@ enum Op {
     Close {
         pending: u8,
     },
+    Lease {
+        key: u8,
+        len: u16,
+    },
+    Commit {
+        key: u8,
+        abort: bool,
+    },
+    ReadLease {
+        key: u8,
+    },
+    Release {
+        at: u8,
+    },
 }
 
 /// What the engine must hold for one key.
@@ -107,6 +128,13 @@ impl Listener for Deleted {
     fn on_keys_deleted(&self, keys: &[Key]) {
         self.0.lock().unwrap().extend_from_slice(keys);
     }
+}
+
+/// A read lease's bytes.
+fn read(l: &EngineReadLease) -> &[u8] {
+    // SAFETY: a read lease hands out `len()` readable bytes at `ptr()`
+    // until it ends.
+    unsafe { std::slice::from_raw_parts(l.ptr(), l.len()) }
 }
 
 fn key(id: u8) -> Key {
@@ -179,11 +207,19 @@ fn open() -> (Engine, Arc<Deleted>) {
 }
 
 struct Run {
+    // Leases first: they end (abort, release) before the engine drops.
+    /// Open store leases: key id → (lease, version, length) written.
+    open: BTreeMap<u8, (EngineStoreLease, u32, usize)>,
+    /// Read leases: (key id, lease, version, length) read.
+    reads: Vec<(u8, EngineReadLease, u32, usize)>,
     engine: Engine,
     deleted: Arc<Deleted>,
     keys: BTreeMap<u8, Entry>,
     next_version: u32,
     added: u32,
+    /// Devices a forced migrate or evict was asked of (it cancels their
+    /// store leases, even if it then fails for want of room).
+    forced: BTreeSet<DeviceId>,
 }
 
 impl Run {
@@ -227,12 +263,149 @@ impl Run {
             );
         }
         let live: usize = self.live().iter().map(|d| d.live_slots).sum();
-        assert_eq!(
-            live,
+        // Exact without leases; with them, a store lease holds a slot and
+        // a read lease may hold one its key left (deleted or moved).
+        let leased = self.open.len() + self.reads.len();
+        assert!(
+            (self.keys.len()..=self.keys.len() + leased).contains(&live),
+            "step {step} {op:?}: {live} live slots vs {} keys held and {leased} leases {:?}",
             self.keys.len(),
-            "step {step} {op:?}: live slots vs keys held {:?}",
             self.engine.devices()
         );
+        if leased == 0 {
+            assert_eq!(live, self.keys.len(), "step {step} {op:?}: live slots");
+        }
+    }
+
+    fn lease(&mut self, step: usize, id: u8, len: u16) {
+        let id = id % KEYS;
+        let len = 8 + usize::from(len) % (SLOT - 7);
+        let version = self.next_version;
+        self.next_version += 1;
+        let r = self
+            .engine
+            .lease_store(&[key(id)], &[len])
+            .unwrap()
+            .pop()
+            .unwrap();
+        // An open lease on a device a forced remove was asked of may have
+        // been canceled (its key free again) or not (the remove stopped
+        // before): either answer is right then.
+        let leased = self.open.get(&id).map(|o| o.0.device());
+        let unsure = leased.is_some_and(|d| self.forced.contains(&d));
+        let present = self.keys.contains_key(&id) || (leased.is_some() && !unsure);
+        match r {
+            Ok(EngineLeased::Leased(l)) => {
+                assert!(
+                    !present,
+                    "step {step}: key {id} leased while present: model {:?}, open lease on {:?}, devices {:?}",
+                    self.keys.get(&id),
+                    self.open.get(&id).map(|o| o.0.device()),
+                    self.engine.devices()
+                );
+                assert_eq!(l.len(), len);
+                let bytes = payload(id, version, len);
+                // SAFETY: a store lease hands out `len()` writable bytes at
+                // `ptr()` until it ends; nothing else touches them.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), l.ptr(), len) };
+                if let Some((old, ..)) = self.open.insert(id, (l, version, len)) {
+                    // Leased again: the old lease must have been canceled.
+                    assert_eq!(
+                        old.commit(),
+                        Err(LeaseError::Canceled),
+                        "step {step}: key {id}"
+                    );
+                }
+            }
+            Ok(EngineLeased::AlreadyPresent) => {
+                assert!(
+                    present || unsure,
+                    "step {step}: key {id} answered present, absent in the model"
+                );
+            }
+            Err(LeaseError::Full | LeaseError::IndexFull | LeaseError::Busy) => {}
+            Err(e) => panic!("step {step}: lease of key {id}: {e}"),
+        }
+    }
+
+    fn commit(&mut self, step: usize, id: u8, abort: bool) {
+        let Some(&id) = self
+            .open
+            .keys()
+            .nth(usize::from(id) % self.open.len().max(1))
+        else {
+            return;
+        };
+        let (l, version, len) = self.open.remove(&id).unwrap();
+        let dev = l.device();
+        if abort {
+            l.abort();
+            return;
+        }
+        match l.commit() {
+            Ok(()) => {
+                let prev = self.keys.insert(
+                    id,
+                    Entry {
+                        version,
+                        len,
+                        locks: 0,
+                    },
+                );
+                assert!(prev.is_none(), "step {step}: key {id} stored twice");
+            }
+            Err(LeaseError::Canceled) => {
+                assert!(
+                    self.forced.contains(&dev),
+                    "step {step}: key {id} canceled on a device no forced remove was asked of"
+                );
+            }
+            Err(e) => panic!("step {step}: commit of key {id}: {e}"),
+        }
+        // A store task's result stands for it (`check` compares `exists`).
+    }
+
+    fn read_lease(&mut self, step: usize, id: u8) {
+        let id = id % KEYS;
+        let r = self.engine.lease_load(&[key(id)]).pop().unwrap();
+        match (r, self.keys.get(&id)) {
+            (Ok(Some(l)), Some(e)) => {
+                let (version, len) = (e.version, e.len);
+                assert_eq!(l.len(), len, "step {step}: read lease length of key {id}");
+                assert!(
+                    read(&l) == payload(id, version, len).as_slice(),
+                    "step {step}: read lease of key {id} sees other bytes"
+                );
+                self.reads.push((id, l, version, len));
+            }
+            (Ok(None), None) => {}
+            (Err(LeaseError::Busy | LeaseError::TooMany { .. }), _) => {}
+            (r, e) => panic!("step {step}: read lease of key {id}: {r:?} vs the model {e:?}"),
+        }
+    }
+
+    fn release(&mut self, step: usize, at: u8) {
+        if self.reads.is_empty() {
+            return;
+        }
+        let (id, l, version, len) = self.reads.swap_remove(usize::from(at) % self.reads.len());
+        // The slot was kept whatever happened to the key meanwhile.
+        assert!(
+            read(&l) == payload(id, version, len).as_slice(),
+            "step {step}: read lease of key {id} changed under it"
+        );
+        l.release();
+    }
+
+    /// End every lease: commit the store leases (into the model), release
+    /// the read leases.
+    fn end_leases(&mut self) {
+        while !self.open.is_empty() {
+            self.commit(usize::MAX, 0, false);
+        }
+        while !self.reads.is_empty() {
+            self.release(usize::MAX, 0);
+        }
     }
 
     fn store(&mut self, step: usize, ids: &[u8], len: u16) {
@@ -398,6 +571,9 @@ impl Run {
         let d = &live[usize::from(dev) % live.len()];
         let mode =
             [RemoveMode::Drain, RemoveMode::Migrate, RemoveMode::Evict][usize::from(mode % 3)];
+        if force && mode != RemoveMode::Drain {
+            self.forced.insert(d.id);
+        }
         let r = self.engine.remove_device(d.id, mode, force);
         if let Err(e) = &r {
             // A refusal names its reason and carries an HTTP status.
@@ -471,6 +647,8 @@ impl Run {
 
     /// Unlock and delete everything: no slot, record or lock left.
     fn finish(mut self) {
+        self.end_leases();
+        self.check(usize::MAX, &Op::Close { pending: 0 });
         let locked: Vec<Key> = self
             .keys
             .iter()
@@ -533,11 +711,14 @@ fn run(ops: &[Op]) {
     OPS.with(|o| *o.borrow_mut() = format!("{ops:?}"));
     let (engine, deleted) = open();
     let mut r = Run {
+        open: BTreeMap::new(),
+        reads: Vec::new(),
         engine,
         deleted,
         keys: BTreeMap::new(),
         next_version: 1,
         added: 0,
+        forced: BTreeSet::new(),
     };
     for (step, op) in ops.iter().enumerate() {
         match *op {
@@ -557,6 +738,10 @@ fn run(ops: &[Op]) {
             // One sequence in several ends with a close.
             Op::Close { pending } if pending >= 224 => return r.close(step, pending),
             Op::Close { .. } => {}
+            Op::Lease { key, len } => r.lease(step, key, len),
+            Op::Commit { key, abort } => r.commit(step, key, abort),
+            Op::ReadLease { key } => r.read_lease(step, key),
+            Op::Release { at } => r.release(step, at),
         }
         r.check(step, op);
     }

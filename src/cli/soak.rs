@@ -6,7 +6,10 @@
 //!
 //! - **traffic threads**, each with its own [`Submitter`] and its own keys
 //!   (never shared, so each thread's model of its keys is exact), store
-//!   tasks of 1–16 new keys, look up and lock, load, unlock and delete.
+//!   tasks of 1–16 new keys, look up and lock, load, unlock and delete;
+//!   and through slot leases (docs/leases.md): store 1–8 new keys by
+//!   lease (filled, committed as a batch; an `Ok` commit acknowledges the
+//!   key as a store task's success does) and read keys by read lease.
 //!   Every payload (64 bytes to one slot, random length) is stamped with
 //!   its thread, its number and its length, and filled from a generator
 //!   seeded by them: a load checks every byte.
@@ -15,7 +18,8 @@
 //!   named memfd), drain, remove with `migrate` or `evict`, forced remove,
 //!   resize grow and shrink, and re-add of a removed path.
 //!
-//! **What counts.** A key is *acknowledged* when its store task succeeded.
+//! **What counts.** A key is *acknowledged* when its store task succeeded
+//! (or its lease committed).
 //! It is *reported gone* when a delete, an evicting remove or shrink, or a
 //! forced removal told the listeners (`on_keys_deleted`). An acknowledged
 //! key that a lookup misses and nothing reported gone is a *suspect*; the
@@ -49,7 +53,7 @@ use serde_json::{json, Value};
 use super::client::Client;
 use super::serve::{ServeConfig, Server};
 use crate::control::http::HttpConfig;
-use crate::engine::{Answer, Engine, Listener, Submitter};
+use crate::engine::{Answer, Engine, EngineLeased, Listener, Submitter};
 use crate::key::Key;
 use crate::plumbing::buf::Buf;
 
@@ -394,10 +398,92 @@ impl Traffic {
         let r = self.rng.below(100);
         if self.live.len() >= self.max_keys || ((45..55).contains(&r) && !self.live.is_empty()) {
             self.delete_some();
-        } else if r < 45 || self.live.is_empty() {
+        } else if r < 35 || self.live.is_empty() {
             self.store_some();
+        } else if r < 45 {
+            self.lease_some();
+        } else if r < 63 {
+            self.read_lease_some();
         } else {
             self.load_some();
+        }
+    }
+
+    /// Store 1–8 new keys through slot leases (docs/leases.md): each
+    /// filled from host memory, committed as a batch; a key whose commit
+    /// answered `Ok` is acknowledged, as after a store task's success. A
+    /// lease refused or canceled (a forced remove of its device) stores
+    /// nothing.
+    fn lease_some(&mut self) {
+        let batch = 1 + self.rng.below(8) as usize;
+        let mut keys = Vec::with_capacity(batch);
+        let mut lens = Vec::with_capacity(batch);
+        let mut objs = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let n = self.next_n;
+            self.next_n += 1;
+            let len = 64 + self.rng.below((self.slot_bytes - 64 + 1) as u64) as usize;
+            keys.push(key_of(self.id, n));
+            lens.push(len);
+            objs.push(Obj {
+                n,
+                len,
+                held: Held::Maybe,
+            });
+        }
+        let Ok(given) = self.engine.lease_store(&keys, &lens) else {
+            return;
+        };
+        let mut leases = Vec::with_capacity(batch);
+        let mut leased = Vec::with_capacity(batch);
+        for ((r, k), o) in given.into_iter().zip(&keys).zip(&objs) {
+            let Ok(EngineLeased::Leased(mut l)) = r else {
+                continue;
+            };
+            let mut b = vec![0u8; o.len];
+            stamp(self.id, o.n, &mut b);
+            // A failed device fails the copy: the commit then fails too.
+            let _ = l.write(0, &b);
+            leases.push(l);
+            leased.push((*k, *o));
+        }
+        let mut answers = Vec::with_capacity(leases.len());
+        self.engine.commit_into(&mut leases, &mut answers);
+        self.count(1);
+        for ((k, mut o), r) in leased.into_iter().zip(answers) {
+            if r.is_ok() {
+                o.held = Held::Acked;
+                // ORDERING: Relaxed — a counter.
+                self.counts.acked.fetch_add(1, Ordering::Relaxed);
+                self.keys.insert(k, o);
+                self.live.push(k);
+            }
+        }
+    }
+
+    /// Read 1–16 of this thread's keys through read leases, checking every
+    /// byte, then release them. A miss counts as a lookup's would.
+    fn read_lease_some(&mut self) {
+        let keys = self.pick(16);
+        let was_gone: Vec<bool> = keys.iter().map(|k| self.gone.contains(k)).collect();
+        let got = self.engine.lease_load(&keys);
+        self.count(1);
+        let mut buf = vec![0u8; self.slot_bytes];
+        for ((k, r), gone) in keys.iter().zip(got).zip(was_gone) {
+            match r {
+                Ok(Some(l)) => {
+                    if gone {
+                        self.held_after_report(k);
+                    }
+                    // A device failed under the read gives no bytes.
+                    if let Ok(n) = l.read(0, &mut buf) {
+                        self.verify(k, &buf[..n]);
+                    }
+                }
+                Ok(None) => self.missed(*k),
+                // Busy (a remap pending), TooMany: no answer either way.
+                Err(_) => {}
+            }
         }
     }
 

@@ -1139,6 +1139,23 @@ impl Arena {
         })
     }
 
+    /// Run `copy` as a watched copy of this arena (`fault`): a SIGBUS in
+    /// the mapping while it runs fails the arena, and then this copy.
+    #[inline]
+    fn watched(&self, copy: impl FnOnce()) -> Result<(), CopyError> {
+        let failed = if let Some(w) = &self.watch {
+            w.failed() || w.in_copy(copy)
+        } else {
+            copy();
+            false
+        };
+        if failed {
+            Err(CopyError::DeviceFailed)
+        } else {
+            Ok(())
+        }
+    }
+
     /// Leases alive now.
     pub fn active_leases(&self) -> u64 {
         self.gate.leases()
@@ -1592,6 +1609,50 @@ impl ArenaLease<'_> {
     pub fn ptr(&self, offset: usize) -> Option<*mut u8> {
         (offset <= self.len).then(|| self.base.wrapping_add(offset))
     }
+
+    /// Copy `src` into the mapping at `offset` (the store kernel, a SIGBUS
+    /// caught as for a guard's copy: `DeviceFailed`).
+    ///
+    /// # Safety
+    /// No other thread reads or writes `offset..offset + src.len()` of the
+    /// mapping while the call runs (a store lease's own slot), and `src`
+    /// does not overlap it.
+    pub unsafe fn write(&self, offset: usize, src: &[u8]) -> Result<(), CopyError> {
+        self.check(offset, src.len())?;
+        // SAFETY: `to_dax`'s contract: the destination is in the mapping
+        // (checked) that this lease keeps mapped, and no one else touches
+        // it (this function's contract); `src` is a slice, disjoint from it.
+        self.arena
+            .watched(|| unsafe { copy::to_dax(self.base.add(offset), src.as_ptr(), src.len()) })
+    }
+
+    /// Copy `dst.len()` bytes out of the mapping at `offset` (a SIGBUS
+    /// caught: `DeviceFailed`).
+    ///
+    /// # Safety
+    /// No other thread writes `offset..offset + dst.len()` of the mapping
+    /// while the call runs (a read lease's readable slot has no writer).
+    pub unsafe fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CopyError> {
+        self.check(offset, dst.len())?;
+        // SAFETY: `from_dax`'s contract: the source is in the mapping
+        // (checked) this lease keeps mapped and unwritten (this function's
+        // contract); `dst` is a unique borrow outside the mapping (the arena
+        // hands out no reference into it).
+        self.arena.watched(|| unsafe {
+            copy::from_dax(dst.as_mut_ptr(), self.base.add(offset), dst.len());
+        })
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfBounds {
+                offset,
+                len,
+                mapped: self.len,
+            }),
+        }
+    }
 }
 
 impl Drop for ArenaLease<'_> {
@@ -1668,17 +1729,7 @@ impl<'a> ArenaGuard<'a> {
     /// the mapping while it runs fails the arena, and then this copy.
     #[inline]
     fn watched(&self, copy: impl FnOnce()) -> Result<(), CopyError> {
-        let failed = if let Some(w) = &self.arena.watch {
-            w.failed() || w.in_copy(copy)
-        } else {
-            copy();
-            false
-        };
-        if failed {
-            Err(CopyError::DeviceFailed)
-        } else {
-            Ok(())
-        }
+        self.arena.watched(copy)
     }
 
     #[inline]

@@ -94,7 +94,8 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 
 use crate::device::arena::{
-    Arena, ArenaGuard, ArenaKind, ArenaLease, ArenaSpec, DeviceIdentity, TryEnterError,
+    Arena, ArenaGuard, ArenaKind, ArenaLease, ArenaSpec, CopyError, DeviceIdentity, OutOfBounds,
+    TryEnterError,
 };
 use crate::device::error::{CoreError, GateError, OpenError, PutError};
 use crate::device::index::{Entry, Index, Insert, SLOT_MAX};
@@ -478,6 +479,29 @@ impl StoreLease<'_> {
         self.key
     }
 
+    /// Copy `src` into the payload at byte `at` (for a caller that fills
+    /// the slot from host memory: the store kernel, a SIGBUS on the device
+    /// caught as `DeviceFailed`). `&mut`: one writer at a time.
+    pub fn write(&mut self, at: usize, src: &[u8]) -> Result<(), CopyError> {
+        let end = at.checked_add(src.len()).filter(|&e| e <= self.held.len);
+        if end.is_none() {
+            return Err(CopyError::OutOfBounds(OutOfBounds {
+                offset: at,
+                len: src.len(),
+                mapped: self.held.len,
+            }));
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: `ArenaLease::write`'s contract: the range lies in this
+        // lease's slot (checked against the payload length), which is
+        // WRITING and owned by this lease, so no reader borrows it and no
+        // other writer reserves it; `&mut self` keeps this lease's own
+        // writes one at a time; `src` is a caller slice, outside the mapping.
+        unsafe {
+            self.held.arena.write(self.held.offset() + at, src)
+        }
+    }
+
     /// The epoch of the mapping [`StoreLease::ptr`] points into
     /// (`arena::Region::epoch`): a registrant checks it against the
     /// region it registered.
@@ -544,6 +568,23 @@ impl ReadLease<'_> {
     /// The caller's tag stored with the payload.
     pub fn meta(&self) -> u32 {
         self.meta
+    }
+
+    /// Copy the payload's bytes from `at` into `dst` (as many as fit):
+    /// how many were copied. A SIGBUS on the device is caught
+    /// (`DeviceFailed`).
+    pub fn read(&self, at: usize, dst: &mut [u8]) -> Result<usize, CopyError> {
+        let n = self.held.len.saturating_sub(at).min(dst.len());
+        #[allow(unsafe_code)]
+        // SAFETY: `ArenaLease::read`'s contract: the slot is readable and
+        // borrowed by this lease, so no writer can reserve it until the
+        // lease ends; the range lies in it (clamped to the payload).
+        unsafe {
+            self.held
+                .arena
+                .read(self.held.offset() + at.min(self.held.len), &mut dst[..n])
+        }?;
+        Ok(n)
     }
 
     /// The epoch of the mapping [`ReadLease::ptr`] points into.
@@ -616,6 +657,16 @@ impl<T: AsRef<DaxCore>> OwnedStoreLease<T> {
     /// The lease, borrowed for as long as `self`.
     pub fn get(&self) -> &StoreLease<'_> {
         self.lease.as_ref().expect("a live owned lease")
+    }
+
+    /// [`StoreLease::write`]. (No `&mut` to the lease itself is handed
+    /// out: swapping two owned leases' insides would pair a lease with
+    /// another owner.)
+    pub fn write(&mut self, at: usize, src: &[u8]) -> Result<(), CopyError> {
+        self.lease
+            .as_mut()
+            .expect("a live owned lease")
+            .write(at, src)
     }
 
     /// [`StoreLease::commit`].

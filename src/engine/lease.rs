@@ -51,7 +51,7 @@ use std::time::Instant;
 
 use super::pool::{next_writable, Device, DeviceId, DeviceListCache};
 use super::{Engine, EngineError, Inner, TaskKind};
-use crate::device::arena::TryEnterError;
+use crate::device::arena::{CopyError, TryEnterError};
 use crate::device::core::{
     DaxCore, OwnedLeasedStore, OwnedReadLease, OwnedStoreLease, Presence, ReadLease, StoreLease,
 };
@@ -137,6 +137,17 @@ impl EngineStoreLease {
     /// The key this lease stores.
     pub fn key(&self) -> Key {
         self.core().key()
+    }
+
+    /// Copy `src` into the payload at byte `at`, for a caller filling the
+    /// slot from host memory (a SIGBUS on the device caught as
+    /// `DeviceFailed`, as for a store task's copy); a copy engine writes
+    /// through [`ptr`](Self::ptr) instead.
+    pub fn write(&mut self, at: usize, src: &[u8]) -> Result<(), CopyError> {
+        self.lease
+            .as_mut()
+            .expect("a live engine lease holds its core lease")
+            .write(at, src)
     }
 
     /// Commit without telling anyone: `Ok(bytes)` when the key is stored.
@@ -242,6 +253,12 @@ impl EngineReadLease {
     /// The epoch of the mapping the pointer is in.
     pub fn epoch(&self) -> u64 {
         self.core().epoch()
+    }
+
+    /// Copy the payload from byte `at` into `dst` (as much as fits): how
+    /// many bytes (a SIGBUS on the device caught as `DeviceFailed`).
+    pub fn read(&self, at: usize, dst: &mut [u8]) -> Result<usize, CopyError> {
+        self.core().read(at, dst)
     }
 
     /// End the lease (as dropping it does). The caller's reads must be
