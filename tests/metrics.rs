@@ -375,7 +375,10 @@ fn removed_devices_leave_metrics() {
             .count()
     };
     let before = device_lines(&e);
-    assert_eq!(before, 12, "one device: used, total, leases, lease age and 8 states");
+    assert_eq!(
+        before, 12,
+        "one device: used, total, leases, lease age and 8 states"
+    );
     for c in 0..50 {
         let id = e
             .add_device(&DeviceSpec {

@@ -66,6 +66,7 @@ mod control;
 mod fork;
 mod gil;
 mod l2;
+mod lease;
 mod store;
 
 /// One completion as the bridge reads it.
@@ -322,6 +323,8 @@ pub struct DaxConnector {
     closing: Mutex<()>,
     /// The process that opened it (`fork` module doc).
     owner: crate::fork::Owner,
+    /// Mapping observers registered through `observe` (`lease` module).
+    observers: lease::Observers,
 }
 
 fn closed() -> PyErr {
@@ -646,6 +649,12 @@ pub(crate) fn open_engine(
 }
 
 impl DaxConnector {
+    /// The engine, or the closed error. (Taken without the GIL released:
+    /// the state's mutex is never held across an engine wait.)
+    fn engine(&self) -> PyResult<Arc<Engine>> {
+        self.lock().engine.clone().ok_or_else(closed)
+    }
+
     fn fid(&self) -> u64 {
         // ORDERING: Relaxed — a unique number, nothing published through it.
         self.next.fetch_add(1, Ordering::Relaxed)
@@ -805,11 +814,81 @@ impl DaxConnector {
             next: AtomicU64::new(1),
             closing: Mutex::new(()),
             owner: crate::fork::Owner::here(),
+            observers: lease::Observers::default(),
             epoll_fd: epoll.as_raw_fd(),
             own_fd: efd.as_raw_fd(),
             epoll: Mutex::new(Some(epoll)),
             efd: Mutex::new(Some(efd)),
         })
+    }
+
+    /// Reserve a slot per key for the caller to fill (docs/leases.md):
+    /// `sizes[i]` bytes for `keys[i]`. Per key, in order: a `StoreLease`,
+    /// `None` when the key is stored or leased already, or a `LeaseError`
+    /// instance saying why not (no room, a remap pending, too many
+    /// leases). Until its commit a leased key is invisible and a store of
+    /// it fails.
+    fn lease_store(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Py<pyo3::types::PyList>> {
+        self.owner.check("DaxConnector")?;
+        let keys = digest_keys(keys)?;
+        self.owner.check("DaxConnector")?;
+        let engine = self.engine()?;
+        lease::lease_store(py, &engine, keys, sizes)
+    }
+
+    /// Commit `leases` (store leases of this connector) as one batch:
+    /// per lease, whether its key is now stored (False: canceled, the
+    /// connector closing, or the lease already ended).
+    fn commit_leases(&self, py: Python<'_>, leases: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        self.owner.check("DaxConnector")?;
+        let engine = self.engine()?;
+        lease::commit_leases(py, &engine, leases)
+    }
+
+    /// Borrow each key's slot for the caller to read: per key a
+    /// `ReadLease`, `None` on a miss, or a `LeaseError` instance.
+    fn lease_load(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<pyo3::types::PyList>> {
+        self.owner.check("DaxConnector")?;
+        let keys = digest_keys(keys)?;
+        self.owner.check("DaxConnector")?;
+        let engine = self.engine()?;
+        lease::lease_load(py, &engine, keys)
+    }
+
+    /// Every device mapping now: `(device, base, length, epoch)`.
+    fn regions(&self, py: Python<'_>) -> PyResult<Vec<(u32, usize, usize, u64)>> {
+        self.owner.check("DaxConnector")?;
+        let engine = self.engine()?;
+        Ok(lease::regions(py, &engine))
+    }
+
+    /// Follow every device mapping (docs/leases.md, "Following the
+    /// mapping"): `observer.mapped(device, base, length, epoch)` at once
+    /// for each mapping now, then after every add and remap;
+    /// `observer.unmapping(...)` before every remap, remove and close.
+    /// The callbacks run on the thread that maps or unmaps, and must not
+    /// call this connector. False if already registered, or from a
+    /// callback.
+    fn observe(&self, py: Python<'_>, observer: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.owner.check("DaxConnector")?;
+        let engine = self.engine()?;
+        self.observers.observe(py, &engine, observer)
+    }
+
+    /// Stop calling `observer`; false if it was not registered.
+    fn unobserve(&self, py: Python<'_>, observer: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.owner.check("DaxConnector")?;
+        let engine = self.engine()?;
+        Ok(self.observers.unobserve(py, &engine, observer))
     }
 
     /// The one pollable fd (an epoll fd; POLLIN when completions wait).
@@ -1203,6 +1282,9 @@ impl Drop for DaxConnector {
 #[pymodule]
 fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DaxConnector>()?;
+    m.add_class::<lease::StoreLease>()?;
+    m.add_class::<lease::ReadLease>()?;
+    m.add("LeaseError", m.py().get_type::<lease::LeaseError>())?;
     gil::register(m)?;
     m.add("DaxConfigError", config_error_type(m.py())?)?;
     l2::register(m)?;
