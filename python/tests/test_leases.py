@@ -323,3 +323,25 @@ def test_an_exception_between_copy_and_wait_never_frees_a_busy_slot(make_connect
     if way == "store":
         assert exists(c, [f"y@{i}" for i in range(8)]) == [False] * 8
     g.close()
+
+
+def test_gpu_check_script_runs_or_says_why_not():
+    """scripts/gpu-check.sh with this interpreter: on a machine without a
+    GPU it is skipped (exit 77, saying why); with one, a short run must
+    verify its bytes."""
+    import os
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, DAXKV_GPU_PYTHON=sys.executable)
+    site = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p.endswith("site")]
+    if site:
+        env["DAXKV_SITE"] = site[0]
+    r = subprocess.run(
+        ["bash", str(root / "scripts/gpu-check.sh"), "--sizes", "64K,2M", "--total-mib", "16", "--rounds", "1"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    if r.returncode == 77:
+        assert "skipped" in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0 and "bytes verified" in r.stdout, r.stdout + r.stderr
