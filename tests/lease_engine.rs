@@ -516,3 +516,180 @@ fn leases_copy_from_and_to_host_memory_within_their_bounds() {
     assert_eq!(r.read(100, &mut out).unwrap(), 0);
     assert_eq!(r.read(usize::MAX, &mut out).unwrap(), 0);
 }
+
+/// The second hunt: leases against everything else at once. A leaser
+/// leases, fills and commits (or aborts) fresh keys; a reader read-leases
+/// committed keys and checks every byte twice, a moment apart (the slot
+/// must not be reused under the lease), and re-stores some of them (a
+/// store of a stored key is a success and changes nothing); a deleter
+/// deletes committed keys (each delete must find its key: nothing else
+/// deletes them); the main thread grows, shrinks (both refused with 409
+/// while leases are open, or done), migrates devices away without and with
+/// force, and adds fresh ones. At the end every committed key not deleted
+/// reads back with its bytes.
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario: four actors and their checks
+fn leases_hold_through_deletes_restores_migrations_and_resizes() {
+    let e = Arc::new(engine(&[128, 128]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(Mutex::new(Vec::<(Key, u8)>::new()));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let byte_of = |i: u64| (i % 251) as u8 + 1;
+    let leaser = {
+        let (e, stop, committed) = (e.clone(), stop.clone(), committed.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let key = k(5_000_000 + i);
+                let Ok(EngineLeased::Leased(mut l)) =
+                    e.lease_store(&[key], &[700]).unwrap().pop().unwrap()
+                else {
+                    continue;
+                };
+                l.write(0, &[byte_of(i); 700]).unwrap();
+                if i.is_multiple_of(5) {
+                    l.abort();
+                    continue;
+                }
+                if l.commit().is_ok() {
+                    committed.lock().unwrap().push((key, byte_of(i)));
+                }
+            }
+        })
+    };
+    let reader = {
+        let (e, stop, committed, reads) =
+            (e.clone(), stop.clone(), committed.clone(), reads.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 700];
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let pick = {
+                    let c = committed.lock().unwrap();
+                    (!c.is_empty()).then(|| c[n * 7919 % c.len()])
+                };
+                let Some((key, byte)) = pick else {
+                    std::thread::yield_now();
+                    continue;
+                };
+                if let Ok(Some(r)) = e.lease_load(&[key]).pop().unwrap() {
+                    assert_eq!(r.read(0, &mut buf).unwrap(), 700);
+                    assert!(
+                        buf.iter().all(|&b| b == byte),
+                        "read lease of {key:?} saw other bytes"
+                    );
+                    std::thread::yield_now();
+                    r.read(0, &mut buf).unwrap();
+                    assert!(
+                        buf.iter().all(|&b| b == byte),
+                        "the slot changed under a read lease"
+                    );
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+                if n.is_multiple_of(16) {
+                    // A re-store of a stored key: success, bytes unchanged.
+                    let id = e
+                        .submit_store(vec![key], vec![Buf::Vec(vec![0; 10])])
+                        .unwrap();
+                    let _ = e.wait_store(id, T).ready();
+                }
+            }
+        })
+    };
+    let deleter = {
+        let (e, stop, committed) = (e.clone(), stop.clone(), committed.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let old: Vec<(Key, u8)> = {
+                    let mut c = committed.lock().unwrap();
+                    let keep = c.len().saturating_sub(64);
+                    c.drain(..keep).collect()
+                };
+                let keys: Vec<Key> = old.iter().map(|p| p.0).collect();
+                let gone: HashSet<Key> = e.delete(&keys).into_iter().collect();
+                for key in keys {
+                    assert!(gone.contains(&key), "committed key {key:?} lost");
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_millis(2000);
+    let (mut step, mut done, mut refused) = (0u32, 0u32, 0u32);
+    while Instant::now() < deadline {
+        step += 1;
+        let live: Vec<_> = e
+            .devices()
+            .into_iter()
+            .filter(|d| !d.state.is_tombstone())
+            .collect();
+        let d = &live[step as usize % live.len()];
+        let r = match step % 5 {
+            // Every device here may grow to 4 × 128 slots.
+            0 if d.arena_bytes * 2 <= 512 * SLOT => e
+                .resize_device_to(
+                    d.id,
+                    d.arena_bytes * 2,
+                    ShrinkMode::Migrate,
+                    false,
+                    |_, _| Ok(()),
+                )
+                .map(|_| ()),
+            0 | 1 => e
+                .resize_device_to(
+                    d.id,
+                    (d.arena_bytes / 2).max(64 * SLOT),
+                    ShrinkMode::Migrate,
+                    step % 2 == 0,
+                    |_, _| Ok(()),
+                )
+                .map(|_| ()),
+            2 => e
+                .remove_device(d.id, RemoveMode::Migrate, false)
+                .map(|_| ()),
+            3 if live.len() < 4 => e
+                .hotplug_add(&format!("memfd:chaos{step}"), 128 * SLOT, |_, _| Ok(()))
+                .map(|_| ()),
+            _ => e.remove_device(d.id, RemoveMode::Migrate, true).map(|_| ()),
+        };
+        match r {
+            Ok(()) => done += 1,
+            Err(
+                HotplugError::Leased { .. }
+                | HotplugError::LastDevice { .. }
+                | HotplugError::InsufficientCapacity { .. }
+                | HotplugError::ShrinkStillLive
+                | HotplugError::Blocked { .. },
+            ) => refused += 1,
+            Err(err) => panic!("step {step}: {err}"),
+        }
+        if e.devices()
+            .iter()
+            .filter(|d| !d.state.is_tombstone())
+            .count()
+            < 2
+        {
+            e.hotplug_add(&format!("memfd:refill{step}"), 128 * SLOT, |_, _| Ok(()))
+                .unwrap();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in [leaser, reader, deleter] {
+        t.join().unwrap();
+    }
+    for &(key, byte) in committed.lock().unwrap().iter() {
+        let got = load(&e, key).unwrap_or_else(|| panic!("committed key {key:?} lost"));
+        assert!(
+            got.len() == 700 && got.iter().all(|&b| b == byte),
+            "{key:?} has other bytes"
+        );
+    }
+    println!(
+        "{step} hotplug steps ({done} done, {refused} refused), {} read leases checked",
+        reads.load(Ordering::Relaxed)
+    );
+    assert!(reads.load(Ordering::Relaxed) > 100);
+    e.check_invariants().unwrap();
+}

@@ -345,3 +345,19 @@ def test_gpu_check_script_runs_or_says_why_not():
         assert "skipped" in r.stderr, r.stderr
     else:
         assert r.returncode == 0 and "bytes verified" in r.stdout, r.stdout + r.stderr
+
+
+def test_registration_pieces_are_whole_slots_of_at_most_64_gib():
+    from daxkv.cuda import REGISTER_PIECE_MAX, pieces
+
+    slot = 3 << 20  # 64 GiB is not a whole number of these
+    base = 1 << 40
+    length = 50 * REGISTER_PIECE_MAX // 7 // slot * slot
+    ps = pieces(base, length, slot)
+    assert ps[0][0] == base and sum(n for _, n in ps) == length
+    for (b, n), (b2, _) in zip(ps, ps[1:]):
+        assert b + n == b2, "contiguous"
+    for b, n in ps:
+        assert n <= REGISTER_PIECE_MAX and (b - base) % slot == 0 and n % slot == 0
+    assert len(ps) == -(-length // (REGISTER_PIECE_MAX // slot * slot))
+    assert pieces(base, 8 * slot, slot) == [(base, 8 * slot)]

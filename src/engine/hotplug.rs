@@ -987,8 +987,9 @@ impl Engine {
         let id = match self
             .inner
             .pool
-            .add_locked(&admin, &spec, &self.inner.closing)
-        {
+            .add_locked(&admin, &spec, &self.inner.closing, &|d| {
+                self.inner.observers.attach(d);
+            }) {
             Ok(id) => id,
             Err(EngineError::SizeConflict { .. }) => return Err(HotplugError::SizeConflict),
             // Sizes only, no path: the caller is told why.

@@ -317,6 +317,9 @@ struct Inner {
     /// Counters recorded on the data path (`metrics.rs`).
     metrics: Metrics,
     listeners: ArcSwap<Vec<Arc<dyn Listener>>>,
+    /// The mapping observers (`observe.rs`), given to every device added;
+    /// changed only under the pool's admin lock.
+    observers: observe::Observers,
     /// The workers' CPU masks (`host::numa::affinity`), made once at open.
     cpu_plan: CpuPlan,
     /// This engine's own fault hooks (the `failpoints` feature).
@@ -477,6 +480,7 @@ impl Engine {
                 opts.num_store_workers + opts.num_lookup_workers + opts.num_load_workers,
             ),
             listeners: ArcSwap::from_pointee(Vec::new()),
+            observers: observe::Observers::default(),
             opts,
             cpu_plan,
             #[cfg(feature = "failpoints")]

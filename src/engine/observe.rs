@@ -144,7 +144,7 @@ impl Engine {
         for d in self.inner.pool.list().iter() {
             register(&mut reg, d);
         }
-        self.inner.pool.observers.lock().push(reg);
+        self.inner.observers.lock().push(reg);
         true
     }
 
@@ -157,7 +157,7 @@ impl Engine {
         }
         let _admin = self.inner.pool.admin();
         let reg = {
-            let mut regs = self.inner.pool.observers.lock();
+            let mut regs = self.inner.observers.lock();
             let Some(i) = regs
                 .iter()
                 .position(|r| std::ptr::addr_eq(Arc::as_ptr(&r.observer), Arc::as_ptr(observer)))

@@ -366,9 +366,6 @@ pub(super) struct DevicePool {
     /// Key ownership: a store holds its key's stripe while it decides
     /// which device gets the key (parent module doc, "Key ownership").
     pub(super) claims: ClaimTable,
-    /// The engine's mapping observers (`observe.rs`), given to every
-    /// device added; changed only under `admin`.
-    pub(super) observers: super::observe::Observers,
 }
 
 impl DevicePool {
@@ -401,7 +398,6 @@ impl DevicePool {
             next_id: AtomicU32::new(n),
             slot_bytes,
             claims: ClaimTable::default(),
-            observers: super::observe::Observers::default(),
         })
     }
 
@@ -504,17 +500,21 @@ impl DevicePool {
         &self,
         spec: &DeviceSpec,
         closing: &AtomicBool,
+        attach: &dyn Fn(&Arc<Device>),
     ) -> Result<DeviceId, EngineError> {
         let admin = self.admin();
-        self.add_locked(&admin, spec, closing)
+        self.add_locked(&admin, spec, closing, attach)
     }
 
-    /// [`DevicePool::add`] with `admin` already held.
+    /// [`DevicePool::add`] with `admin` already held. `attach` gives the new
+    /// device the engine's mapping observers (`observe.rs`) before it is
+    /// published.
     pub(super) fn add_locked(
         &self,
         _admin: &MutexGuard<'_, ()>,
         spec: &DeviceSpec,
         closing: &AtomicBool,
+        attach: &dyn Fn(&Arc<Device>),
     ) -> Result<DeviceId, EngineError> {
         // ORDERING: Acquire — observes `request_close`; `close` takes
         // `admin` before it closes the devices, so an add that passed this
@@ -554,7 +554,7 @@ impl DevicePool {
         });
         // Its observers first: no lease (nor any other use) reaches it
         // before they have returned (`observe.rs`, "New devices").
-        self.observers.attach(&dev);
+        attach(&dev);
         let mut v = Vec::clone(&self.list());
         v.push(dev);
         // Under `admin`: nobody else replaces the list meanwhile.
@@ -776,7 +776,9 @@ impl Engine {
     /// it: it reads the list through an `ArcSwap`), so two racing adds of
     /// one device map it once.
     pub fn add_device(&self, spec: &DeviceSpec) -> Result<DeviceId, EngineError> {
-        self.inner.pool.add(spec, &self.inner.closing)
+        self.inner.pool.add(spec, &self.inner.closing, &|d| {
+            self.inner.observers.attach(d);
+        })
     }
 
     /// Move device `id` to state `to` (the control plane's drain, migrate,
