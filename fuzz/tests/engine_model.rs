@@ -293,7 +293,8 @@ impl Run {
         // before): either answer is right then.
         let leased = self.open.get(&id).map(|o| o.0.device());
         let unsure = leased.is_some_and(|d| self.forced.contains(&d));
-        let present = self.keys.contains_key(&id) || (leased.is_some() && !unsure);
+        let stored = self.keys.contains_key(&id);
+        let present = stored || (leased.is_some() && !unsure);
         match r {
             Ok(EngineLeased::Leased(l)) => {
                 assert!(
@@ -319,8 +320,14 @@ impl Run {
             }
             Ok(EngineLeased::AlreadyPresent) => {
                 assert!(
-                    present || unsure,
-                    "step {step}: key {id} answered present, absent in the model"
+                    stored,
+                    "step {step}: key {id} answered stored, not stored in the model"
+                );
+            }
+            Err(LeaseError::InFlight) => {
+                assert!(
+                    !stored && leased.is_some(),
+                    "step {step}: key {id} answered in flight with no open lease in the model"
                 );
             }
             Err(LeaseError::Full | LeaseError::IndexFull | LeaseError::Busy) => {}

@@ -208,12 +208,16 @@ impl ReadLease {
     /// End the lease (nothing if already ended).
     fn release(&self, py: Python<'_>) {
         crate::gil::release(py, || {
-            drop(
-                self.lease
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take(),
-            );
+            // Out of the mutex before it drops: the drop may end a removed
+            // device's mapping, whose observer may be a Python callback
+            // waiting for the GIL, which a thread asking `is_open` may
+            // hold while it waits for this mutex.
+            let l = self
+                .lease
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            drop(l);
         });
     }
 

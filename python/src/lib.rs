@@ -1259,22 +1259,31 @@ impl Drop for DaxConnector {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if let Some(h) = &http {
-            // Dropped by Python (the GIL is held).
-            Python::with_gil(|py| crate::fork::stops_listening(py, h.listener_fd()));
-        }
-        drop(http);
         let engine = self
             .state
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .engine
             .take();
-        if let Some(e) = engine {
-            // Tasks using exported buffers finish before the exports are
-            // released (the state, dropped after this, holds them).
-            e.close();
-        }
+        // Dropped by Python (the GIL is held). Stopping the control plane
+        // and closing the engine wait for an operation in progress, whose
+        // mapping observer may be a Python callback waiting for the GIL:
+        // both run with the GIL released, as `close` does
+        // (`python/tests/test_leases.py::test_dropping_a_connector_never_deadlocks_with_an_observer_callback`).
+        Python::with_gil(|py| {
+            if let Some(h) = &http {
+                crate::fork::stops_listening(py, h.listener_fd());
+            }
+            crate::gil::release(py, move || {
+                drop(http);
+                if let Some(e) = engine {
+                    // Tasks using exported buffers finish before the
+                    // exports are released (the state, dropped after
+                    // this, holds them).
+                    e.close();
+                }
+            });
+        });
     }
 }
 

@@ -51,7 +51,8 @@ def test_store_leases_fill_by_dma_stand_in_then_commit(make_connector):
     assert exists(c, keys) == [False] * 4
     f = c.submit_batch_set(keys[:1], [memoryview(b"x" * 10)])
     assert drain_until(c, {f})[f][0] is False
-    assert c.lease_store(keys[:1], [10]) == [None], "leased already: no pointer"
+    (again,) = c.lease_store(keys[:1], [10])
+    assert isinstance(again, daxkv.LeaseError) and "in flight" in str(again), again
     assert c.commit_leases(got) == [True] * 4
     assert leases_open(c) == 0
     assert exists(c, keys) == [True] * 4

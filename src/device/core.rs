@@ -1754,6 +1754,12 @@ impl DaxCore {
 
     /// [`StoreLease::commit`]: the put's commit, or its cancel path.
     pub(crate) fn lease_commit(&self, l: &StoreLease<'_>) -> Result<(), LeaseError> {
+        // A device that failed meanwhile serves nothing: a commit there
+        // would answer stored for a key every read then misses.
+        if self.arena.is_failed() {
+            self.lease_abort(l);
+            return Err(LeaseError::DeviceFailed);
+        }
         let m = self.meta(l.held.slot);
         // The commit's Release CAS publishes the caller's copy to readers,
         // which borrow with an Acquire CAS (the copy finished before this

@@ -116,6 +116,10 @@ pub enum LeaseError {
     /// slot is freed and the key is not stored.
     #[error("the key was deleted (forced) while its store lease was open")]
     Canceled,
+    /// The key is under another caller's open store lease (the engine's
+    /// `lease_store`): not stored yet, and it may never be.
+    #[error("the key is under another open store lease (in flight, not stored)")]
+    InFlight,
 }
 
 /// The fixed lease table of one device (module doc).

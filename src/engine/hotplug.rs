@@ -619,6 +619,23 @@ fn unblocked(dev: &Device) -> Result<(), HotplugError> {
 /// lists the device's keys.
 fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
     use crate::device::error::{CoreError, GateError};
+    if dev.state() == DeviceState::Resizing {
+        // A shrink: leases are never canceled for it (a remap could not
+        // go on under them anyway), forced or not.
+        return match dev.core().quiesce() {
+            Err(CoreError::Busy(GateError::Leased { leases })) => Err(HotplugError::Leased {
+                leases,
+                forced_ok: false,
+            }),
+            Err(CoreError::Busy(GateError::Busy { guards, .. })) if !force => {
+                Err(HotplugError::Blocked {
+                    locked: 0,
+                    borrowed: guards,
+                })
+            }
+            _ => Ok(()),
+        };
+    }
     let r = match dev.core().quiesce() {
         Err(CoreError::Busy(GateError::Busy { guards, .. })) if !force => {
             Err(HotplugError::Blocked {
@@ -1239,6 +1256,10 @@ impl Engine {
             gate(std::path::Path::new(dev.path()), size_bytes).map_err(HotplugError::Probe)?;
         }
         dev.set_state(DeviceState::Resizing);
+        // ORDERING: SeqCst fence — the Dekker pair with `lease_one`, as in
+        // `remove_inner`: a lease taken from here on sees the device not
+        // writable and gives its slot back, or the check below sees it.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let mut restore = RestoreState(&dev, old, true);
         // A remap cannot move a mapping leases point into, forced or not:
         // refused before anything is moved or evicted (the remap checks

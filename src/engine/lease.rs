@@ -63,7 +63,8 @@ use crate::key::Key;
 pub enum EngineLeased {
     /// The slot is the caller's to fill, then commit.
     Leased(EngineStoreLease),
-    /// The key is stored, in flight or leased already: no slot, no pointer.
+    /// The key is stored (or being stored by a store task) already: no
+    /// slot, no pointer.
     AlreadyPresent,
 }
 
@@ -270,10 +271,11 @@ impl Engine {
     /// Reserve a slot per key for the caller to fill (docs/leases.md,
     /// "The engine's leases"): per key, in order, appended to `out`, an
     /// [`EngineLeased::Leased`] with where its `lens[i]` bytes go, an
-    /// [`EngineLeased::AlreadyPresent`] (stored, in flight or leased
-    /// already), or why not ([`LeaseError`]: `TooLarge`, `Full` when no
-    /// writable device has room, `Busy` while a remap is pending on a
-    /// device the key had to be looked for on, `TooMany`, `Closed`).
+    /// [`EngineLeased::AlreadyPresent`] (stored, or being stored by a
+    /// store task), or why not ([`LeaseError`]: `InFlight` under another
+    /// open store lease, `TooLarge`, `Full` when no writable device has
+    /// room, `Busy` while a remap is pending on a device the key had to be
+    /// looked for on, `TooMany`, `Closed`).
     /// Never waits on a device. Until its commit a leased key is in
     /// flight: lookups and loads miss it, a store of it fails, a delete
     /// skips it. Returns the number of leases given; nothing is allocated
@@ -336,11 +338,13 @@ impl Engine {
         let devs = devs_now.load();
         for d in devs.iter().filter(|d| d.state().is_readable()) {
             match d.core().try_session() {
-                Ok(s) => {
-                    if s.presence(key) != Presence::Absent {
-                        return Ok(EngineLeased::AlreadyPresent);
-                    }
-                }
+                Ok(s) => match s.presence(key) {
+                    Presence::Absent => {}
+                    Presence::Stored => return Ok(EngineLeased::AlreadyPresent),
+                    // Not stored: answering present would let a caller take
+                    // the key for stored (a lease that may never commit).
+                    Presence::Leased => return Err(LeaseError::InFlight),
+                },
                 Err(TryEnterError::Closed) => {}
                 // A claim holder never waits on an arena.
                 Err(TryEnterError::Busy) => return Err(LeaseError::Busy),
@@ -395,12 +399,12 @@ impl Engine {
         let start = Instant::now();
         let tell = !self.inner.listeners.load().is_empty();
         let mut stored = Vec::new();
-        let (mut n, mut ok, mut bytes) = (0, 0, 0u64);
+        let (mut n, mut ok, mut foreign_ok, mut bytes) = (0, 0, 0, 0u64);
         for mut l in leases.drain(..) {
             if !Arc::ptr_eq(&l.inner, &self.inner) {
-                // Another engine's: committed on its own terms.
+                // Another engine's: committed (and counted) on its own terms.
                 let r = l.commit();
-                ok += usize::from(r.is_ok());
+                foreign_ok += usize::from(r.is_ok());
                 out.push(r);
                 continue;
             }
@@ -421,7 +425,7 @@ impl Engine {
                 usize::MAX,
                 TaskKind::Store,
                 n,
-                ok.min(n),
+                ok,
                 bytes,
                 start.elapsed(),
             );
@@ -431,7 +435,7 @@ impl Engine {
             self.inner
                 .tell_listeners("on_keys_stored", |l| l.on_keys_stored(&stored, &sizes));
         }
-        ok
+        ok + foreign_ok
     }
 
     /// Borrow each key's readable slot for the caller to read

@@ -267,6 +267,12 @@ pub enum EngineError {
         /// Why.
         source: OpenError,
     },
+    /// A control call from inside a mapping observer's callback, which
+    /// runs under the locks that call takes (`Engine::observe`).
+    #[error(
+        "called from a mapping observer callback: observers must not call back into the engine"
+    )]
+    Reentrant,
     /// A worker thread could not be started.
     #[error("cannot start a worker thread: {0}")]
     Spawn(std::io::Error),

@@ -25,9 +25,13 @@
 //!   often under the pool's: an observer must not call into the engine.
 //!   The device refuses data-path calls from a callback (`Closed`), and
 //!   the engine refuses its control calls: `observe` / `unobserve` answer
-//!   `false`, hotplug operations [`HotplugError::Reentrant`](super::HotplugError::Reentrant).
+//!   `false`, hotplug operations [`HotplugError::Reentrant`](super::HotplugError::Reentrant),
+//!   `add_device`, `set_device_state` and `resize_device`
+//!   [`EngineError::Reentrant`](super::EngineError::Reentrant), `close`
+//!   only refuses new work.
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::pool::{Device, DeviceId};
@@ -45,25 +49,92 @@ pub trait DeviceObserver: Send + Sync {
 }
 
 /// One device's shim for one engine observer: a `MappingObserver` that
-/// names the device.
+/// names the device, and says nothing once its registration is taken off.
 struct Shim {
     device: DeviceId,
     observer: Arc<dyn DeviceObserver>,
+    live: Arc<Live>,
+}
+
+/// Whether a registration is on, and its callbacks in progress: once
+/// `unobserve` has turned it off and seen no callback in progress, none
+/// runs or starts. A device dropped on another thread (its last lease)
+/// tells the observers its arena still lists, which `unobserve` could no
+/// longer reach (the review's
+/// `an_observer_is_never_told_after_unobserve_returned_true`). Counters,
+/// not a lock held across the callback: a callback may run another on the
+/// same thread (a Python callback whose garbage collection drops a removed
+/// device's last lease), which a lock would deadlock on.
+///
+/// ```text
+/// callback:   active += 1 ; on?  → call ; active -= 1
+/// unobserve:  on = false ; wait until active == 0
+/// ```
+///
+/// A Dekker pair (all four `SeqCst`): either the callback sees `on` false
+/// and does not call, or `unobserve` sees it active and waits for it.
+#[derive(Debug)]
+struct Live {
+    on: AtomicBool,
+    active: AtomicUsize,
+}
+
+impl Live {
+    fn new() -> Live {
+        Live {
+            on: AtomicBool::new(true),
+            active: AtomicUsize::new(0),
+        }
+    }
+
+    /// Turn it off and wait for the callbacks in progress (on other
+    /// threads: `unobserve` is refused inside a callback).
+    fn off(&self) {
+        // ORDERING: SeqCst — the Dekker pair with `Shim::tell` (doc above).
+        self.on.store(false, Ordering::SeqCst);
+        // ORDERING: SeqCst — as above; a zero also orders the callbacks'
+        // effects before our return.
+        while self.active.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Shim {
+    fn tell(&self, f: impl FnOnce(&dyn DeviceObserver)) {
+        /// Counts the callback out, even if it panics.
+        struct Out<'a>(&'a AtomicUsize);
+        impl Drop for Out<'_> {
+            fn drop(&mut self) {
+                // ORDERING: SeqCst — as in `tell`; Release would do for
+                // `off`'s wait, SeqCst keeps one order for the pair.
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        // ORDERING: SeqCst — the Dekker pair with `Live::off`.
+        self.live.active.fetch_add(1, Ordering::SeqCst);
+        let _out = Out(&self.live.active);
+        // ORDERING: SeqCst — the Dekker pair with `Live::off`.
+        if self.live.on.load(Ordering::SeqCst) {
+            f(&*self.observer);
+        }
+    }
 }
 
 impl MappingObserver for Shim {
     fn mapped(&self, region: &Region) {
-        self.observer.mapped(self.device, region);
+        self.tell(|o| o.mapped(self.device, region));
     }
 
     fn unmapping(&self, region: &Region) {
-        self.observer.unmapping(self.device, region);
+        self.tell(|o| o.unmapping(self.device, region));
     }
 }
 
 /// An engine observer and where it is registered.
 struct Registered {
     observer: Arc<dyn DeviceObserver>,
+    live: Arc<Live>,
     on: Vec<(Weak<Device>, Arc<dyn MappingObserver>)>,
 }
 
@@ -99,6 +170,7 @@ fn register(r: &mut Registered, dev: &Arc<Device>) {
     let shim: Arc<dyn MappingObserver> = Arc::new(Shim {
         device: dev.id(),
         observer: Arc::clone(&r.observer),
+        live: Arc::clone(&r.live),
     });
     if dev.core().observe(Arc::clone(&shim)) {
         r.on.push((Arc::downgrade(dev), shim));
@@ -139,6 +211,7 @@ impl Engine {
         }
         let mut reg = Registered {
             observer,
+            live: Arc::new(Live::new()),
             on: Vec::new(),
         };
         for d in self.inner.pool.list().iter() {
@@ -149,8 +222,9 @@ impl Engine {
     }
 
     /// Stop telling `observer` anything, on every device it was given to
-    /// (removed ones still alive included). False if it was not
-    /// registered, or from inside an observer callback.
+    /// (removed ones still alive included): once this returns, no callback
+    /// of it runs or starts. False if it was not registered, or from
+    /// inside an observer callback.
     pub fn unobserve(&self, observer: &Arc<dyn DeviceObserver>) -> bool {
         if in_observer_callback() {
             return false;
@@ -166,6 +240,9 @@ impl Engine {
             };
             regs.remove(i)
         };
+        // Silenced first (waiting for a callback in progress), then taken
+        // off the devices still alive.
+        reg.live.off();
         for (d, shim) in reg.on {
             if let Some(d) = d.upgrade() {
                 d.core().unobserve(&shim);

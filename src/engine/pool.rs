@@ -717,6 +717,9 @@ impl Engine {
     /// keys. Errors: [`EngineError::NoSuchDevice`], [`EngineError::Resize`]
     /// (with the core's reason), [`EngineError::Closing`].
     pub fn resize_device(&self, id: DeviceId, bytes: usize) -> Result<(), EngineError> {
+        if crate::device::arena::in_observer_callback() {
+            return Err(EngineError::Reentrant);
+        }
         self.inner.pool.resize(id, bytes, &self.inner.closing)
     }
 
@@ -776,6 +779,9 @@ impl Engine {
     /// it: it reads the list through an `ArcSwap`), so two racing adds of
     /// one device map it once.
     pub fn add_device(&self, spec: &DeviceSpec) -> Result<DeviceId, EngineError> {
+        if crate::device::arena::in_observer_callback() {
+            return Err(EngineError::Reentrant);
+        }
         self.inner.pool.add(spec, &self.inner.closing, &|d| {
             self.inner.observers.attach(d);
         })
@@ -796,6 +802,9 @@ impl Engine {
         id: DeviceId,
         to: DeviceState,
     ) -> Result<DeviceState, EngineError> {
+        if crate::device::arena::in_observer_callback() {
+            return Err(EngineError::Reentrant);
+        }
         let from = self.inner.pool.set_state(id, to, &self.inner.closing)?;
         if to == DeviceState::Failed {
             self.report_failed_devices();
