@@ -752,6 +752,19 @@ struct SlotMeta {
 
 const _: () = assert!(std::mem::size_of::<SlotMeta>() == 32);
 
+impl SlotMeta {
+    /// The key stored next to the state word.
+    #[inline]
+    fn key(&self) -> Key {
+        // ORDERING: Relaxed — ordered by the Acquire load of the bucket or of
+        // the state word that led here (both published after these stores).
+        Key::from_parts(
+            self.key_hi.load(Ordering::Relaxed),
+            self.key_lo.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// Status fields (docs/lmcache-dax-behavior.md §2.4 `report_status`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreStatus {
@@ -1176,13 +1189,7 @@ impl DaxCore {
 
     #[inline]
     fn slot_key(&self, s: SlotId) -> Key {
-        let m = self.meta(s);
-        // ORDERING: Relaxed — ordered by the Acquire load of the bucket or of
-        // the state word that led here (both published after these stores).
-        Key::from_parts(
-            m.key_hi.load(Ordering::Relaxed),
-            m.key_lo.load(Ordering::Relaxed),
-        )
+        self.meta(s).key()
     }
 
     #[inline]
@@ -1226,6 +1233,19 @@ impl DaxCore {
             // A device that faulted serves nothing: its keys are misses.
             return None;
         }
+        self.pin_readable_unfailed(key)
+    }
+
+    /// [`DaxCore::pin_readable`] for a caller that has just checked the
+    /// device is not failed: a batch checks once for all its keys (the
+    /// fault is asynchronous, so a batch that checked first answers as if
+    /// a fault arriving during it came after it; a copy out of a failed
+    /// device still fails, in `ArenaGuard::read`). Inlined into the batch
+    /// loops: as a call it spent about a sixth of its instructions on the
+    /// call itself and its `Option` returned through memory.
+    #[allow(clippy::inline_always)] // measured: docs/performance.md
+    #[inline(always)]
+    fn pin_readable_unfailed(&self, key: Key) -> Option<(SlotId, Generation)> {
         for _ in 0..RETRY_MAX {
             let e = self.index.find(key, self.is_key(key))?;
             self.stall_point(STALL_AFTER_FIND);
@@ -1246,7 +1266,7 @@ impl DaxCore {
             // release sequence of this incarnation's commit, which follows
             // the writer's key stores: the key read here is the pinned
             // incarnation's.
-            if self.slot_key(e.slot) == key {
+            if m.key() == key {
                 return Some((e.slot, st.generation()));
             }
             self.unpin(e.slot, st.generation()); // slot reused since `find`
@@ -1264,6 +1284,8 @@ impl DaxCore {
     /// reservation, which our pin CAS read from), and re-reading it with
     /// Acquire also makes that incarnation's key visible (its writer stored
     /// the key before publishing the bucket).
+    #[allow(clippy::inline_always)] // as `pin_readable_unfailed`
+    #[inline(always)]
     fn pin_published(&self, key: Key) -> Option<(Entry, Generation, State)> {
         let mut e = self.index.find(key, self.is_key(key))?;
         for _ in 0..RETRY_MAX {
@@ -1273,7 +1295,7 @@ impl DaxCore {
             self.stall_point(STALL_AFTER_LOAD);
             match m.state.pin(st.generation()) {
                 Ok(t) => {
-                    if self.index.still_holds(e) && self.slot_key(e.slot) == key {
+                    if self.index.still_holds(e) && m.key() == key {
                         return Some((e, st.generation(), t.next));
                     }
                     self.unpin(e.slot, st.generation());
@@ -1416,16 +1438,22 @@ impl DaxCore {
         meta: u32,
         copy: impl FnOnce(&SlotWriter<'_>) -> bool,
     ) -> Result<PutOutcome, PutError> {
+        // One check of the device for the whole put (it was two: here and
+        // in `put_absent_with`); a fault arriving after it is found by the
+        // copy, which then fails.
+        if self.arena.is_failed() {
+            return Err(PutError::DeviceFailed);
+        }
         // Cheap early exit for re-stores, the common case in LMCache.
         let snap = self.leases.snapshot();
-        if !self.arena.is_failed() && self.index.contains_live(key, self.is_key(key)) {
+        if self.index.contains_live(key, self.is_key(key)) {
             if let Present::Answer(r) = self.present(key, snap) {
                 return r;
             }
             // Going away as we looked (`present`): store it (the insert
             // below settles any race).
         }
-        self.put_absent_with(guard, key, len, meta, copy)
+        self.put_unfailed_with(guard, key, len, meta, copy)
     }
 
     /// [`DaxCore::put_with`] without its early presence check, for a
@@ -1443,6 +1471,20 @@ impl DaxCore {
         if self.arena.is_failed() {
             return Err(PutError::DeviceFailed);
         }
+        self.put_unfailed_with(guard, key, len, meta, copy)
+    }
+
+    /// [`DaxCore::put_absent_with`] once the caller found the device not
+    /// failed.
+    #[inline]
+    fn put_unfailed_with(
+        &self,
+        guard: &ArenaGuard<'_>,
+        key: Key,
+        len: usize,
+        meta: u32,
+        copy: impl FnOnce(&SlotWriter<'_>) -> bool,
+    ) -> Result<PutOutcome, PutError> {
         if self.fault_full() {
             return Err(PutError::Full);
         }
@@ -1918,7 +1960,14 @@ impl DaxCore {
         let Ok(_g) = self.arena.enter() else {
             return vec![false; keys.len()];
         };
-        keys.iter().map(|&k| self.exists_in(k, lock)).collect()
+        // Once per batch (`pin_readable_unfailed`): a failed device's keys
+        // are misses.
+        if self.arena.is_failed() {
+            return vec![false; keys.len()];
+        }
+        keys.iter()
+            .map(|&k| self.exists_unfailed(k, lock))
+            .collect()
     }
 
     /// `exists_many` for one key.
@@ -1930,7 +1979,14 @@ impl DaxCore {
     }
 
     fn exists_in(&self, key: Key, lock: bool) -> bool {
-        let Some((s, gen)) = self.pin_readable(key) else {
+        !self.arena.is_failed() && self.exists_unfailed(key, lock)
+    }
+
+    /// [`DaxCore::exists_in`] once the caller found the device not failed
+    /// (`pin_readable_unfailed`).
+    #[inline]
+    fn exists_unfailed(&self, key: Key, lock: bool) -> bool {
+        let Some((s, gen)) = self.pin_readable_unfailed(key) else {
             return false;
         };
         if !lock {
@@ -1972,6 +2028,7 @@ impl DaxCore {
         }
     }
 
+    #[inline]
     fn unlock_in(&self, key: Key) -> bool {
         let Some((e, gen, _)) = self.pin_published(key) else {
             return false;
@@ -2013,8 +2070,11 @@ impl DaxCore {
         let Ok(g) = self.arena.enter() else {
             return set;
         };
+        // A failed device's keys are misses: checked once for the batch
+        // (`pin_readable_unfailed`).
+        let keys = if self.arena.is_failed() { &[] } else { keys };
         for (i, &k) in keys.iter().enumerate() {
-            match self.borrow_in(k) {
+            match self.pin_readable_unfailed(k) {
                 Some((s, gen)) => {
                     let (len, meta) = self.len_meta(s);
                     let pos = set.items.len() as u32;
@@ -2060,10 +2120,49 @@ impl DaxCore {
                 bufs: bufs.len(),
             });
         }
-        let mut out = vec![false; keys.len()];
-        let set = self.reserve_reads(keys, false);
-        for r in set.items() {
-            out[r.index] = set.read(r, bufs[r.index]).is_some();
+        // Each key is borrowed, copied and released in turn, under one
+        // guard, as `Session::load_into` does: no read set (its
+        // allocation, its reservation records, the membership check its
+        // public `read` needs, a second pass to release). The answers are
+        // the same: each key's is its own, taken at its borrow.
+        let Ok(g) = self.arena.enter() else {
+            return Ok(vec![false; keys.len()]);
+        };
+        // A failed device's keys are misses: checked once for the batch
+        // (`pin_readable_unfailed`); a copy it fails meanwhile fails.
+        if self.arena.is_failed() {
+            return Ok(vec![false; keys.len()]);
+        }
+        let mut reading = false;
+        let out = keys
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&k, dst)| {
+                let Some((s, gen)) = self.pin_readable_unfailed(k) else {
+                    return false;
+                };
+                if !reading {
+                    reading = true;
+                    // ORDERING: Relaxed — a statistic.
+                    self.active_reads.fetch_add(1, Ordering::Relaxed);
+                }
+                let (len, _) = self.len_meta(s);
+                self.fault_delay();
+                #[allow(unsafe_code)]
+                // SAFETY: `ArenaGuard::read`'s contract: 1. slot `s` is
+                // borrowed (pinned and readable) until the `unpin` below: no
+                // writer can reserve it meanwhile, and readers only read; the
+                // range is its payload, inside the slot; 2. `dst` is a caller
+                // slice, outside the mapping.
+                let ok = dst.len() >= len
+                    && unsafe { g.read(s.0 as usize * self.slot_bytes, &mut dst[..len]) }.is_ok();
+                self.unpin(s, gen);
+                ok
+            })
+            .collect();
+        if reading {
+            // ORDERING: Relaxed — a statistic.
+            self.active_reads.fetch_sub(1, Ordering::Relaxed);
         }
         Ok(out)
     }
@@ -2093,8 +2192,13 @@ impl DaxCore {
             out.fill(false);
             return Ok(());
         };
+        // Once per batch, as in `exists_many`.
+        if self.arena.is_failed() {
+            out.fill(false);
+            return Ok(());
+        }
         for (o, &k) in out.iter_mut().zip(keys) {
-            *o = self.exists_in(k, lock);
+            *o = self.exists_unfailed(k, lock);
         }
         Ok(())
     }
@@ -2130,11 +2234,13 @@ impl DaxCore {
         keys.iter().map(|&k| self.delete_in(k, force)).collect()
     }
 
+    #[inline]
     fn delete_in(&self, key: Key, force: bool) -> bool {
         self.delete_locks_in(key, force).is_some()
     }
 
     /// Delete `key`; `Some(lock count of the copy deleted)` if it was.
+    #[inline]
     fn delete_locks_in(&self, key: Key, force: bool) -> Option<u32> {
         let (e, gen, _) = self.pin_published(key)?;
         let s = e.slot;

@@ -81,6 +81,7 @@ pub const BUS_MCEERR_AR: i32 = 4;
 /// Hardware memory error found, not consumed (early kill).
 pub const BUS_MCEERR_AO: i32 = 5;
 
+#[derive(Debug)]
 struct Entry {
     state: AtomicU8,
     base: AtomicUsize,
@@ -121,6 +122,9 @@ pub(crate) struct RegistryFull;
 #[derive(Debug)]
 pub(crate) struct Registration {
     slot: usize,
+    /// `&ENTRIES[slot]`, kept so the per-copy `failed` check is one load
+    /// with no index arithmetic or bounds check.
+    entry: &'static Entry,
     /// The entry was given back; `failed_at_release` holds its last flag.
     released: AtomicBool,
     failed_at_release: AtomicBool,
@@ -146,6 +150,7 @@ impl Registration {
             {
                 return Ok(Registration {
                     slot: i,
+                    entry: e,
                     released: AtomicBool::new(false),
                     failed_at_release: AtomicBool::new(false),
                 });
@@ -154,8 +159,9 @@ impl Registration {
         Err(RegistryFull)
     }
 
+    #[inline]
     fn entry(&self) -> &'static Entry {
-        &ENTRIES[self.slot]
+        self.entry
     }
 
     /// Watch `base..base + len` (the arena's mapping now). Called before
@@ -180,6 +186,7 @@ impl Registration {
     }
 
     /// Whether a fault in this device's mapping failed it.
+    #[inline]
     pub(crate) fn failed(&self) -> bool {
         // ORDERING: Acquire — pairs with the Release swap in `release`, so
         // the copied flag is seen once `released` is.

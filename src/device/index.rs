@@ -71,10 +71,6 @@ fn state_of(b: u64) -> u64 {
     (b >> STATE_SHIFT) & 3
 }
 #[inline]
-fn fp_of(b: u64) -> u32 {
-    (b >> 32) as u32
-}
-#[inline]
 fn slot_of(b: u64) -> SlotId {
     SlotId((b & SLOT_MASK) as u32)
 }
@@ -82,9 +78,16 @@ fn slot_of(b: u64) -> SlotId {
 fn tomb_of(b: u64) -> u64 {
     (b & !(3 << STATE_SHIFT)) | (TOMB << STATE_SHIFT)
 }
+/// The fingerprint and the high state bit: a word `w` is a live entry
+/// (PROVISIONAL or OWNED) with fingerprint `fp` iff
+/// `w & LIVE_FP_MASK == live_fp(fp)`.
+const LIVE_FP_MASK: u64 = !((1 << (STATE_SHIFT + 1)) - 1);
+/// The fingerprint and both state bits (an OWNED entry with the fingerprint).
+const FP_STATE_MASK: u64 = !((1 << STATE_SHIFT) - 1);
+const _: () = assert!(PROVISIONAL == 0b10 && OWNED == 0b11 && TOMB == 0b01);
 #[inline]
-fn is_live(b: u64) -> bool {
-    state_of(b) >= PROVISIONAL
+fn live_fp(fp: u32) -> u64 {
+    (u64::from(fp) << 32) | (PROVISIONAL << STATE_SHIFT)
 }
 
 /// Where a key's entry sits (handed back to [`Index::remove`]).
@@ -185,7 +188,20 @@ impl Index {
         is_key: &impl Fn(SlotId) -> bool,
         order: Ordering,
     ) -> bool {
-        if !(is_live(b) && fp_of(b) == fp && is_key(slot_of(b))) {
+        b & LIVE_FP_MASK == live_fp(fp) && Self::holds_key(&self.buckets[pos], b, is_key, order)
+    }
+
+    /// [`Index::is_entry`] for a word `b` read from `bucket` and already
+    /// known to be live with the key's fingerprint: the key check and the
+    /// seqlock re-read of the same bucket (no second index into the table).
+    #[inline]
+    fn holds_key(
+        bucket: &AtomicU64,
+        b: u64,
+        is_key: &impl Fn(SlotId) -> bool,
+        order: Ordering,
+    ) -> bool {
+        if !is_key(slot_of(b)) {
             return false;
         }
         // ORDERING: Acquire fence — the key loads inside `is_key` are
@@ -197,7 +213,7 @@ impl Index {
         fence(Ordering::Acquire);
         // ORDERING: `order` (Acquire, or SeqCst in the insert handshake) —
         // the re-read half of the seqlock above.
-        self.buckets[pos].load(order) == b
+        bucket.load(order) == b
     }
 
     /// The OWNED entry of `key`, if any. Inlined into its few callers (the
@@ -217,6 +233,10 @@ impl Index {
     }
 
     /// The key's entry in its run: OWNED only, or any live one.
+    ///
+    /// One masked compare per bucket (state and fingerprint at once), the
+    /// position advanced and wrapped by hand (no `home + d` reduction per
+    /// step), and the seqlock re-read through the bucket already in hand.
     #[allow(clippy::inline_always)] // as `find`
     #[inline(always)]
     fn scan<const OWNED_ONLY: bool>(
@@ -224,31 +244,48 @@ impl Index {
         key: Key,
         is_key: &impl Fn(SlotId) -> bool,
     ) -> Option<Entry> {
+        let buckets = &*self.buckets;
         let home = self.home(key);
         let fp = Self::fp(key);
+        // OWNED: both state bits; live (OWNED or PROVISIONAL): the high one.
+        let (mask, want) = if OWNED_ONLY {
+            (
+                FP_STATE_MASK,
+                (u64::from(fp) << 32) | (OWNED << STATE_SHIFT),
+            )
+        } else {
+            (LIVE_FP_MASK, live_fp(fp))
+        };
         // ORDERING: Acquire — pairs with the SeqCst `fetch_max` in `insert`;
         // an insert that completed before this lookup is within the hint.
         let h = usize::from(self.hints[home].load(Ordering::Acquire));
-        for d in 0..=h {
-            let pos = self.at(home, d);
+        let mut pos = home;
+        let mut left = h + 1;
+        loop {
+            let bucket = &buckets[pos];
             // ORDERING: Acquire — pairs with the confirm CAS in `insert`, so
             // the slot's key (written before the bucket was published) is
             // visible to `is_key`.
-            let b = self.buckets[pos].load(Ordering::Acquire);
+            let b = bucket.load(Ordering::Acquire);
             if b == 0 {
                 return None;
             }
-            if (!OWNED_ONLY || state_of(b) == OWNED)
-                && self.is_entry(pos, b, fp, is_key, Ordering::Acquire)
-            {
+            if b & mask == want && Self::holds_key(bucket, b, is_key, Ordering::Acquire) {
                 return Some(Entry {
                     pos,
                     slot: slot_of(b),
                     word: b,
                 });
             }
+            left -= 1;
+            if left == 0 {
+                return None;
+            }
+            pos += 1;
+            if pos == buckets.len() {
+                pos = 0;
+            }
         }
-        None
     }
 
     /// Whether the key has a live entry (OWNED or PROVISIONAL).
@@ -271,23 +308,30 @@ impl Index {
             let h = usize::from(self.hints[home].load(Ordering::SeqCst));
             let mut free: Option<(usize, usize, u64)> = None;
             let mut d = 0;
+            let mut pos = home;
             while d < PROBE_MAX {
-                let pos = self.at(home, d);
+                let bucket = &self.buckets[pos];
                 // ORDERING: SeqCst — Dekker handshake.
-                let b = self.buckets[pos].load(Ordering::SeqCst);
+                let b = bucket.load(Ordering::SeqCst);
                 if b == 0 {
                     free.get_or_insert((d, pos, b));
                     break;
                 }
                 if state_of(b) == TOMB {
                     free.get_or_insert((d, pos, b));
-                } else if self.is_entry(pos, b, fp, &is_key, Ordering::SeqCst) {
+                } else if b & LIVE_FP_MASK == live_fp(fp)
+                    && Self::holds_key(bucket, b, &is_key, Ordering::SeqCst)
+                {
                     return Insert::Present;
                 }
                 if d >= h && free.is_some() {
                     break;
                 }
                 d += 1;
+                pos += 1;
+                if pos == self.buckets.len() {
+                    pos = 0;
+                }
             }
             let Some((d, pos, old)) = free else {
                 return Insert::Full;

@@ -343,6 +343,7 @@ impl SlotState {
 
     /// WRITING → COMMITTED (with REFERENCED), after the payload copy and its
     /// `sfence`. If a forced delete canceled the store, → PENDING_FREE.
+    #[inline]
     pub fn commit(&self, gen: Generation) -> Result<Commit, SlotError> {
         let mut canceled = false;
         let t = self.update(gen, |s| {
@@ -386,11 +387,13 @@ impl SlotState {
 
     /// [`SlotState::lock`] and drop the caller's pin in the same CAS: the
     /// last step of "pin, validate, act" for a lookup-and-lock.
+    #[inline]
     pub fn lock_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
         self.update(gen, |s| locked(s).and_then(unpinned))
     }
 
     /// [`SlotState::unlock`] and drop the caller's pin in the same CAS.
+    #[inline]
     pub fn unlock_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
         self.update(gen, |s| unlocked(s).and_then(unpinned))
     }
@@ -443,6 +446,7 @@ impl SlotState {
     /// PENDING_FREE (locks dropped when forced); an in-flight one becomes
     /// CANCELED when forced. The caller then removes the index bucket and
     /// calls [`SlotState::unlink`].
+    #[inline]
     pub fn detach(&self, gen: Generation, force: bool) -> Result<Transition, SlotError> {
         self.update(gen, |s| {
             if s.has(WRITING) {
@@ -487,6 +491,7 @@ impl SlotState {
 
     /// [`SlotState::unlink`] and drop the caller's pin in the same CAS
     /// (frees the slot if nothing else holds it).
+    #[inline]
     pub fn unlink_and_unpin(&self, gen: Generation) -> Result<Transition, SlotError> {
         self.update(gen, |s| unlinked(s).and_then(unpinned))
     }
