@@ -307,3 +307,22 @@ fn observers_calling_back_into_the_engine_are_refused_at_once() {
     let l = e.lease_store(&[k(1)], &[1]).unwrap().pop().unwrap();
     assert!(matches!(l, Ok(EngineLeased::Leased(_))));
 }
+
+#[test]
+fn an_observer_is_registered_once() {
+    let e = engine(&[8]);
+    let log = observe(&e);
+    let again: Arc<dyn DeviceObserver> = log.clone();
+    assert!(
+        !e.observe(again.clone()),
+        "a second registration of one observer"
+    );
+    assert_eq!(
+        log.take(),
+        vec![Ev::Mapped(DeviceId(0), 1)],
+        "replayed once"
+    );
+    assert!(e.unobserve(&again));
+    e.close();
+    assert_eq!(log.take(), vec![], "not told after its one unobserve");
+}

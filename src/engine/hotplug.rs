@@ -1305,9 +1305,25 @@ impl Engine {
                 return Err(HotplugError::ShrinkStillLive);
             }
         }
-        dev.core()
-            .remap(size_bytes)
-            .map_err(|e| remap_error(&dev, &e))?;
+        // No lease can be open here but for an instant: one taken before
+        // the state change was refused above (409, nothing moved), and one
+        // taken since gives itself back on seeing `Resizing` (store leases
+        // in `lease_one`, read leases in `lease_load_into`). The remap may
+        // still meet such an instant (or a lease being refused, counted
+        // for an instant too): after the keys have moved, a 409 would
+        // leave them moved and the device unresized (the second review's
+        // `a_shrink_answering_leased_has_moved_nothing`), so it tries again,
+        // for at most a second.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            match dev.core().remap(size_bytes) {
+                Ok(()) => break,
+                Err(crate::device::error::CoreError::Busy(
+                    crate::device::error::GateError::Leased { .. },
+                )) if std::time::Instant::now() < deadline => std::thread::yield_now(),
+                Err(e) => return Err(remap_error(&dev, &e)),
+            }
+        }
         restore.2 = false;
         dev.set_state(old);
         Ok(report(moved, deleted, &dev))

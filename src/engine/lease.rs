@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::pool::{next_writable, Device, DeviceId, DeviceListCache};
-use super::{Engine, EngineError, Inner, TaskKind};
+use super::{DeviceState, Engine, EngineError, Inner, TaskKind};
 use crate::device::arena::{CopyError, TryEnterError};
 use crate::device::core::{
     DaxCore, OwnedLeasedStore, OwnedReadLease, OwnedStoreLease, Presence, ReadLease, StoreLease,
@@ -468,6 +468,21 @@ impl Engine {
             for d in devs.iter().filter(|d| d.state().is_readable()) {
                 match DaxCore::lease_load_owned(d, k) {
                     Ok(Some(lease)) => {
+                        // A resize refuses to remap under a lease, and
+                        // checks for leases before it moves anything: a
+                        // read lease taken once it began backs off, or the
+                        // resize would move keys and then answer 409 (the
+                        // second review's
+                        // `a_shrink_answering_leased_has_moved_nothing`).
+                        // ORDERING: SeqCst fence — the Dekker pair with
+                        // `resize_inner`'s (state, fence, lease check), as
+                        // in `lease_one`.
+                        fence(Ordering::SeqCst);
+                        if d.state() == DeviceState::Resizing {
+                            drop(lease);
+                            r = Err(LeaseError::Busy);
+                            continue;
+                        }
                         hits += 1;
                         bytes += lease.get().len() as u64;
                         r = Ok(Some(EngineReadLease { lease }));

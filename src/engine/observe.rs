@@ -192,8 +192,9 @@ impl Engine {
     /// hotplug (module doc): `observer.mapped` runs at once for each
     /// device mapped now, then after every add and remap, and
     /// `unmapping` before every remap, remove and close. False (nothing
-    /// registered) from inside an observer callback, or once the engine
-    /// is closing. Hold the engine weakly in the observer.
+    /// registered) from inside an observer callback, once the engine is
+    /// closing, or for an observer registered already. Hold the engine
+    /// weakly in the observer.
     pub fn observe(&self, observer: Arc<dyn DeviceObserver>) -> bool {
         if in_observer_callback() {
             return false;
@@ -206,6 +207,17 @@ impl Engine {
             .inner
             .closing
             .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return false;
+        }
+        // Once: a second registration would be left behind by the one
+        // `unobserve` that takes the first off.
+        if self
+            .inner
+            .observers
+            .lock()
+            .iter()
+            .any(|r| std::ptr::addr_eq(Arc::as_ptr(&r.observer), Arc::as_ptr(&observer)))
         {
             return false;
         }
