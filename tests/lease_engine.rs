@@ -9,81 +9,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daxkv::device::arena::ArenaSpec;
 use daxkv::engine::{
-    DeviceId, DeviceSpec, Engine, EngineLeased, EngineOptions, EngineStoreLease, HotplugError,
-    Listener, RemoveMode, ShrinkMode,
+    DeviceId, Engine, EngineLeased, HotplugError, Listener, RemoveMode, ShrinkMode,
 };
 use daxkv::plumbing::buf::Buf;
-use daxkv::{CoreConfig, Key, LeaseError, LEASES_MAX};
+use daxkv::{Key, LeaseError, LEASES_MAX};
 
-const SLOT: usize = 4096;
-const T: Duration = Duration::from_secs(20);
-
-fn k(i: u64) -> Key {
-    Key::digest(&i.to_le_bytes())
-}
-
-fn memfd(slots: usize) -> DeviceSpec {
-    DeviceSpec {
-        path: "memfd".into(),
-        core: CoreConfig::new(
-            ArenaSpec::memfd(slots * SLOT).max_size_bytes(4 * slots * SLOT),
-            SLOT,
-        ),
-    }
-}
-
-fn engine(devs: &[usize]) -> Engine {
-    Engine::open(
-        devs.iter().map(|&s| memfd(s)).collect(),
-        SLOT,
-        true,
-        EngineOptions::default(),
-    )
-    .unwrap()
-}
-
-/// A lease for each key, each expected to be given.
-fn lease(e: &Engine, keys: &[Key], len: usize) -> Vec<EngineStoreLease> {
-    let lens = vec![len; keys.len()];
-    e.lease_store(keys, &lens)
-        .unwrap()
-        .into_iter()
-        .map(|r| match r {
-            Ok(EngineLeased::Leased(l)) => l,
-            other => panic!("no lease: {other:?}"),
-        })
-        .collect()
-}
-
-fn fill(l: &EngineStoreLease, byte: u8) {
-    // SAFETY: a store lease hands out `len()` writable bytes at `ptr()`
-    // until it ends; nothing else touches them meanwhile.
-    unsafe { std::ptr::write_bytes(l.ptr(), byte, l.len()) };
-}
-
-/// `key`'s bytes through a load task, `None` on a miss.
-fn load(e: &Engine, key: Key) -> Option<Vec<u8>> {
-    let id = e.submit_load(vec![key], vec![vec![0u8; SLOT]]).unwrap();
-    let r = e.wait_load(id, T).ready().unwrap();
-    r.bitmap
-        .test(0)
-        .then(|| r.bufs[0][..r.lens.get(0)].to_vec())
-}
-
-/// Store each key (1000 bytes of `byte`) by its own task: whether each
-/// succeeded.
-fn store(e: &Engine, keys: Vec<Key>, byte: u8) -> Vec<bool> {
-    keys.into_iter()
-        .map(|key| {
-            let id = e
-                .submit_store(vec![key], vec![Buf::Vec(vec![byte; 1000])])
-                .unwrap();
-            e.wait_store(id, T).ready().unwrap().success
-        })
-        .collect()
-}
+#[path = "common/leases.rs"]
+mod common;
+use common::{engine, fill, k, lease, load, store, SLOT, T};
 
 #[derive(Default)]
 struct Heard {

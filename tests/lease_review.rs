@@ -9,66 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use daxkv::device::arena::{ArenaSpec, Region};
-use daxkv::engine::{
-    DeviceId, DeviceObserver, DeviceSpec, Engine, EngineLeased, EngineOptions, EngineStoreLease,
-    RemoveMode,
-};
+use daxkv::device::arena::Region;
+use daxkv::engine::{DeviceId, DeviceObserver, Engine, EngineLeased, RemoveMode};
 use daxkv::plumbing::buf::Buf;
-use daxkv::{CoreConfig, Key, LeaseError};
+use daxkv::{Key, LeaseError};
 
-const SLOT: usize = 4096;
-const T: Duration = Duration::from_secs(20);
-
-fn k(i: u64) -> Key {
-    Key::digest(&i.to_le_bytes())
-}
-
-fn memfd(name: &str, slots: usize) -> DeviceSpec {
-    DeviceSpec {
-        path: name.into(),
-        core: CoreConfig::new(
-            ArenaSpec::memfd(slots * SLOT).max_size_bytes(4 * slots * SLOT),
-            SLOT,
-        ),
-    }
-}
-
-fn engine(devs: &[usize]) -> Engine {
-    Engine::open(
-        devs.iter()
-            .enumerate()
-            .map(|(i, &s)| memfd(if i == 0 { "memfd" } else { "memfd:x" }, s))
-            .collect(),
-        SLOT,
-        true,
-        EngineOptions::default(),
-    )
-    .unwrap()
-}
-
-fn lease(e: &Engine, keys: &[Key], len: usize) -> Vec<EngineStoreLease> {
-    let lens = vec![len; keys.len()];
-    e.lease_store(keys, &lens)
-        .unwrap()
-        .into_iter()
-        .map(|r| match r {
-            Ok(EngineLeased::Leased(l)) => l,
-            other => panic!("no lease: {other:?}"),
-        })
-        .collect()
-}
-
-fn store(e: &Engine, keys: Vec<Key>, byte: u8) -> Vec<bool> {
-    keys.into_iter()
-        .map(|key| {
-            let id = e
-                .submit_store(vec![key], vec![Buf::Vec(vec![byte; 1000])])
-                .unwrap();
-            e.wait_store(id, T).ready().unwrap().success
-        })
-        .collect()
-}
+#[path = "common/leases.rs"]
+mod common;
+use common::{engine, k, lease, memfd_named, store, SLOT, T};
 
 /// An observer that sleeps in `unmapping` of device `slow_on` (to hold the
 /// dropping thread inside the device's drop for a while).
@@ -357,7 +305,7 @@ impl DeviceObserver for CallsBack {
                 Err(daxkv::engine::EngineError::Reentrant)
             ),
             _ => matches!(
-                e.add_device(&memfd("memfd:cb", 4)),
+                e.add_device(&memfd_named("memfd:cb", 4)),
                 Err(daxkv::engine::EngineError::Reentrant)
             ),
         };

@@ -17,37 +17,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use daxkv::device::arena::ArenaSpec;
-use daxkv::engine::{
-    DeviceId, DeviceSpec, DeviceState, Engine, EngineOptions, HotplugError, ShrinkMode,
-};
+use daxkv::engine::{DeviceId, DeviceState, Engine, EngineOptions, HotplugError, ShrinkMode};
 use daxkv::plumbing::buf::Buf;
-use daxkv::{CoreConfig, Key};
+use daxkv::Key;
 
-const SLOT: usize = 4096;
+#[path = "common/leases.rs"]
+mod common;
+use common::{k, memfd_named, SLOT, T};
+
 const SLOTS: usize = 256;
 const NEW_SLOTS: usize = 8;
-const T: Duration = Duration::from_secs(20);
-
-fn k(i: u64) -> Key {
-    Key::digest(&i.to_le_bytes())
-}
-
-fn memfd(name: &str, slots: usize) -> DeviceSpec {
-    DeviceSpec {
-        path: name.into(),
-        core: CoreConfig::new(
-            ArenaSpec::memfd(slots * SLOT).max_size_bytes(4 * slots * SLOT),
-            SLOT,
-        ),
-    }
-}
 
 /// dev0 full of keys 0..SLOTS (slot i holds key i: lowest free slot first),
 /// then dev1 added as the migration target.
 fn setup() -> (Arc<Engine>, DeviceId, DeviceId) {
     let e = Engine::open(
-        vec![memfd("memfd", SLOTS)],
+        vec![memfd_named("memfd", SLOTS)],
         SLOT,
         true,
         EngineOptions::default(),
@@ -60,7 +45,7 @@ fn setup() -> (Arc<Engine>, DeviceId, DeviceId) {
         assert!(e.wait_store(id, T).ready().unwrap().success);
     }
     let d0 = e.find_device_at(0).unwrap();
-    let d1 = e.add_device(&memfd("memfd:x", 4 * SLOTS)).unwrap();
+    let d1 = e.add_device(&memfd_named("memfd:x", 4 * SLOTS)).unwrap();
     (Arc::new(e), d0, d1)
 }
 

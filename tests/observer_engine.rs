@@ -9,41 +9,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use daxkv::device::arena::{ArenaSpec, Region};
+use daxkv::device::arena::Region;
 use daxkv::engine::{
-    DeviceId, DeviceObserver, DeviceSpec, Engine, EngineLeased, EngineOptions, HotplugError,
-    RemoveMode, ShrinkMode,
+    DeviceId, DeviceObserver, Engine, EngineLeased, HotplugError, RemoveMode, ShrinkMode,
 };
 use daxkv::plumbing::buf::Buf;
-use daxkv::{CoreConfig, Key};
+use daxkv::Key;
 
-const SLOT: usize = 4096;
-const T: Duration = Duration::from_secs(20);
-
-fn k(i: u64) -> Key {
-    Key::digest(&i.to_le_bytes())
-}
-
-fn memfd(slots: usize) -> DeviceSpec {
-    DeviceSpec {
-        path: "memfd".into(),
-        core: CoreConfig::new(
-            ArenaSpec::memfd(slots * SLOT).max_size_bytes(4 * slots * SLOT),
-            SLOT,
-        ),
-    }
-}
+#[path = "common/leases.rs"]
+mod common;
+use common::{k, SLOT, T};
 
 fn engine(devs: &[usize]) -> Arc<Engine> {
-    Arc::new(
-        Engine::open(
-            devs.iter().map(|&s| memfd(s)).collect(),
-            SLOT,
-            true,
-            EngineOptions::default(),
-        )
-        .unwrap(),
-    )
+    Arc::new(common::engine(devs))
 }
 
 /// Whether `[base, base + len)` lies inside this process's mappings.

@@ -1209,6 +1209,21 @@ impl Arena {
         self.notify();
     }
 
+    /// The admin lock for an exclusive section or a drain; `Busy` at once
+    /// inside an observer callback (the lock may be this thread's own).
+    fn section_admin(&self) -> Result<std::sync::MutexGuard<'_, ()>, GateError> {
+        if in_observer() {
+            return Err(GateError::Busy {
+                guards: 0,
+                waited: Duration::ZERO,
+            });
+        }
+        Ok(self
+            .admin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
     /// Run `f` with no guard alive and new guards held off: the place to
     /// remap and to change anything the data path reads without locks.
     /// Fails with [`GateError::Busy`] (and runs nothing) when guards are
@@ -1217,16 +1232,7 @@ impl Arena {
     /// lease is alive (a lease is never waited for, and new guards are not
     /// held off for it: `gate`, "Leases").
     pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> Result<R, GateError> {
-        if in_observer() {
-            return Err(GateError::Busy {
-                guards: 0,
-                waited: Duration::ZERO,
-            });
-        }
-        let _admin = self
-            .admin
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self.section_admin()?;
         // EXCLUSIVE is in the gate's modification order before the count
         // is read, so every later `enter` sees it (`Gate::begin_exclusive`).
         match self.gate.begin_exclusive() {
@@ -1275,16 +1281,7 @@ impl Arena {
     /// [`GateError::Busy`] as for `exclusive` (guards still alive at the
     /// deadline, or held by the calling thread), `Closed` once closing.
     pub fn drain(&self) -> Result<(), GateError> {
-        if in_observer() {
-            return Err(GateError::Busy {
-                guards: 0,
-                waited: Duration::ZERO,
-            });
-        }
-        let _admin = self
-            .admin
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self.section_admin()?;
         if self.gate.begin_drain().is_err() {
             self.notify();
             return Err(GateError::Closed);
