@@ -38,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
+import weakref
 from typing import Any, Optional, Protocol, Sequence
 
 from ._daxkv import DaxConnector, LeaseError, ReadLease, StoreLease
@@ -104,7 +105,13 @@ class GpuDirect:
         self._regs: dict[tuple[int, int], Optional[list[int]]] = {}
         #: Leases kept for good after a failed wait (module doc).
         self._quarantine: list[Any] = []
-        if not conn.observe(self):
+        # The connector holds its observers strongly, in Rust, where the
+        # garbage collector cannot see a cycle: it holds a forwarder with
+        # a weak reference, so a GpuDirect nobody closed is still collected
+        # (and unregisters its mappings then, in __del__).
+        self._forward = _Forward(self)
+        self._closed = False
+        if not conn.observe(self._forward):
             raise RuntimeError("daxkv.cuda: the connector refused the mapping observer")
 
     # -- the mapping observer (called by the engine, on any thread) --------
@@ -148,13 +155,27 @@ class GpuDirect:
             return self._regs[(device, epoch)] is not None
 
     def close(self) -> None:
-        """Stop following the mappings and unregister them all."""
-        self._conn.unobserve(self)
+        """Stop following the mappings and unregister them all (a second
+        call does nothing; a connector closed first has unregistered them
+        through its close's ``unmapping`` calls already)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._conn.unobserve(self._forward)
+        except RuntimeError:
+            pass  # the connector is closed: its mappings are gone, and told
         with self._lock:
             regs, self._regs = self._regs, {}
         for bases in regs.values():
             for b in bases or []:
                 self._rt.unregister(b)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
+            pass
 
     def __enter__(self) -> "GpuDirect":
         return self
@@ -265,6 +286,24 @@ class GpuDirect:
             if isinstance(l, ReadLease):
                 l.release()
         return out
+
+
+class _Forward:
+    """The mapping observer the connector holds for a ``GpuDirect``: it
+    forwards while the ``GpuDirect`` lives, and holds it weakly."""
+
+    def __init__(self, target: GpuDirect) -> None:
+        self._target = weakref.ref(target)
+
+    def mapped(self, device: int, base: int, length: int, epoch: int) -> None:
+        t = self._target()
+        if t is not None:
+            t.mapped(device, base, length, epoch)
+
+    def unmapping(self, device: int, base: int, length: int, epoch: int) -> None:
+        t = self._target()
+        if t is not None:
+            t.unmapping(device, base, length, epoch)
 
 
 class _Keep:

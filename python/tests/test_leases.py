@@ -362,3 +362,31 @@ def test_registration_pieces_are_whole_slots_of_at_most_64_gib():
         assert n <= REGISTER_PIECE_MAX and (b - base) % slot == 0 and n % slot == 0
     assert len(ps) == -(-length // (REGISTER_PIECE_MAX // slot * slot))
     assert pieces(base, 8 * slot, slot) == [(base, 8 * slot)]
+
+
+def test_a_gpu_direct_nobody_closed_is_collected_and_unregisters(make_connector):
+    """The connector holds its observer in Rust, out of the garbage
+    collector's sight: a GpuDirect dropped without close() is still
+    collected, and unregisters its mappings; one whose connector closed
+    first was told unmapping by the close."""
+    import gc
+    import weakref
+
+    from daxkv.cuda import GpuDirect
+
+    c = make_connector()
+    rt = FakeRuntime()
+    g = GpuDirect(c, rt)
+    assert len(rt.registered) == 1
+    w = weakref.ref(g)
+    del g
+    gc.collect()
+    assert w() is None, "collected"
+    assert rt.registered == {}, "its mapping unregistered"
+    d = make_connector()
+    rt2 = FakeRuntime()
+    g2 = GpuDirect(d, rt2)
+    d.close()
+    assert rt2.registered == {}, "the connector's close told unmapping"
+    g2.close()
+    g2.close()
