@@ -1641,14 +1641,7 @@ impl ArenaLease<'_> {
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(OutOfBounds {
-                offset,
-                len,
-                mapped: self.len,
-            }),
-        }
+        OutOfBounds::check(offset, len, self.len)
     }
 }
 
@@ -1684,6 +1677,22 @@ pub struct OutOfBounds {
     pub len: usize,
     /// Mapping length the guard sees, bytes.
     pub mapped: usize,
+}
+
+impl OutOfBounds {
+    /// `Ok` when `offset..offset + len` lies within `mapped` bytes (an
+    /// overflowing end does not).
+    #[inline]
+    pub fn check(offset: usize, len: usize, mapped: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= mapped => Ok(()),
+            _ => Err(OutOfBounds {
+                offset,
+                len,
+                mapped,
+            }),
+        }
+    }
 }
 
 impl<'a> ArenaGuard<'a> {
@@ -1731,14 +1740,7 @@ impl<'a> ArenaGuard<'a> {
 
     #[inline]
     fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(OutOfBounds {
-                offset,
-                len,
-                mapped: self.len,
-            }),
-        }
+        OutOfBounds::check(offset, len, self.len)
     }
 
     /// Copy `src` into the mapping at `offset` with non-temporal stores,

@@ -483,14 +483,7 @@ impl StoreLease<'_> {
     /// the slot from host memory: the store kernel, a SIGBUS on the device
     /// caught as `DeviceFailed`). `&mut`: one writer at a time.
     pub fn write(&mut self, at: usize, src: &[u8]) -> Result<(), CopyError> {
-        let end = at.checked_add(src.len()).filter(|&e| e <= self.held.len);
-        if end.is_none() {
-            return Err(CopyError::OutOfBounds(OutOfBounds {
-                offset: at,
-                len: src.len(),
-                mapped: self.held.len,
-            }));
-        }
+        OutOfBounds::check(at, src.len(), self.held.len)?;
         #[allow(unsafe_code)]
         // SAFETY: `ArenaLease::write`'s contract: the range lies in this
         // lease's slot (checked against the payload length), which is

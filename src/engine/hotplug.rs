@@ -610,32 +610,16 @@ fn unblocked(dev: &Device) -> Result<(), HotplugError> {
 /// the drain timeout (a long borrowed read) blocks, unless `force`.
 ///
 /// Slot leases are not operations: `quiesce` answers `Leased` at once
-/// while one is open. Without `force` that is a 409 (`HotplugError::Leased`);
-/// with it the operations are waited for without the leases
-/// (`DaxCore::drain`). Either way the store leases open now are then
-/// canceled (a forced remove's walk; without `force` none is open but one
+/// while one is open. For a resize (`removing` false) that is a 409
+/// (`HotplugError::Leased`) whatever `force`. For a remove it is a 409
+/// without `force`; with it the operations are waited for without the
+/// leases (`DaxCore::drain`). A remove then cancels the store leases open
+/// now (a forced remove's walk; without `force` none is open but one
 /// racing the state change, which the walk or its own state check ends:
 /// `lease.rs` module doc), so no lease commits a key after the caller
 /// lists the device's keys.
-fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
+fn quiesce(dev: &Device, force: bool, removing: bool) -> Result<(), HotplugError> {
     use crate::device::error::{CoreError, GateError};
-    if dev.state() == DeviceState::Resizing {
-        // A shrink: leases are never canceled for it (a remap could not
-        // go on under them anyway), forced or not.
-        return match dev.core().quiesce() {
-            Err(CoreError::Busy(GateError::Leased { leases })) => Err(HotplugError::Leased {
-                leases,
-                forced_ok: false,
-            }),
-            Err(CoreError::Busy(GateError::Busy { guards, .. })) if !force => {
-                Err(HotplugError::Blocked {
-                    locked: 0,
-                    borrowed: guards,
-                })
-            }
-            _ => Ok(()),
-        };
-    }
     let r = match dev.core().quiesce() {
         Err(CoreError::Busy(GateError::Busy { guards, .. })) if !force => {
             Err(HotplugError::Blocked {
@@ -643,10 +627,14 @@ fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
                 borrowed: guards,
             })
         }
-        Err(CoreError::Busy(GateError::Leased { leases })) if !force => Err(HotplugError::Leased {
-            leases,
-            forced_ok: true,
-        }),
+        // A resize never cancels a lease (its remap could not go on under
+        // one anyway), forced or not; a remove does only when forced.
+        Err(CoreError::Busy(GateError::Leased { leases })) if !force || !removing => {
+            Err(HotplugError::Leased {
+                leases,
+                forced_ok: removing,
+            })
+        }
         Err(CoreError::Busy(GateError::Leased { .. })) => {
             // Done, closed, or still busy at the deadline: go on, as a
             // forced quiesce does.
@@ -656,7 +644,7 @@ fn quiesce(dev: &Device, force: bool) -> Result<(), HotplugError> {
         // Done, closed, or (forced) still busy: go on.
         _ => Ok(()),
     };
-    if r.is_ok() {
+    if r.is_ok() && removing {
         dev.core().cancel_store_leases();
     }
     r
@@ -1116,7 +1104,7 @@ impl Engine {
         if !force {
             unblocked(&dev)?;
         }
-        quiesce(&dev, force)?;
+        quiesce(&dev, force, true)?;
         let keys = dev.core().snapshot_keys();
         let (mut moved, mut bytes, mut deleted) = (0, 0u64, 0);
         match mode {
@@ -1188,7 +1176,7 @@ impl Engine {
         let deleted = told.len();
         // Copies still running on it end with the device's failure (their
         // operations fail): wait for them up to the drain timeout.
-        let _ = quiesce(dev, true);
+        let _ = quiesce(dev, true, true);
         dev.set_state(DeviceState::Removing);
         dev.core().close();
         self.inner
@@ -1276,7 +1264,7 @@ impl Engine {
             if !force {
                 unblocked(&dev)?;
             }
-            quiesce(&dev, force)?;
+            quiesce(&dev, force, false)?;
             // A put that began before the state change may still land in a
             // high slot: look again a few times.
             for _ in 0..4 {
