@@ -47,7 +47,6 @@
 //! between exists and get loads as a miss; a load in progress is kept
 //! safe by the slot's read pin in the engine, not by a lookup lock.
 
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -56,11 +55,12 @@ use daxkv::control::config::EngineConfig;
 use daxkv::engine::{Answer, Engine, EngineError, TaskId};
 use daxkv::plumbing::buf::{Buf, RawBuf};
 use daxkv::plumbing::busy::{Busy, Clash, Held};
+use daxkv::plumbing::hash::Map;
 use daxkv::Key;
 use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 mod control;
 mod fork;
@@ -189,6 +189,39 @@ impl View {
         }))
     }
 
+    /// A tensor view from one entry of the adapter's spans
+    /// ([`export_objs_read`]): `None` unless the entry describes a
+    /// contiguous CPU tensor whose `get_size()` fits its bytes (the checks
+    /// of [`View::memory_obj`]).
+    pub(crate) fn from_span(span: &Bound<'_, PyAny>) -> PyResult<Option<View>> {
+        let t = span.downcast::<pyo3::types::PyTuple>()?;
+        if t.len() != 5 {
+            return Err(PyTypeError::new_err(format!(
+                "spans: a tuple of 5 per object, got {}",
+                t.len()
+            )));
+        }
+        // Borrowed: the tuple holds them; no reference count traffic.
+        let ok = t.get_borrowed_item(3)?.is_truthy()?;
+        let (Some(ptr), Some(nbytes), Some(len)) = (
+            as_usize(&*t.get_borrowed_item(1)?),
+            as_usize(&*t.get_borrowed_item(2)?),
+            as_usize(&*t.get_borrowed_item(4)?),
+        ) else {
+            return Ok(None);
+        };
+        if !ok || len > nbytes || (ptr == 0 && len != 0) {
+            return Ok(None);
+        }
+        Ok(Some(View {
+            inner: Inner::Tensor {
+                ptr: ptr as *mut u8,
+                len,
+                owner: Some(t.get_item(0)?.unbind()),
+            },
+        }))
+    }
+
     pub(crate) fn len(&self) -> usize {
         match &self.inner {
             Inner::Export(buf) => usize::try_from(buf.len).unwrap_or(0),
@@ -221,14 +254,30 @@ impl View {
         };
         // SAFETY: valid for `len` bytes while the view lives (an export:
         // see the `Send` note; a tensor view: `len` ≤ the tensor's
-        // `nbytes` from its contiguous start, checked in `memory_obj`, the
+        // `nbytes` from its contiguous start, checked in `memory_obj` or `from_span`, the
         // tensor held by `owner`), which the caller extends past the task.
         unsafe { RawBuf::new(ptr, self.len()) }
     }
 }
 
+impl View {
+    /// Drop with the GIL held (`py` proves it): a tensor view gives its
+    /// reference back at once, without `Drop`'s `with_gil` round trip (16
+    /// per collected 4 KiB task: docs/performance.md).
+    pub(crate) fn release(mut self, py: Python<'_>) {
+        if let Inner::Tensor { owner, .. } = &mut self.inner {
+            if let Some(o) = owner.take() {
+                o.drop_ref(py);
+            }
+        }
+    }
+}
+
 impl Drop for View {
     fn drop(&mut self) {
+        if let Inner::Tensor { owner: None, .. } = self.inner {
+            return; // released already
+        }
         Python::with_gil(|_| match &mut self.inner {
             // SAFETY: the struct was filled by PyObject_GetBuffer and is
             // released exactly once, here, with the GIL held.
@@ -236,6 +285,25 @@ impl Drop for View {
             Inner::Tensor { owner, .. } => drop(owner.take()),
         });
     }
+}
+
+/// `v` as a `usize` when it is a non-negative `int` that fits, else `None`
+/// (the error cleared). `PyLong_AsUnsignedLong` rather than pyo3's `u64`
+/// extraction: 3.11's `PyLong_AsUnsignedLongLong` takes the generic
+/// byte-array path for every int past one digit (a data pointer), about
+/// a hundred instructions more per call (docs/performance.md).
+pub(crate) fn as_usize(v: &Bound<'_, PyAny>) -> Option<usize> {
+    // `unsigned long` is 64 bits on the LP64 targets this builds for.
+    const _: () = assert!(std::mem::size_of::<std::ffi::c_ulong>() == std::mem::size_of::<usize>());
+    if !v.is_instance_of::<pyo3::types::PyInt>() {
+        return None;
+    }
+    // SAFETY: `v` is a live `int` (checked above) and we hold the GIL.
+    let n = unsafe { ffi::PyLong_AsUnsignedLong(v.as_ptr()) };
+    if n == std::ffi::c_ulong::MAX && PyErr::take(v.py()).is_some() {
+        return None;
+    }
+    usize::try_from(n).ok()
 }
 
 /// A future waiting for an engine task.
@@ -253,9 +321,9 @@ struct State {
     /// `None` once closed.
     engine: Option<Arc<Engine>>,
     /// Sets in flight, by engine task id.
-    sets: HashMap<TaskId, Pending>,
+    sets: Map<TaskId, Pending>,
     /// Gets in flight, by engine task id.
-    gets: HashMap<TaskId, Pending>,
+    gets: Map<TaskId, Pending>,
     /// Completed, not yet drained.
     ready: Vec<Completion>,
     /// Exports whose tasks completed, to release with the GIL.
@@ -356,7 +424,8 @@ fn readable(epfd: RawFd) -> [Option<RawFd>; 4] {
 /// LMCache's eviction deletes thousands of keys in one call (a scan per
 /// key cost 4096² key compares there).
 pub(crate) fn deleted_bits(keys: &[Key], deleted: Vec<Key>) -> Vec<bool> {
-    let mut left: HashMap<Key, usize> = HashMap::with_capacity(deleted.len());
+    let mut left: Map<Key, usize> =
+        Map::with_capacity_and_hasher(deleted.len(), Default::default());
     for k in deleted {
         *left.entry(k).or_default() += 1;
     }
@@ -450,31 +519,72 @@ pub(crate) fn json_to_py<'py>(
 /// (`View::memory_obj`: what its `byte_array` describes, without building
 /// it), else its `byte_array`, else the object itself (any buffer).
 pub(crate) fn export_objs(objs: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
-    let what = if writable { "destination" } else { "source" };
     // Iterating `objs` and reading a `MemoryObj` (properties, methods)
     // run Python code: `gil::held`.
     let _stretch = crate::gil::held(objs.py());
     let mut out = Vec::new();
     for (i, o) in objs.try_iter()?.enumerate() {
-        let o = o?;
-        if let Some(v) = View::memory_obj(&o).map_err(|e| {
-            PyBufferError::new_err(format!("daxkv: {what} object {i}: {}", e.value(o.py())))
-        })? {
-            out.push(v);
-            continue;
+        out.push(export_obj(&o?, i, writable)?);
+    }
+    Ok(out)
+}
+
+/// Export object `i` of a task (`export_objs`).
+fn export_obj(o: &Bound<'_, PyAny>, i: usize, writable: bool) -> PyResult<View> {
+    let what = if writable { "destination" } else { "source" };
+    if let Some(v) = View::memory_obj(o).map_err(|e| {
+        PyBufferError::new_err(format!("daxkv: {what} object {i}: {}", e.value(o.py())))
+    })? {
+        return Ok(v);
+    }
+    let bytes = if o.hasattr("byte_array")? {
+        o.getattr("byte_array")?
+    } else {
+        o.clone()
+    };
+    View::get(&bytes, writable).map_err(|e| {
+        PyBufferError::new_err(format!(
+            "daxkv: {what} object {i}: {} (need a MemoryObj, or a C-contiguous{} buffer)",
+            e.value(bytes.py()),
+            if writable { ", writable" } else { "" }
+        ))
+    })
+}
+
+/// [`export_objs`] from `spans`, what the adapter read of each
+/// `MemoryObj` in Python (`daxkv.lmcache._l2_adapter._spans`: a list, per
+/// object, of `(raw_data, raw_data.data_ptr(), raw_data.nbytes,
+/// raw_data.is_cpu and raw_data.is_contiguous(), obj.get_size())`): the
+/// same five reads `View::memory_obj` makes, several times cheaper from
+/// Python (docs/performance.md, "The plugin path's submit"). An entry
+/// that is not a contiguous CPU tensor with `get_size()` within its bytes
+/// is exported by [`export_obj`] instead, which refuses it with the
+/// message of the unread path or exports its `byte_array`.
+///
+/// The caller (the adapter, a private interface) makes each entry from
+/// the object beside it; the tensor is kept as the view's owner, as on
+/// the unread path.
+pub(crate) fn export_objs_read(
+    objs: &Bound<'_, PyAny>,
+    spans: &Bound<'_, PyAny>,
+    writable: bool,
+) -> PyResult<Vec<View>> {
+    let _stretch = crate::gil::held(objs.py());
+    let objs = objs.downcast::<PyList>()?;
+    let spans = spans.downcast::<PyList>()?;
+    if spans.len() != objs.len() {
+        return Err(PyValueError::new_err(format!(
+            "spans: {} for {} objects",
+            spans.len(),
+            objs.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(objs.len());
+    for (i, (o, sp)) in objs.iter().zip(spans.iter()).enumerate() {
+        match View::from_span(&sp)? {
+            Some(v) => out.push(v),
+            None => out.push(export_obj(&o, i, writable)?),
         }
-        let bytes = if o.hasattr("byte_array")? {
-            o.getattr("byte_array")?
-        } else {
-            o
-        };
-        out.push(View::get(&bytes, writable).map_err(|e| {
-            PyBufferError::new_err(format!(
-                "daxkv: {what} object {i}: {} (need a MemoryObj, or a C-contiguous{} buffer)",
-                e.value(bytes.py()),
-                if writable { ", writable" } else { "" }
-            ))
-        })?);
     }
     Ok(out)
 }
@@ -804,8 +914,8 @@ impl DaxConnector {
             http: Mutex::new(http),
             state: Mutex::new(State {
                 engine: Some(engine),
-                sets: HashMap::new(),
-                gets: HashMap::new(),
+                sets: Map::default(),
+                gets: Map::default(),
                 ready: Vec::new(),
                 release: Vec::new(),
                 busy: Busy::new(slot_bytes),

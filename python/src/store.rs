@@ -49,11 +49,11 @@
 //! returns and released with the GIL held. Destinations must be writable and must not overlap
 //! (checked): each becomes one `&mut [u8]` for the copy.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use daxkv::device::arena::{ArenaSource, ArenaSpec};
+use daxkv::plumbing::hash::Map;
 use daxkv::{
     CoreConfig, DaxStore, Key, OpenError, PutError, PutOutcome, RestoreError, SlotWriter,
     StoreConfig, StoreError,
@@ -81,7 +81,7 @@ const PUT_FAILED: u8 = 4;
 /// `put_batch` outcome: not tried (the arena was found full before it).
 const PUT_NOT_TRIED: u8 = 5;
 
-type Positions = HashMap<Key, Arc<Py<PyAny>>>;
+type Positions = Map<Key, Arc<Py<PyAny>>>;
 
 /// The slots of LMCache's non-MP `DaxBackend` over [`DaxStore`].
 /// Thread-safe; every copy runs with the GIL released.
@@ -322,7 +322,7 @@ impl PyDaxStore {
             arena_bytes: core.arena_bytes(),
             device_path: device_path.to_string(),
             store: RwLock::new(Some(Arc::new(store))),
-            positions: Mutex::new(HashMap::new()),
+            positions: Mutex::new(Map::default()),
             write_hook: Mutex::new(None),
             has_hook: AtomicBool::new(false),
             owner: crate::fork::Owner::here(),

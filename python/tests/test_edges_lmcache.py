@@ -219,6 +219,69 @@ def test_a_raising_listener_does_not_lose_the_store_result(plugin) -> None:
     assert a.pop_completed_store_tasks() == {}
 
 
+def test_deletes_wait_out_a_raising_stored_listener(plugin) -> None:
+    """The pop tells a call's "stored" event, then the deletes the core
+    reported in the same call. A listener raising on the "stored" event
+    must not lose those deletes: the byte counters and every listener hear
+    them on the next call, once."""
+    a = plugin()
+    lis = Events()
+    a.register_listener(lis)
+    assert store(a, [key(1)], [obj(1000)]).is_successful()
+    used = a.get_usage().total_bytes_used
+    assert used > 0
+    # Deleted in the core, not through the adapter's delete (which reports
+    # at once): the next pop reports it, in the call that tells key 2.
+    assert a._core.delete([key(1)]) == [True]
+    raising = RaisesOnce()
+    a.register_listener(raising)
+    tid = a.submit_store_task([key(2)], [obj(1001)])
+    got: dict = {}
+    raised = 0
+    deadline = time.monotonic() + 30
+    while tid not in got:
+        assert time.monotonic() < deadline, "the store never came"
+        try:
+            got.update(a.pop_completed_store_tasks())
+        except RuntimeError as e:
+            assert "listener failed (stored)" in str(e)
+            raised += 1
+        _readable(a.get_store_event_fd(), 50)
+    assert raised == 1 and got[tid].is_successful()
+    assert lis.deleted.count(key(1)) == 1, lis.deleted
+    assert raising.deleted.count(key(1)) == 1
+    # Key 1's slot left the books; key 2's is in them.
+    assert a.get_usage().total_bytes_used == used
+    assert a.pop_completed_store_tasks() == {}
+    assert lis.deleted.count(key(1)) == 1
+
+
+def test_a_listener_collecting_stores_again_gets_each_result_once(plugin) -> None:
+    """A listener that calls ``pop_completed_store_tasks`` from its
+    "stored" event (re-entrant: the adapter's lock is an RLock) and the
+    call it interrupts return each result once between them."""
+    a = plugin()
+    inner: dict = {}
+
+    class Collects(Events):
+        def on_l2_keys_stored(self, keys, sizes):
+            super().on_l2_keys_stored(keys, sizes)
+            inner.update(a.pop_completed_store_tasks())
+
+    a.register_listener(Collects())
+    ids = {a.submit_store_task([key(i)], [obj(100 + i)]) for i in range(8)}
+    outer: dict = {}
+    deadline = time.monotonic() + 30
+    while not ids <= (outer.keys() | inner.keys()):
+        assert time.monotonic() < deadline, "stores never completed"
+        got = a.pop_completed_store_tasks()
+        assert not (got.keys() & outer.keys()), "a result returned twice"
+        outer.update(got)
+        _readable(a.get_store_event_fd(), 50)
+    assert not (outer.keys() & inner.keys()), "a result returned to both calls"
+    assert ids == outer.keys() | inner.keys()
+
+
 def test_a_raising_listener_does_not_lose_the_load_result(plugin) -> None:
     """The prefetch controller asks query_load_result when the load fd is
     signalled: the call that meets the raising listener raises, the fd is

@@ -2196,6 +2196,27 @@ impl DaxCore {
         Ok(())
     }
 
+    /// For each `out[i]` still `false`, whether `keys[i]` is committed and
+    /// readable here (no lock taken): the engine's `exists` over its
+    /// devices, a device at a time. One arena entry for the batch, not one
+    /// per key: the entry is an atomic on a word every worker of this
+    /// device writes too, so per key it was a cache-line transfer each way
+    /// (docs/performance.md, "The plugin path's submit").
+    pub fn exists_missing_into(&self, keys: &[Key], out: &mut [bool]) {
+        let Ok(_g) = self.arena.enter() else {
+            return;
+        };
+        // Once per batch, as in `exists_many`.
+        if self.arena.is_failed() {
+            return;
+        }
+        for (o, &k) in out.iter_mut().zip(keys) {
+            if !*o {
+                *o = self.exists_unfailed(k, false);
+            }
+        }
+    }
+
     /// Delete one key (see `delete_many`); no allocation.
     pub fn delete(&self, key: Key, force: bool) -> bool {
         let Ok(_g) = self.arena.enter() else {

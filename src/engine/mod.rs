@@ -714,11 +714,7 @@ impl Engine {
             if !d.state().is_readable() {
                 continue;
             }
-            for (o, &k) in out.iter_mut().zip(&keys[..n]) {
-                if !*o {
-                    *o = d.core().exists(k, false);
-                }
-            }
+            d.core().exists_missing_into(&keys[..n], out);
         }
         out.iter().filter(|&&b| b).count()
     }

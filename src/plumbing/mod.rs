@@ -10,9 +10,11 @@
 //! | [`cell`] | [`cell::Mailbox`]: the engine's reusable task-table cell |
 //! | [`buf`] | caller buffers handed to the engine (owned, or raw with a lifetime rule) |
 //! | [`busy`] | the caller memory of an FFI face's tasks in flight (no two tasks write one byte) |
+//! | [`hash`] | a keyed fast hasher for the FFI faces' maps of digests and task ids |
 
 pub mod buf;
 pub mod busy;
 pub mod cell;
+pub mod hash;
 pub mod notify;
 pub mod ring;

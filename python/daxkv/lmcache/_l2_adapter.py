@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable, Optional
@@ -102,6 +101,55 @@ def _bitmap(n: int, hits: list[int]) -> Bitmap:
             for i in hits:
                 bm.set(i)
     return bm
+
+
+def _key_fields(keys: list) -> list:
+    """Each ``ObjectKey``'s five fields, for the core to build its wire
+    string from. Read here rather than in Rust: the interpreter's
+    attribute caches make these reads several times cheaper than the C
+    API's ``PyObject_GetAttr`` (docs/performance.md, "The plugin path's
+    submit"). Raises ``AttributeError`` for a key that is not an
+    ``ObjectKey``; the caller then lets the core read the keys itself, which
+    names what is wrong."""
+    return [(k.model_name, k.kv_rank, k.object_group_id, k.chunk_hash, k.cache_salt) for k in keys]
+
+
+def _spans(objects: list) -> list:
+    """Per ``MemoryObj``: its tensor, ``data_ptr()``, ``nbytes``, whether it
+    is a contiguous CPU tensor, and ``get_size()``: the reads the core
+    makes of each object, done here for the same reason as
+    ``_key_fields``. The core checks each entry and exports any other
+    object (or refuses it, naming why) as it would have unread."""
+    out = []
+    add = out.append
+    for o in objects:
+        t = o.raw_data
+        add((t, t.data_ptr(), t.nbytes, t.is_cpu and t.is_contiguous(), o.get_size()))
+    return out
+
+
+def _read_keys(keys: Any) -> Optional[list]:
+    """``_key_fields(keys)``, or ``None`` (the core reads the keys itself)
+    for anything but a list of ``ObjectKey`` s."""
+    if type(keys) is list:
+        try:
+            return _key_fields(keys)
+        except Exception:
+            pass
+    return None
+
+
+def _read(keys: Any, objects: Any) -> tuple:
+    """``(_key_fields(keys), _spans(objects))`` for lists of ``ObjectKey`` s
+    and ``MemoryObj`` s, else ``(None, None)``: the core then reads each
+    key and object itself, and names what is wrong with one (or exports a
+    plain buffer)."""
+    if type(keys) is list and type(objects) is list:
+        try:
+            return _key_fields(keys), _spans(objects)
+        except Exception:
+            pass
+    return None, None
 
 
 def _message(body: Any) -> str:
@@ -206,10 +254,10 @@ class DaxL2Adapter(L2AdapterInterface):
         # controllers never wait on each other.
         self._store_lock = threading.RLock()
         self._stores_kept: dict[int, L2StoreResult] = {}
-        #: ("stored" events not yet told: (ticket, keys, sizes)).
-        self._stored_untold: deque = deque()
-        #: Tickets whose "stored" events are not all told yet.
-        self._tickets: list[int] = []
+        #: Keys the core reported deleted, "deleted" not yet told.
+        self._deleted_untold: list = []
+        #: One ``L2StoreResult`` per value (immutable ints).
+        self._results: dict[int, L2StoreResult] = {}
         self._load_lock = threading.RLock()
         self._loads_kept: dict[int, Bitmap] = {}
         self._pid = os.getpid()
@@ -236,48 +284,74 @@ class DaxL2Adapter(L2AdapterInterface):
     # -- store ----------------------------------------------------------------
 
     def submit_store_task(self, keys: list, objects: list) -> int:
-        return self._core.submit_store(keys, objects)
+        return self._core.submit_store(keys, objects, *_read(keys, objects))
 
     def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
         """Every store finished since the last call, each once.
 
         The results are kept here before any listener is told: if a listener
-        raises, the exception propagates, the results (and the events not yet
-        told) stay for the next call, and the store eventfd is written again
-        so a poller (LMCache's store controller) makes that call."""
+        raises, the exception propagates, the results stay for the next
+        call, and the store eventfd is written again so a poller (LMCache's
+        store controller) makes that call. Each event is told at most once:
+        a raising listener's followers miss that call's event."""
         self._not_forked()
         with self._store_lock:
-            ticket, done = self._core.pop_completed_stores()
-            for task_id, ok, nbytes, keys, sizes in done:
-                self._stores_kept[task_id] = L2StoreResult(ok, nbytes)
+            # One call into the core: the stores finished and the keys
+            # deleted since the last call, each once.
+            ticket, done, deleted = self._core.pop_completed_stores()
+            kept = self._stores_kept
+            if deleted:
+                self._deleted_untold += deleted
+            if not (done or self._deleted_untold):
+                # Nothing new (the poller's call after a wake that another
+                # call served), or results kept from a call that raised.
+                self._stores_kept = {}
+                return kept
+            results = self._results
+            keys: list = []
+            sizes: list = []
+            for task_id, ok, nbytes, task_keys, task_sizes in done:
+                # L2StoreResult is an immutable int: one object per value.
+                value = nbytes if ok else -1
+                r = results.get(value)
+                if r is None:
+                    if len(results) > 64:
+                        results.clear()
+                    r = results[value] = L2StoreResult(ok, nbytes)
+                kept[task_id] = r
                 # The task's keys the engine holds (those of a failed task
                 # that did go in too); a re-stored key has size 0, so the
                 # byte counters count each slot once.
-                if keys:
-                    self._stored_untold.append((ticket, keys, sizes))
-            if ticket:
-                self._tickets.append(ticket)
+                if task_keys:
+                    if keys:
+                        keys += task_keys
+                        sizes += task_sizes
+                    else:
+                        keys, sizes = task_keys, task_sizes
             try:
-                while self._stored_untold:
-                    # Out of the queue before it is told: the base class
-                    # counts the bytes before it calls the listeners, so an
-                    # event is told at most once. One event per task: a
-                    # listener that raises loses its listeners that one
-                    # task's event, and the other tasks' events stay for
-                    # the next call (one event for the whole call measured
-                    # no faster, within the noise, and would lose them all).
-                    _, keys, sizes = self._stored_untold.popleft()
+                # One "stored" event for every task collected: the base
+                # class's per-call cost (its lock, an Event, the listener
+                # calls) once per call, not once per task (1.7 µs a 16-key
+                # task at 4 KiB: docs/performance.md, "The plugin path's
+                # submit"). The base class counts the bytes before it
+                # calls the listeners.
+                if keys:
                     self._notify_keys_stored(keys, sizes)
-                self._report_deleted()
+                # Deletes wait here until told (a raise above keeps them
+                # for the next call: the byte counters must hear them).
+                if self._deleted_untold:
+                    gone, self._deleted_untold = self._deleted_untold, []
+                    self._notify_keys_deleted(gone, [self._slot_bytes] * len(gone))
             except BaseException:
                 self._core.resignal("store")
                 raise
             finally:
-                # A delete of these keys waits for this (python/src/l2/known.rs).
-                untold = {t for t, _, _ in self._stored_untold}
-                for t in [t for t in self._tickets if t not in untold]:
-                    self._core.stored_reported(t)
-                self._tickets = [t for t in self._tickets if t in untold]
+                # Told (or lost to a raising listener): deletes of these
+                # keys may be reported now (python/src/l2/known.rs).
+                if ticket:
+                    self._core.stored_reported(ticket)
+            # Read again: a listener may have collected these (re-entrant;
+            # the lock is an RLock), and each result is returned once.
             out, self._stores_kept = self._stores_kept, {}
         return out
 
@@ -289,7 +363,7 @@ class DaxL2Adapter(L2AdapterInterface):
         is written, so no worker wakes for it. The second argument (a
         ``MemoryLayoutDesc`` or the ``group_layout_descs`` dict, by LMCache
         version) is advisory and ignored: the engine needs no layout."""
-        return self._core.submit_lookup(keys)
+        return self._core.submit_lookup(keys, _read_keys(keys))
 
     def query_lookup_and_lock_result(self, task_id: int) -> Optional[Bitmap]:
         r = self._core.query_lookup(task_id)
@@ -299,12 +373,12 @@ class DaxL2Adapter(L2AdapterInterface):
         return _bitmap(n, hits)
 
     def submit_unlock(self, keys: list) -> None:
-        self._core.submit_unlock(keys)
+        self._core.submit_unlock(keys, _read_keys(keys))
 
     # -- load -----------------------------------------------------------------
 
     def submit_load_task(self, keys: list, objects: list) -> int:
-        return self._core.submit_load(keys, objects)
+        return self._core.submit_load(keys, objects, *_read(keys, objects))
 
     def query_load_result(self, task_id: int) -> Optional[Bitmap]:
         """A finished load's bitmap, once. Kept before the listeners are
@@ -347,7 +421,7 @@ class DaxL2Adapter(L2AdapterInterface):
         are skipped), then report every key deleted since the last report."""
         if not keys or self._core.closed:
             return
-        self._core.delete(keys)
+        self._core.delete(keys, _read_keys(keys))
         self._report_deleted()
 
     def _report_deleted(self) -> None:

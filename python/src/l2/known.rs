@@ -62,7 +62,7 @@
 //! old one waits gets a new generation, so each report lands on the
 //! incarnation it was collected for.
 
-use std::collections::HashMap;
+use daxkv::plumbing::hash::Map;
 
 use daxkv::Key;
 
@@ -78,12 +78,12 @@ struct Entry<T> {
 /// The record (module doc). Not thread-safe by itself: the caller keeps it
 /// under one mutex.
 pub(crate) struct Known<T> {
-    keys: HashMap<Key, Entry<T>>,
+    keys: Map<Key, Entry<T>>,
     /// Deleted while their "stored" was pending: `(key, generation) →
     /// (object, reports still pending)`.
-    deferred: HashMap<(Key, u64), (T, u32)>,
+    deferred: Map<(Key, u64), (T, u32)>,
     /// Per collection ticket, the incarnations it recorded.
-    tickets: HashMap<u64, Vec<(Key, u64)>>,
+    tickets: Map<u64, Vec<(Key, u64)>>,
     /// Deleted, "stored" told, "deleted" not yet.
     deleted: Vec<T>,
     next_generation: u64,
@@ -93,9 +93,9 @@ pub(crate) struct Known<T> {
 impl<T> Default for Known<T> {
     fn default() -> Self {
         Known {
-            keys: HashMap::new(),
-            deferred: HashMap::new(),
-            tickets: HashMap::new(),
+            keys: Map::default(),
+            deferred: Map::default(),
+            tickets: Map::default(),
             deleted: Vec::new(),
             next_generation: 1,
             next_ticket: 1,
@@ -117,29 +117,30 @@ impl<T> Known<T> {
     /// slot), `false` for a key already recorded (a store of a key already
     /// held: size 0; `obj` is handed back to drop).
     pub(crate) fn record(&mut self, key: Key, obj: T, ticket: u64) -> (bool, Option<T>) {
-        if let Some(e) = self.keys.get_mut(&key) {
-            e.pending += 1;
-            self.tickets
-                .entry(ticket)
-                .or_default()
-                .push((key, e.generation));
-            return (false, Some(obj));
-        }
-        let generation = self.next_generation;
-        self.next_generation += 1;
-        self.keys.insert(
-            key,
-            Entry {
-                obj,
-                generation,
-                pending: 1,
-            },
-        );
+        use std::collections::hash_map::Entry as Slot;
+        // One probe of `keys` either way (the entry API).
+        let (first, generation, back) = match self.keys.entry(key) {
+            Slot::Occupied(mut e) => {
+                let e = e.get_mut();
+                e.pending += 1;
+                (false, e.generation, Some(obj))
+            }
+            Slot::Vacant(v) => {
+                let generation = self.next_generation;
+                self.next_generation += 1;
+                v.insert(Entry {
+                    obj,
+                    generation,
+                    pending: 1,
+                });
+                (true, generation, None)
+            }
+        };
         self.tickets
             .entry(ticket)
             .or_default()
             .push((key, generation));
-        (true, None)
+        (first, back)
     }
 
     /// The "stored" events of `ticket` have been told: deletes waiting for
