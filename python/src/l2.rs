@@ -110,7 +110,7 @@ use daxkv::plumbing::hash::Map;
 use daxkv::Key;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyString};
 use serde_json::Value;
 
 use crate::{json_to_py, notify_fd, open_engine, parse_config, View};
@@ -413,63 +413,21 @@ fn wire_string_of(
     Ok(())
 }
 
-/// The wire string from `fields[i]`, the key's five fields as the adapter
-/// read them (`daxkv.lmcache._l2_adapter._key_fields`: a tuple of
-/// `model_name, kv_rank, object_group_id, chunk_hash, cache_salt`).
-fn wire_string_read(out: &mut Vec<u8>, fields: &Bound<'_, PyAny>) -> PyResult<()> {
-    let t = fields.downcast::<PyTuple>()?;
-    if t.len() != 5 {
-        return Err(PyTypeError::new_err(format!(
-            "key fields: a tuple of 5, got {}",
-            t.len()
-        )));
-    }
-    // Borrowed: the tuple holds them; no reference count traffic.
-    wire_string_of(
-        out,
-        &*t.get_borrowed_item(0)?,
-        &*t.get_borrowed_item(1)?,
-        &*t.get_borrowed_item(2)?,
-        &*t.get_borrowed_item(3)?,
-        &*t.get_borrowed_item(4)?,
-    )
-}
-
 /// Engine keys of LMCache's `ObjectKey`s (`str` / `bytes` are refused with
-/// `TypeError`: module doc, "Keys"); `fields`: their fields as the adapter
-/// read them (`wire_string_read`), else read here.
-fn object_keys(keys: &Bound<'_, PyAny>, fields: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Key>> {
+/// `TypeError`: module doc, "Keys").
+fn object_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
     // A key's attributes may be properties (Python code): `gil::held`.
     let _stretch = crate::gil::held(keys.py());
-    object_keys_kept(keys, fields, None)
+    object_keys_kept(keys, None)
 }
 
-/// [`object_keys`], keeping each key object in `kept` too.
-///
-/// With `fields` (a list as long as `keys`), each key's wire string is
-/// built from its entry: the adapter read the five attributes in Python,
-/// where the interpreter's attribute caches make that several times
-/// cheaper than `PyObject_GetAttr` from here (docs/performance.md, "The
-/// plugin path's submit"). What a key must be is checked the same way.
+/// [`object_keys`], keeping each key object in `kept` too. (Reading the
+/// five fields in Python instead, as the adapter reads its objects,
+/// measured no faster: a tuple per key costs what the C API's reads do.)
 fn object_keys_kept(
     keys: &Bound<'_, PyAny>,
-    fields: Option<&Bound<'_, PyAny>>,
     mut kept: Option<&mut Vec<Py<PyAny>>>,
 ) -> PyResult<Vec<Key>> {
-    let fields = match fields {
-        Some(f) => {
-            let f = f.downcast::<PyList>()?;
-            if f.len() != keys.len()? {
-                return Err(PyValueError::new_err(format!(
-                    "key fields: {} for {} keys",
-                    f.len(),
-                    keys.len()?
-                )));
-            }
-            Some(f)
-        }
-        None => None,
-    };
     let mut out = Vec::new();
     let mut s = Vec::with_capacity(128);
     for (i, k) in keys.try_iter()?.enumerate() {
@@ -493,11 +451,7 @@ fn object_keys_kept(
                 type_name()
             )));
         }
-        let built = match fields {
-            Some(f) => f.get_item(i).and_then(|t| wire_string_read(&mut s, &t)),
-            None => wire_string(&mut s, &k),
-        };
-        built.map_err(|e| {
+        wire_string(&mut s, &k).map_err(|e| {
             PyTypeError::new_err(format!(
                 "daxkv: key {i}: not an ObjectKey ({}: {})",
                 type_name(),
@@ -511,22 +465,21 @@ fn object_keys_kept(
 
 /// A store's or a load's keys (engine keys and the key objects, kept for
 /// the listeners) and its exported objects (writable for a load), of
-/// equal counts. `fields` and `spans`: what the adapter read in Python
-/// ([`object_keys_kept`], [`crate::export_objs_read`]).
+/// equal counts. `spans`: what the adapter read of the objects in Python
+/// ([`crate::export_objs_read`]).
 #[allow(clippy::type_complexity)]
 fn keys_and_views(
     keys: &Bound<'_, PyAny>,
     objs: &Bound<'_, PyAny>,
     writable: bool,
-    fields: Option<&Bound<'_, PyAny>>,
     spans: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(Vec<Key>, Vec<Py<PyAny>>, Vec<View>)> {
     // Python code may run (`byte_array` is a property): `gil::held`.
     let _stretch = crate::gil::held(keys.py());
     let mut kept = Vec::new();
-    let ks = object_keys_kept(keys, fields, Some(&mut kept))?;
+    let ks = object_keys_kept(keys, Some(&mut kept))?;
     let views = match spans {
-        Some(sp) => crate::export_objs_read(objs, sp, writable)?,
+        Some(sp) => crate::export_objs_read(sp, writable)?,
         None => crate::export_objs(objs, writable)?,
     };
     if ks.len() != views.len() {
@@ -840,21 +793,20 @@ impl DaxL2Core {
     }
 
     /// Store `objs[i]` under `keys[i]` (zero-copy; each object's own
-    /// length). Returns the task id. `key_fields` and `spans`: the keys'
-    /// fields and the objects' tensors as the adapter read them in Python
-    /// (`_key_fields`, `_spans` in daxkv/lmcache/_l2_adapter.py: cheaper
-    /// there), or `None` to read them here.
-    #[pyo3(signature = (keys, objs, key_fields=None, spans=None))]
+    /// length). Returns the task id. `spans`: the objects' tensors as the
+    /// adapter read them in Python (`_spans` in
+    /// daxkv/lmcache/_l2_adapter.py: cheaper there), or `None` to read
+    /// them here.
+    #[pyo3(signature = (keys, objs, spans=None))]
     fn submit_store(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         objs: &Bound<'_, PyAny>,
-        key_fields: Option<&Bound<'_, PyAny>>,
         spans: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Id> {
         self.owner.check("DaxL2Adapter")?;
-        let (ks, kept, views) = keys_and_views(keys, objs, false, key_fields, spans)?;
+        let (ks, kept, views) = keys_and_views(keys, objs, false, spans)?;
         // Again: the conversion above ran the caller's Python code, which
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;
@@ -970,15 +922,9 @@ impl DaxL2Core {
     /// more than the lookup itself. The locks are the same as a worker's:
     /// `delete` skips them until `submit_unlock`; a lookup racing `close`
     /// either completes (its result stays collectable) or raises.
-    #[pyo3(signature = (keys, key_fields=None))]
-    fn submit_lookup(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        key_fields: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Id> {
+    fn submit_lookup(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Id> {
         self.owner.check("DaxL2Adapter")?;
-        let ks = object_keys(keys, key_fields)?;
+        let ks = object_keys(keys)?;
         // Again: the conversion above ran the caller's Python code, which
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;
@@ -1054,15 +1000,9 @@ impl DaxL2Core {
     }
 
     /// Release one lookup lock per key (on every device). Never fails.
-    #[pyo3(signature = (keys, key_fields=None))]
-    fn submit_unlock(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        key_fields: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
+    fn submit_unlock(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         self.owner.check("DaxL2Adapter")?;
-        let ks = object_keys(keys, key_fields)?;
+        let ks = object_keys(keys)?;
         // Again: the conversion above ran the caller's Python code, which
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;
@@ -1072,18 +1012,17 @@ impl DaxL2Core {
 
     /// Load `keys[i]` into `objs[i]` (zero-copy; a key loads when its
     /// object is at least the stored payload's length). Returns the id.
-    /// `key_fields`, `spans`: as for `submit_store`.
-    #[pyo3(signature = (keys, objs, key_fields=None, spans=None))]
+    /// `spans`: as for `submit_store`.
+    #[pyo3(signature = (keys, objs, spans=None))]
     fn submit_load(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         objs: &Bound<'_, PyAny>,
-        key_fields: Option<&Bound<'_, PyAny>>,
         spans: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Id> {
         self.owner.check("DaxL2Adapter")?;
-        let (ks, kept, views) = keys_and_views(keys, objs, true, key_fields, spans)?;
+        let (ks, kept, views) = keys_and_views(keys, objs, true, spans)?;
         // Again: the conversion above ran the caller's Python code, which
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;
@@ -1152,7 +1091,7 @@ impl DaxL2Core {
     /// Which keys are stored now (no lock taken).
     fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         self.owner.check("DaxL2Adapter")?;
-        let ks = object_keys(keys, None)?;
+        let ks = object_keys(keys)?;
         // Again: the conversion above ran the caller's Python code, which
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;
@@ -1161,15 +1100,9 @@ impl DaxL2Core {
 
     /// Delete committed keys no lookup holds locked; per key, whether it
     /// was deleted (a key listed twice is deleted once).
-    #[pyo3(signature = (keys, key_fields=None))]
-    fn delete(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        key_fields: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Vec<bool>> {
+    fn delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         self.owner.check("DaxL2Adapter")?;
-        let ks = object_keys(keys, key_fields)?;
+        let ks = object_keys(keys)?;
         // Again: the conversion above ran the caller's Python code, which
         // may have forked (`fork` module doc).
         self.owner.check("DaxL2Adapter")?;

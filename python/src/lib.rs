@@ -145,20 +145,14 @@ impl View {
                 .getattr(pyo3::intern!(py, "device"))
                 .and_then(|d| d.str().map(|s| s.to_string()))
                 .unwrap_or_else(|_| "?".into());
-            return Err(PyBufferError::new_err(format!(
-                "raw_data is a tensor on {device}, not on the CPU: its data_ptr() is not host \
-                 memory"
-            )));
+            return Err(not_on_cpu(&device));
         }
         let contiguous = t
             .call_method0(pyo3::intern!(py, "is_contiguous"))
             .and_then(|v| v.is_truthy())
             .unwrap_or(false);
         if !contiguous {
-            return Err(PyBufferError::new_err(
-                "raw_data is a tensor that is not contiguous: the get_size() bytes at its \
-                 data_ptr() are not its elements and may run past it",
-            ));
+            return Err(not_contiguous());
         }
         let (Ok(ptr), Ok(nbytes)) = (
             t.call_method0(pyo3::intern!(py, "data_ptr"))
@@ -173,9 +167,7 @@ impl View {
         };
         let len = get_size.call0()?.extract::<usize>()?;
         if len > nbytes {
-            return Err(PyBufferError::new_err(format!(
-                "get_size() is {len} bytes, past its tensor's {nbytes}"
-            )));
+            return Err(past_tensor(len, nbytes));
         }
         if ptr == 0 && len != 0 {
             return Ok(None);
@@ -189,35 +181,47 @@ impl View {
         }))
     }
 
-    /// A tensor view from one entry of the adapter's spans
-    /// ([`export_objs_read`]): `None` unless the entry describes a
-    /// contiguous CPU tensor whose `get_size()` fits its bytes (the checks
-    /// of [`View::memory_obj`]).
-    pub(crate) fn from_span(span: &Bound<'_, PyAny>) -> PyResult<Option<View>> {
-        let t = span.downcast::<pyo3::types::PyTuple>()?;
-        if t.len() != 5 {
-            return Err(PyTypeError::new_err(format!(
-                "spans: a tuple of 5 per object, got {}",
-                t.len()
-            )));
-        }
+    /// A tensor view from one 7-entry of the adapter's spans
+    /// ([`export_objs_read`]), decided as [`View::memory_obj`] decides from
+    /// the same reads: `BufferError` for a tensor not on the CPU, not
+    /// contiguous or shorter than `get_size()`; `None` (export the
+    /// object's `byte_array`) where `memory_obj` falls back.
+    pub(crate) fn from_span(t: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<Option<View>> {
         // Borrowed: the tuple holds them; no reference count traffic.
-        let ok = t.get_borrowed_item(3)?.is_truthy()?;
-        let (Some(ptr), Some(nbytes), Some(len)) = (
-            as_usize(&*t.get_borrowed_item(1)?),
+        let tensor = t.get_borrowed_item(1)?;
+        if !t.get_borrowed_item(4)?.is_truthy().unwrap_or(false) {
+            let device = tensor
+                .getattr(pyo3::intern!(t.py(), "device"))
+                .and_then(|d| d.str().map(|s| s.to_string()))
+                .unwrap_or_else(|_| "?".into());
+            return Err(not_on_cpu(&device));
+        }
+        if !t.get_borrowed_item(5)?.is_truthy().unwrap_or(false) {
+            return Err(not_contiguous());
+        }
+        let (Some(ptr), Some(nbytes)) = (
             as_usize(&*t.get_borrowed_item(2)?),
-            as_usize(&*t.get_borrowed_item(4)?),
+            as_usize(&*t.get_borrowed_item(3)?),
         ) else {
             return Ok(None);
         };
-        if !ok || len > nbytes || (ptr == 0 && len != 0) {
+        let size = t.get_borrowed_item(6)?;
+        let len = match as_usize(&size) {
+            Some(n) => n,
+            // The unread path's error for it (a float, a negative int).
+            None => size.extract::<usize>()?,
+        };
+        if len > nbytes {
+            return Err(past_tensor(len, nbytes));
+        }
+        if ptr == 0 && len != 0 {
             return Ok(None);
         }
         Ok(Some(View {
             inner: Inner::Tensor {
                 ptr: ptr as *mut u8,
                 len,
-                owner: Some(t.get_item(0)?.unbind()),
+                owner: Some(tensor.to_owned().unbind()),
             },
         }))
     }
@@ -285,6 +289,25 @@ impl Drop for View {
             Inner::Tensor { owner, .. } => drop(owner.take()),
         });
     }
+}
+
+fn not_on_cpu(device: &str) -> PyErr {
+    PyBufferError::new_err(format!(
+        "raw_data is a tensor on {device}, not on the CPU: its data_ptr() is not host memory"
+    ))
+}
+
+fn not_contiguous() -> PyErr {
+    PyBufferError::new_err(
+        "raw_data is a tensor that is not contiguous: the get_size() bytes at its data_ptr() \
+         are not its elements and may run past it",
+    )
+}
+
+fn past_tensor(len: usize, nbytes: usize) -> PyErr {
+    PyBufferError::new_err(format!(
+        "get_size() is {len} bytes, past its tensor's {nbytes}"
+    ))
 }
 
 /// `v` as a `usize` when it is a non-negative `int` that fits, else `None`
@@ -537,6 +560,13 @@ fn export_obj(o: &Bound<'_, PyAny>, i: usize, writable: bool) -> PyResult<View> 
     })? {
         return Ok(v);
     }
+    export_buffer(o, i, writable)
+}
+
+/// Export object `i` that is not read as a tensor: its `byte_array`, else
+/// the object itself (any buffer).
+fn export_buffer(o: &Bound<'_, PyAny>, i: usize, writable: bool) -> PyResult<View> {
+    let what = if writable { "destination" } else { "source" };
     let bytes = if o.hasattr("byte_array")? {
         o.getattr("byte_array")?
     } else {
@@ -551,40 +581,43 @@ fn export_obj(o: &Bound<'_, PyAny>, i: usize, writable: bool) -> PyResult<View> 
     })
 }
 
-/// [`export_objs`] from `spans`, what the adapter read of each
-/// `MemoryObj` in Python (`daxkv.lmcache._l2_adapter._spans`: a list, per
-/// object, of `(raw_data, raw_data.data_ptr(), raw_data.nbytes,
-/// raw_data.is_cpu and raw_data.is_contiguous(), obj.get_size())`): the
-/// same five reads `View::memory_obj` makes, several times cheaper from
-/// Python (docs/performance.md, "The plugin path's submit"). An entry
-/// that is not a contiguous CPU tensor with `get_size()` within its bytes
-/// is exported by [`export_obj`] instead, which refuses it with the
-/// message of the unread path or exports its `byte_array`.
+/// [`export_objs`] from `spans`, what the adapter read of each object in
+/// Python (`daxkv.lmcache._l2_adapter._spans`: per object `(obj, raw_data,
+/// raw_data.data_ptr(), raw_data.nbytes, raw_data.is_cpu, is_cpu and
+/// raw_data.is_contiguous(), obj.get_size())`, or `(obj,)` when reading it
+/// raised): the reads `View::memory_obj` makes, several times cheaper
+/// from Python (docs/performance.md, "The plugin path's submit"). Each
+/// entry is decided from its values alone, as `View::memory_obj` decides
+/// from the same reads, so nothing is read twice (a `get_size()` that
+/// answers differently the second time cannot turn a refusal into a
+/// store); a `(obj,)` entry is exported by [`export_obj`].
 ///
 /// The caller (the adapter, a private interface) makes each entry from
-/// the object beside it; the tensor is kept as the view's owner, as on
-/// the unread path.
-pub(crate) fn export_objs_read(
-    objs: &Bound<'_, PyAny>,
-    spans: &Bound<'_, PyAny>,
-    writable: bool,
-) -> PyResult<Vec<View>> {
-    let _stretch = crate::gil::held(objs.py());
-    let objs = objs.downcast::<PyList>()?;
+/// the object in it; the tensor is kept as the view's owner, as on the
+/// unread path.
+pub(crate) fn export_objs_read(spans: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<View>> {
+    let _stretch = crate::gil::held(spans.py());
+    let what = if writable { "destination" } else { "source" };
     let spans = spans.downcast::<PyList>()?;
-    if spans.len() != objs.len() {
-        return Err(PyValueError::new_err(format!(
-            "spans: {} for {} objects",
-            spans.len(),
-            objs.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(objs.len());
-    for (i, (o, sp)) in objs.iter().zip(spans.iter()).enumerate() {
-        match View::from_span(&sp)? {
-            Some(v) => out.push(v),
-            None => out.push(export_obj(&o, i, writable)?),
-        }
+    let mut out = Vec::with_capacity(spans.len());
+    for (i, sp) in spans.iter().enumerate() {
+        let t = sp.downcast_into::<pyo3::types::PyTuple>()?;
+        let o = t.get_item(0)?;
+        let v = match t.len() {
+            1 => export_obj(&o, i, writable)?,
+            7 => match View::from_span(&t).map_err(|e| {
+                PyBufferError::new_err(format!("daxkv: {what} object {i}: {}", e.value(o.py())))
+            })? {
+                Some(v) => v,
+                None => export_buffer(&o, i, writable)?,
+            },
+            n => {
+                return Err(PyTypeError::new_err(format!(
+                    "spans: a tuple of 7 (or 1) per object, got {n}"
+                )))
+            }
+        };
+        out.push(v);
     }
     Ok(out)
 }

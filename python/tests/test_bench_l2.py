@@ -116,3 +116,19 @@ def test_a_failed_store_fails_the_run() -> None:
 
     with pytest.raises(RuntimeError, match="a store task failed"):
         run(Failing(early=False))
+
+
+def test_the_plugin_caller_driver_stores_and_collects_every_task() -> None:
+    """python/bench/plugin_caller.py (what perf/callgrind-plugin.sh runs
+    under valgrind) drives the real `plugin` adapter through its rounds,
+    its deletes included, and exits cleanly: a driver that broke would
+    make the instruction counts measure a crash."""
+    import subprocess
+
+    here = os.path.join(os.path.dirname(__file__), "..", "bench", "plugin_caller.py")
+    # 20 timed rounds after 16 warm-up ones: past the first delete (round
+    # 15) and into the second pass over the keys.
+    r = subprocess.run(
+        [sys.executable, here, "20"], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -14,6 +14,8 @@
 //!
 //! Not for persistent or cross-process hashing: the value differs per map.
 
+#![forbid(unsafe_code)]
+
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
@@ -34,7 +36,7 @@ fn fold(a: u64, b: u64) -> u64 {
 #[derive(Clone, Debug)]
 pub struct Keyed {
     seed: u64,
-    /// Mixed into the multiplier, so the final fold depends on it too.
+    /// Mixed into the multiplier (kept odd), so every fold depends on it.
     tweak: u64,
 }
 
@@ -45,7 +47,7 @@ impl Keyed {
         let rs = RandomState::new();
         Keyed {
             seed: rs.hash_one(0x5eed_u64),
-            tweak: rs.hash_one(0x7ea4_u64) | 1,
+            tweak: rs.hash_one(0x7ea4_u64),
         }
     }
 }
@@ -63,7 +65,8 @@ impl BuildHasher for Keyed {
     fn build_hasher(&self) -> KeyedHasher {
         KeyedHasher {
             h: self.seed,
-            m: MULTIPLE ^ self.tweak,
+            // Odd, as the multiplier of a multiplicative hash must be.
+            m: (MULTIPLE ^ self.tweak) | 1,
         }
     }
 }

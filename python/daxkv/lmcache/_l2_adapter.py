@@ -103,53 +103,32 @@ def _bitmap(n: int, hits: list[int]) -> Bitmap:
     return bm
 
 
-def _key_fields(keys: list) -> list:
-    """Each ``ObjectKey``'s five fields, for the core to build its wire
-    string from. Read here rather than in Rust: the interpreter's
-    attribute caches make these reads several times cheaper than the C
-    API's ``PyObject_GetAttr`` (docs/performance.md, "The plugin path's
-    submit"). Raises ``AttributeError`` for a key that is not an
-    ``ObjectKey``; the caller then lets the core read the keys itself, which
-    names what is wrong."""
-    return [(k.model_name, k.kv_rank, k.object_group_id, k.chunk_hash, k.cache_salt) for k in keys]
-
-
 def _spans(objects: list) -> list:
-    """Per ``MemoryObj``: its tensor, ``data_ptr()``, ``nbytes``, whether it
-    is a contiguous CPU tensor, and ``get_size()``: the reads the core
-    makes of each object, done here for the same reason as
-    ``_key_fields``. The core checks each entry and exports any other
-    object (or refuses it, naming why) as it would have unread."""
+    """Per ``MemoryObj``: ``(obj, raw_data, data_ptr(), nbytes, is_cpu,
+    is_cpu and is_contiguous(), get_size())``, each read once: the reads
+    the core makes of an object, done here because the interpreter's
+    attribute caches and method calls make them cheaper than the C API's
+    ``PyObject_GetAttr`` and bound-method calls from Rust
+    (docs/performance.md, "The plugin path's submit"). The core decides from these values alone (it does not
+    read the object again): a view, or the error the unread path gives.
+    An object whose reads raise (not a ``MemoryObj``: a plain buffer) is
+    passed as ``(obj,)``, and the core reads it itself."""
     out = []
     add = out.append
     for o in objects:
-        t = o.raw_data
-        add((t, t.data_ptr(), t.nbytes, t.is_cpu and t.is_contiguous(), o.get_size()))
+        try:
+            t = o.raw_data
+            cpu = t.is_cpu
+            add((o, t, t.data_ptr(), t.nbytes, cpu, cpu and t.is_contiguous(), o.get_size()))
+        except Exception:
+            add((o,))
     return out
 
 
-def _read_keys(keys: Any) -> Optional[list]:
-    """``_key_fields(keys)``, or ``None`` (the core reads the keys itself)
-    for anything but a list of ``ObjectKey`` s."""
-    if type(keys) is list:
-        try:
-            return _key_fields(keys)
-        except Exception:
-            pass
-    return None
-
-
-def _read(keys: Any, objects: Any) -> tuple:
-    """``(_key_fields(keys), _spans(objects))`` for lists of ``ObjectKey`` s
-    and ``MemoryObj`` s, else ``(None, None)``: the core then reads each
-    key and object itself, and names what is wrong with one (or exports a
-    plain buffer)."""
-    if type(keys) is list and type(objects) is list:
-        try:
-            return _key_fields(keys), _spans(objects)
-        except Exception:
-            pass
-    return None, None
+def _read(objects: Any) -> Optional[list]:
+    """``_spans(objects)`` for a list, else ``None``: the core then reads
+    each object itself (and names what is wrong with one)."""
+    return _spans(objects) if type(objects) is list else None
 
 
 def _message(body: Any) -> str:
@@ -256,6 +235,10 @@ class DaxL2Adapter(L2AdapterInterface):
         self._stores_kept: dict[int, L2StoreResult] = {}
         #: Keys the core reported deleted, "deleted" not yet told.
         self._deleted_untold: list = []
+        #: ``(keys, sizes)`` collected, "stored" not yet told (a delete
+        #: listener raised first), and the tickets they hold back.
+        self._stored_untold: list = []
+        self._tickets: list[int] = []
         #: One ``L2StoreResult`` per value (immutable ints).
         self._results: dict[int, L2StoreResult] = {}
         self._load_lock = threading.RLock()
@@ -284,7 +267,7 @@ class DaxL2Adapter(L2AdapterInterface):
     # -- store ----------------------------------------------------------------
 
     def submit_store_task(self, keys: list, objects: list) -> int:
-        return self._core.submit_store(keys, objects, *_read(keys, objects))
+        return self._core.submit_store(keys, objects, _read(objects))
 
     def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
         """Every store finished since the last call, each once.
@@ -299,14 +282,11 @@ class DaxL2Adapter(L2AdapterInterface):
             # One call into the core: the stores finished and the keys
             # deleted since the last call, each once.
             ticket, done, deleted = self._core.pop_completed_stores()
-            kept = self._stores_kept
             if deleted:
                 self._deleted_untold += deleted
-            if not (done or self._deleted_untold):
-                # Nothing new (the poller's call after a wake that another
-                # call served), or results kept from a call that raised.
-                self._stores_kept = {}
-                return kept
+            if ticket:
+                self._tickets.append(ticket)
+            kept = self._stores_kept
             results = self._results
             keys: list = []
             sizes: list = []
@@ -328,32 +308,51 @@ class DaxL2Adapter(L2AdapterInterface):
                         sizes += task_sizes
                     else:
                         keys, sizes = task_keys, task_sizes
-            try:
-                # One "stored" event for every task collected: the base
-                # class's per-call cost (its lock, an Event, the listener
-                # calls) once per call, not once per task (1.7 µs a 16-key
-                # task at 4 KiB: docs/performance.md, "The plugin path's
-                # submit"). The base class counts the bytes before it
-                # calls the listeners.
-                if keys:
-                    self._notify_keys_stored(keys, sizes)
-                # Deletes wait here until told (a raise above keeps them
-                # for the next call: the byte counters must hear them).
-                if self._deleted_untold:
-                    gone, self._deleted_untold = self._deleted_untold, []
-                    self._notify_keys_deleted(gone, [self._slot_bytes] * len(gone))
-            except BaseException:
-                self._core.resignal("store")
-                raise
-            finally:
-                # Told (or lost to a raising listener): deletes of these
-                # keys may be reported now (python/src/l2/known.rs).
-                if ticket:
-                    self._core.stored_reported(ticket)
+            if keys:
+                self._stored_untold.append((keys, sizes))
+            if self._deleted_untold or self._stored_untold:
+                self._tell_stores()
             # Read again: a listener may have collected these (re-entrant;
             # the lock is an RLock), and each result is returned once.
             out, self._stores_kept = self._stores_kept, {}
         return out
+
+    def _tell_stores(self) -> None:
+        """Tell the "deleted" events due, then the "stored" ones, each taken
+        out before it is told (told at most once). Deletes first: each
+        is of a key whose "stored" was told in an earlier call (the core
+        hands a delete out only then), and a key deleted and stored again
+        must reach LMCache's eviction policy as deleted, then stored (the
+        other order drops a key the engine holds). One "stored" event for
+        every task collected: the base class's per-call cost (its lock, an
+        Event, the listener calls) once per call, not once per task (1.7 µs
+        a 16-key task at 4 KiB: docs/performance.md, "The plugin path's
+        submit"); it counts the bytes before it calls the listeners."""
+        try:
+            if self._deleted_untold:
+                gone, self._deleted_untold = self._deleted_untold, []
+                self._notify_keys_deleted(gone, [self._slot_bytes] * len(gone))
+            if self._stored_untold:
+                told, self._stored_untold = self._stored_untold, []
+                if len(told) == 1:
+                    keys, sizes = told[0]
+                else:
+                    keys, sizes = [], []
+                    for k, z in told:
+                        keys += k
+                        sizes += z
+                self._notify_keys_stored(keys, sizes)
+        except BaseException:
+            self._core.resignal("store")
+            raise
+        finally:
+            # Once no "stored" event waits, deletes of those keys may be
+            # handed out (python/src/l2/known.rs); stored events kept by
+            # a raising delete listener keep their tickets back.
+            if not self._stored_untold:
+                for t in self._tickets:
+                    self._core.stored_reported(t)
+                self._tickets = []
 
     # -- lookup and lock ------------------------------------------------------
 
@@ -363,7 +362,7 @@ class DaxL2Adapter(L2AdapterInterface):
         is written, so no worker wakes for it. The second argument (a
         ``MemoryLayoutDesc`` or the ``group_layout_descs`` dict, by LMCache
         version) is advisory and ignored: the engine needs no layout."""
-        return self._core.submit_lookup(keys, _read_keys(keys))
+        return self._core.submit_lookup(keys)
 
     def query_lookup_and_lock_result(self, task_id: int) -> Optional[Bitmap]:
         r = self._core.query_lookup(task_id)
@@ -373,12 +372,12 @@ class DaxL2Adapter(L2AdapterInterface):
         return _bitmap(n, hits)
 
     def submit_unlock(self, keys: list) -> None:
-        self._core.submit_unlock(keys, _read_keys(keys))
+        self._core.submit_unlock(keys)
 
     # -- load -----------------------------------------------------------------
 
     def submit_load_task(self, keys: list, objects: list) -> int:
-        return self._core.submit_load(keys, objects, *_read(keys, objects))
+        return self._core.submit_load(keys, objects, _read(objects))
 
     def query_load_result(self, task_id: int) -> Optional[Bitmap]:
         """A finished load's bitmap, once. Kept before the listeners are
@@ -421,7 +420,7 @@ class DaxL2Adapter(L2AdapterInterface):
         are skipped), then report every key deleted since the last report."""
         if not keys or self._core.closed:
             return
-        self._core.delete(keys, _read_keys(keys))
+        self._core.delete(keys)
         self._report_deleted()
 
     def _report_deleted(self) -> None:
