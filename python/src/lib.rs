@@ -199,9 +199,13 @@ impl View {
         if !t.get_borrowed_item(5)?.is_truthy().unwrap_or(false) {
             return Err(not_contiguous());
         }
+        // A plain `int` the fast way; anything else as the unread path
+        // extracts it (`__index__`: a numpy integer), so the checks below
+        // see the same numbers.
+        let int = |v: &Bound<'_, PyAny>| as_usize(v).or_else(|| v.extract::<usize>().ok());
         let (Some(ptr), Some(nbytes)) = (
-            as_usize(&*t.get_borrowed_item(2)?),
-            as_usize(&*t.get_borrowed_item(3)?),
+            int(&*t.get_borrowed_item(2)?),
+            int(&*t.get_borrowed_item(3)?),
         ) else {
             return Ok(None);
         };
@@ -588,9 +592,10 @@ fn export_buffer(o: &Bound<'_, PyAny>, i: usize, writable: bool) -> PyResult<Vie
 /// raised): the reads `View::memory_obj` makes, several times cheaper
 /// from Python (docs/performance.md, "The plugin path's submit"). Each
 /// entry is decided from its values alone, as `View::memory_obj` decides
-/// from the same reads, so nothing is read twice (a `get_size()` that
-/// answers differently the second time cannot turn a refusal into a
-/// store); a `(obj,)` entry is exported by [`export_obj`].
+/// from the same reads, so an object read cleanly is not read twice (a
+/// `get_size()` that answers differently the second time cannot turn a
+/// refusal into a store); a `(obj,)` entry (one of its reads raised) is
+/// exported by [`export_obj`], which reads it from the start.
 ///
 /// The caller (the adapter, a private interface) makes each entry from
 /// the object in it; the tensor is kept as the view's owner, as on the

@@ -1,13 +1,13 @@
-"""The `plugin` adapter's pre-read path (`_key_fields`, `_spans`: keys and
-objects read in Python, python/daxkv/lmcache/_l2_adapter.py) against the
-core's own reads (`core_unread`), and the order of its listener events.
+"""The `plugin` adapter's pre-read path (`_spans`: each MemoryObj read in
+Python, python/daxkv/lmcache/_l2_adapter.py) against the core's own reads
+(`core_unread`), and the order of its listener events.
 
 Found by a hostile review of the pre-read path; each test failed before
 its fix: a key list changed by an object's `get_size()` (the key told was
-not the key stored), an object read twice (a refused object stored), and
-a delete deferred behind a "stored" event told after the next "stored" of
-the same key (LMCache's eviction policy then forgets a key the engine
-holds)."""
+not the key stored, when keys were read in Python too), an object read
+twice (a refused object stored), and a delete deferred behind a "stored"
+event told after the next "stored" of the same key (LMCache's eviction
+policy then forgets a key the engine holds)."""
 
 from __future__ import annotations
 

@@ -109,10 +109,11 @@ def _spans(objects: list) -> list:
     the core makes of an object, done here because the interpreter's
     attribute caches and method calls make them cheaper than the C API's
     ``PyObject_GetAttr`` and bound-method calls from Rust
-    (docs/performance.md, "The plugin path's submit"). The core decides from these values alone (it does not
-    read the object again): a view, or the error the unread path gives.
-    An object whose reads raise (not a ``MemoryObj``: a plain buffer) is
-    passed as ``(obj,)``, and the core reads it itself."""
+    (docs/performance.md, "The plugin path's submit"). The core decides
+    from these values alone, without reading the object again: a view, or
+    the error the unread path gives. An object one of whose reads raises
+    (not a ``MemoryObj``: a plain buffer) is passed as ``(obj,)``, and the
+    core reads it itself, from the start (that object is read twice)."""
     out = []
     add = out.append
     for o in objects:
@@ -310,7 +311,7 @@ class DaxL2Adapter(L2AdapterInterface):
                         keys, sizes = task_keys, task_sizes
             if keys:
                 self._stored_untold.append((keys, sizes))
-            if self._deleted_untold or self._stored_untold:
+            if self._deleted_untold or self._stored_untold or self._tickets:
                 self._tell_stores()
             # Read again: a listener may have collected these (re-entrant;
             # the lock is an RLock), and each result is returned once.
@@ -328,12 +329,18 @@ class DaxL2Adapter(L2AdapterInterface):
         Event, the listener calls) once per call, not once per task (1.7 µs
         a 16-key task at 4 KiB: docs/performance.md, "The plugin path's
         submit"); it counts the bytes before it calls the listeners."""
+        # The tickets of the events this call tells, taken out with them:
+        # a listener's re-entrant call must not report them before every
+        # listener has heard them (then a delete of those keys could be
+        # told first).
+        tickets: list[int] = []
         try:
             if self._deleted_untold:
                 gone, self._deleted_untold = self._deleted_untold, []
                 self._notify_keys_deleted(gone, [self._slot_bytes] * len(gone))
             if self._stored_untold:
                 told, self._stored_untold = self._stored_untold, []
+                tickets, self._tickets = self._tickets, []
                 if len(told) == 1:
                     keys, sizes = told[0]
                 else:
@@ -346,13 +353,14 @@ class DaxL2Adapter(L2AdapterInterface):
             self._core.resignal("store")
             raise
         finally:
-            # Once no "stored" event waits, deletes of those keys may be
-            # handed out (python/src/l2/known.rs); stored events kept by
-            # a raising delete listener keep their tickets back.
+            # Told (or lost to a raising listener): deletes of those keys
+            # may be handed out now (python/src/l2/known.rs). Tickets with
+            # no event waiting (their tasks held no key) go too; stored
+            # events kept back by a raising delete listener keep theirs.
             if not self._stored_untold:
-                for t in self._tickets:
-                    self._core.stored_reported(t)
-                self._tickets = []
+                tickets, self._tickets = tickets + self._tickets, []
+            for t in tickets:
+                self._core.stored_reported(t)
 
     # -- lookup and lock ------------------------------------------------------
 
