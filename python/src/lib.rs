@@ -166,6 +166,19 @@ impl View {
             return Ok(None);
         };
         let len = get_size.call0()?.extract::<usize>()?;
+        View::tensor(ptr, nbytes, len, || t.unbind())
+    }
+
+    /// The last checks of a tensor's reads (`memory_obj`, `from_span`):
+    /// `get_size()` within its bytes, else `BufferError`; a null pointer
+    /// under a non-empty length is not exported as a tensor (`None`: its
+    /// `byte_array`).
+    fn tensor(
+        ptr: usize,
+        nbytes: usize,
+        len: usize,
+        owner: impl FnOnce() -> Py<PyAny>,
+    ) -> PyResult<Option<View>> {
         if len > nbytes {
             return Err(past_tensor(len, nbytes));
         }
@@ -176,7 +189,7 @@ impl View {
             inner: Inner::Tensor {
                 ptr: ptr as *mut u8,
                 len,
-                owner: Some(t.unbind()),
+                owner: Some(owner()),
             },
         }))
     }
@@ -215,19 +228,7 @@ impl View {
             // The unread path's error for it (a float, a negative int).
             None => size.extract::<usize>()?,
         };
-        if len > nbytes {
-            return Err(past_tensor(len, nbytes));
-        }
-        if ptr == 0 && len != 0 {
-            return Ok(None);
-        }
-        Ok(Some(View {
-            inner: Inner::Tensor {
-                ptr: ptr as *mut u8,
-                len,
-                owner: Some(tensor.to_owned().unbind()),
-            },
-        }))
+        View::tensor(ptr, nbytes, len, || tensor.to_owned().unbind())
     }
 
     pub(crate) fn len(&self) -> usize {
