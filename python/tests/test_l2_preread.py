@@ -131,3 +131,65 @@ def test_get_size_is_read_once_per_submit(plugin, path) -> None:
     submit = a.submit_store_task if path == "adapter" else a._core.submit_store
     with pytest.raises(BufferError, match="past its tensor"):
         submit([key(1)], [o])
+
+
+def test_a_reentrant_collection_does_not_release_the_outer_calls_deletes(plugin) -> None:
+    """A listener that collects again (re-entrant) while the outer call is
+    telling "stored" K must not report the outer call's ticket: a delete
+    of K made right then (here by that listener) must reach every
+    listener after K's "stored", not between two listeners' "stored"."""
+    a = plugin()
+    order: dict = {"first": [], "second": []}
+    acted = [False]
+    results: dict = {}
+
+    class First(Events):
+        def on_l2_keys_stored(self, keys, sizes):
+            order["first"].extend(("stored", k) for k in keys)
+            if key(1) in keys and not acted[0]:
+                acted[0] = True
+                # A second store completes; collect it from in here.
+                tid2 = a.submit_store_task([key(2)], [obj(1002)])
+                deadline = time.monotonic() + 30
+                while a._core.exists([key(2)]) != [True]:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)
+                while tid2 not in results:
+                    assert time.monotonic() < deadline
+                    results.update(a.pop_completed_store_tasks())
+                    time.sleep(0.001)
+                a.delete([key(1)])  # an eviction, right then
+
+        def on_l2_keys_deleted(self, keys):
+            order["first"].extend(("deleted", k) for k in keys)
+
+    class Second(Events):
+        def on_l2_keys_stored(self, keys, sizes):
+            order["second"].extend(("stored", k) for k in keys)
+
+        def on_l2_keys_deleted(self, keys):
+            order["second"].extend(("deleted", k) for k in keys)
+
+    a.register_listener(First())
+    a.register_listener(Second())
+    tid = a.submit_store_task([key(1)], [obj(1001)])
+    deadline = time.monotonic() + 30
+    # Each result once, to the outer call or the listener's inner one.
+    while tid not in results:
+        assert time.monotonic() < deadline, "the store never came"
+        got = a.pop_completed_store_tasks()
+        assert not (got.keys() & results.keys())
+        results.update(got)
+        time.sleep(0.001)
+    assert results[tid].is_successful()
+    # The delete, deferred behind the outer call's ticket, is told by a
+    # later call (here the next collection or delete).
+    deadline = time.monotonic() + 30
+    while ("deleted", key(1)) not in order["second"]:
+        assert time.monotonic() < deadline, order
+        a.pop_completed_store_tasks()
+        a.delete([key(3)])
+        time.sleep(0.001)
+    for name, seen in order.items():
+        k1 = [e for e, k in seen if k == key(1)]
+        assert k1 == ["stored", "deleted"], (name, seen)
