@@ -369,32 +369,15 @@ fn wire_string(out: &mut Vec<u8>, k: &Bound<'_, PyAny>) -> PyResult<()> {
     // Interned names: a `&str` name would build a new Python string per
     // attribute per key.
     let py = k.py();
-    wire_string_of(
-        out,
-        &k.getattr(pyo3::intern!(py, "model_name"))?,
-        &k.getattr(pyo3::intern!(py, "kv_rank"))?,
-        &k.getattr(pyo3::intern!(py, "object_group_id"))?,
-        &k.getattr(pyo3::intern!(py, "chunk_hash"))?,
-        &k.getattr(pyo3::intern!(py, "cache_salt"))?,
-    )
-}
-
-/// The wire string from an `ObjectKey`'s five fields, into `out`.
-fn wire_string_of(
-    out: &mut Vec<u8>,
-    model: &Bound<'_, PyAny>,
-    rank: &Bound<'_, PyAny>,
-    group: &Bound<'_, PyAny>,
-    hash: &Bound<'_, PyAny>,
-    salt: &Bound<'_, PyAny>,
-) -> PyResult<()> {
     out.clear();
+    let model = k.getattr(pyo3::intern!(py, "model_name"))?;
     out.extend_from_slice(model.downcast::<PyString>()?.to_str()?.as_bytes());
     out.push(b'@');
-    push_hex(out, rank, 8)?;
+    push_hex(out, &k.getattr(pyo3::intern!(py, "kv_rank"))?, 8)?;
     out.push(b'@');
-    push_hex(out, group, 0)?;
+    push_hex(out, &k.getattr(pyo3::intern!(py, "object_group_id"))?, 0)?;
     out.push(b'@');
+    let hash = k.getattr(pyo3::intern!(py, "chunk_hash"))?;
     if let Ok(b) = hash.downcast::<PyBytes>() {
         out.reserve(2 * b.as_bytes().len());
         for &byte in b.as_bytes() {
@@ -402,9 +385,10 @@ fn wire_string_of(
             out.push(HEX[usize::from(byte & 15)]);
         }
     } else {
-        let h = hash.call_method0(pyo3::intern!(hash.py(), "hex"))?;
+        let h = hash.call_method0(pyo3::intern!(py, "hex"))?;
         out.extend_from_slice(h.downcast::<PyString>()?.to_str()?.as_bytes());
     }
+    let salt = k.getattr(pyo3::intern!(py, "cache_salt"))?;
     let salt = salt.downcast::<PyString>()?.to_str()?;
     if !salt.is_empty() {
         out.push(b'@');

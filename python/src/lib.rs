@@ -141,11 +141,7 @@ impl View {
             return Ok(None);
         };
         if !is_cpu.is_truthy().unwrap_or(false) {
-            let device = t
-                .getattr(pyo3::intern!(py, "device"))
-                .and_then(|d| d.str().map(|s| s.to_string()))
-                .unwrap_or_else(|_| "?".into());
-            return Err(not_on_cpu(&device));
+            return Err(not_on_cpu(&t));
         }
         let contiguous = t
             .call_method0(pyo3::intern!(py, "is_contiguous"))
@@ -203,11 +199,7 @@ impl View {
         // Borrowed: the tuple holds them; no reference count traffic.
         let tensor = t.get_borrowed_item(1)?;
         if !t.get_borrowed_item(4)?.is_truthy().unwrap_or(false) {
-            let device = tensor
-                .getattr(pyo3::intern!(t.py(), "device"))
-                .and_then(|d| d.str().map(|s| s.to_string()))
-                .unwrap_or_else(|_| "?".into());
-            return Err(not_on_cpu(&device));
+            return Err(not_on_cpu(&tensor));
         }
         if !t.get_borrowed_item(5)?.is_truthy().unwrap_or(false) {
             return Err(not_contiguous());
@@ -267,9 +259,7 @@ impl View {
         // tensor held by `owner`), which the caller extends past the task.
         unsafe { RawBuf::new(ptr, self.len()) }
     }
-}
 
-impl View {
     /// Drop with the GIL held (`py` proves it): a tensor view gives its
     /// reference back at once, without `Drop`'s `with_gil` round trip (16
     /// per collected 4 KiB task: docs/performance.md).
@@ -296,7 +286,12 @@ impl Drop for View {
     }
 }
 
-fn not_on_cpu(device: &str) -> PyErr {
+/// The refusal of a tensor not on the CPU, naming its device.
+fn not_on_cpu(tensor: &Bound<'_, PyAny>) -> PyErr {
+    let device = tensor
+        .getattr(pyo3::intern!(tensor.py(), "device"))
+        .and_then(|d| d.str().map(|s| s.to_string()))
+        .unwrap_or_else(|_| "?".into());
     PyBufferError::new_err(format!(
         "raw_data is a tensor on {device}, not on the CPU: its data_ptr() is not host memory"
     ))

@@ -219,6 +219,23 @@ def test_a_raising_listener_does_not_lose_the_store_result(plugin) -> None:
     assert a.pop_completed_store_tasks() == {}
 
 
+def _pop_through_raises(a, done, message: str) -> tuple[dict, int]:
+    """The store controller's loop until `done(results)`: pop, counting the
+    calls a listener made raise (with `message`), poll the store fd."""
+    got: dict = {}
+    raised = 0
+    deadline = time.monotonic() + 30
+    while not done(got):
+        assert time.monotonic() < deadline, f"never done ({raised=}, {got=})"
+        try:
+            got.update(a.pop_completed_store_tasks())
+        except RuntimeError as e:
+            assert message in str(e)
+            raised += 1
+        _readable(a.get_store_event_fd(), 50)
+    return got, raised
+
+
 def test_deletes_wait_out_a_raising_stored_listener(plugin) -> None:
     """The pop tells the deletes the core reported, then the call's
     "stored" event. A listener raising on the "stored" event must not cost
@@ -235,17 +252,7 @@ def test_deletes_wait_out_a_raising_stored_listener(plugin) -> None:
     raising = RaisesOnce()
     a.register_listener(raising)
     tid = a.submit_store_task([key(2)], [obj(1001)])
-    got: dict = {}
-    raised = 0
-    deadline = time.monotonic() + 30
-    while tid not in got:
-        assert time.monotonic() < deadline, "the store never came"
-        try:
-            got.update(a.pop_completed_store_tasks())
-        except RuntimeError as e:
-            assert "listener failed (stored)" in str(e)
-            raised += 1
-        _readable(a.get_store_event_fd(), 50)
+    got, raised = _pop_through_raises(a, lambda got: tid in got, "listener failed (stored)")
     assert raised == 1 and got[tid].is_successful()
     assert lis.deleted.count(key(1)) == 1, lis.deleted
     assert raising.deleted.count(key(1)) == 1
@@ -276,17 +283,9 @@ def test_a_raising_deleted_listener_keeps_the_calls_stored_event(plugin) -> None
 
     a.register_listener(RaisesOnDeleted())
     tid = a.submit_store_task([key(2)], [obj(1001)])
-    got: dict = {}
-    raised = 0
-    deadline = time.monotonic() + 30
-    while tid not in got or not lis.stored.count(key(2)):
-        assert time.monotonic() < deadline, f"never told ({raised=}, {lis.stored})"
-        try:
-            got.update(a.pop_completed_store_tasks())
-        except RuntimeError as e:
-            assert "listener failed (deleted)" in str(e)
-            raised += 1
-        _readable(a.get_store_event_fd(), 50)
+    got, raised = _pop_through_raises(
+        a, lambda got: tid in got and lis.stored.count(key(2)), "listener failed (deleted)"
+    )
     assert raised == 1 and got[tid].is_successful()
     assert lis.stored.count(key(2)) == 1 and lis.deleted.count(key(1)) == 1
     # Key 2's delete, reported at once by the adapter's delete, comes after

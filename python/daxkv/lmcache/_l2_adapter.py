@@ -103,7 +103,7 @@ def _bitmap(n: int, hits: list[int]) -> Bitmap:
     return bm
 
 
-def _spans(objects: list) -> list:
+def _spans(objects: Any) -> Optional[list]:
     """Per ``MemoryObj``: ``(obj, raw_data, data_ptr(), nbytes, is_cpu,
     is_cpu and is_contiguous(), get_size())``, each read once: the reads
     the core makes of an object, done here because the interpreter's
@@ -113,7 +113,11 @@ def _spans(objects: list) -> list:
     from these values alone, without reading the object again: a view, or
     the error the unread path gives. An object one of whose reads raises
     (not a ``MemoryObj``: a plain buffer) is passed as ``(obj,)``, and the
-    core reads it itself, from the start (that object is read twice)."""
+    core reads it itself, from the start (that object is read twice).
+    ``None`` for anything but a list: the core then reads each object
+    itself (and names what is wrong with one)."""
+    if type(objects) is not list:
+        return None
     out = []
     add = out.append
     for o in objects:
@@ -124,12 +128,6 @@ def _spans(objects: list) -> list:
         except Exception:
             add((o,))
     return out
-
-
-def _read(objects: Any) -> Optional[list]:
-    """``_spans(objects)`` for a list, else ``None``: the core then reads
-    each object itself (and names what is wrong with one)."""
-    return _spans(objects) if type(objects) is list else None
 
 
 def _message(body: Any) -> str:
@@ -268,7 +266,7 @@ class DaxL2Adapter(L2AdapterInterface):
     # -- store ----------------------------------------------------------------
 
     def submit_store_task(self, keys: list, objects: list) -> int:
-        return self._core.submit_store(keys, objects, _read(objects))
+        return self._core.submit_store(keys, objects, _spans(objects))
 
     def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
         """Every store finished since the last call, each once.
@@ -289,9 +287,7 @@ class DaxL2Adapter(L2AdapterInterface):
                 self._tickets.append(ticket)
             kept = self._stores_kept
             results = self._results
-            keys: list = []
-            sizes: list = []
-            for task_id, ok, nbytes, task_keys, task_sizes in done:
+            for task_id, ok, nbytes, keys, sizes in done:
                 # L2StoreResult is an immutable int: one object per value.
                 value = nbytes if ok else -1
                 r = results.get(value)
@@ -303,14 +299,8 @@ class DaxL2Adapter(L2AdapterInterface):
                 # The task's keys the engine holds (those of a failed task
                 # that did go in too); a re-stored key has size 0, so the
                 # byte counters count each slot once.
-                if task_keys:
-                    if keys:
-                        keys += task_keys
-                        sizes += task_sizes
-                    else:
-                        keys, sizes = task_keys, task_sizes
-            if keys:
-                self._stored_untold.append((keys, sizes))
+                if keys:
+                    self._stored_untold.append((keys, sizes))
             if self._deleted_untold or self._stored_untold or self._tickets:
                 self._tell_stores()
             # Read again: a listener may have collected these (re-entrant;
@@ -385,7 +375,7 @@ class DaxL2Adapter(L2AdapterInterface):
     # -- load -----------------------------------------------------------------
 
     def submit_load_task(self, keys: list, objects: list) -> int:
-        return self._core.submit_load(keys, objects, _read(objects))
+        return self._core.submit_load(keys, objects, _spans(objects))
 
     def query_load_result(self, task_id: int) -> Optional[Bitmap]:
         """A finished load's bitmap, once. Kept before the listeners are
