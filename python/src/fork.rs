@@ -14,6 +14,18 @@
 //! the child then goes on inside the parent's call, and a `put_batch`
 //! wrote its copy of the caller's buffer into the parent's slots.
 //!
+//! The check reads a process generation, not the pid: `getpid()` is a
+//! system call (about 90 ns on a VM, several per task on the plugin
+//! path's hot calls), while the generation is one atomic load. The
+//! generation is bumped in every child of `fork()` by a `pthread_atfork`
+//! child handler, registered before any face records its owner; it runs
+//! for every `fork()` through the C library (Python's `os.fork`,
+//! `multiprocessing`, a C extension's `fork()`), before the child's first
+//! instruction after the call. A child made by a raw `clone` system call
+//! that bypasses the C library's `fork()` would not be seen; nothing in a
+//! Python process does that and then goes on running Python code
+//! (`posix_spawn` / `vfork` children exec at once).
+//!
 //! A child also inherits the sockets the parent's control planes listen
 //! on; it closes its copies at once ([`close_listeners_in_child`]), else
 //! the port stays bound after the parent's `close()` for as long as the
@@ -21,7 +33,8 @@
 //! backlog).
 
 use std::os::fd::RawFd;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, Once, PoisonError};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::{PyErr, Python};
@@ -64,23 +77,51 @@ pub(crate) fn close_listeners_in_child(_py: Python<'_>) {
     }
 }
 
+/// How many `fork()`s lie between the first process and this one (module
+/// doc): 0 in the process that loaded daxkv, bumped in each child.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+static AT_FORK: Once = Once::new();
+
+/// The `pthread_atfork` child handler: runs in the child, on its only
+/// thread, before `fork()` returns there.
+extern "C" fn in_child() {
+    // ORDERING: Relaxed — read later by this same thread (program order)
+    // or by threads it starts (spawning synchronizes).
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
 /// The process a face was opened in.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Owner {
     pid: u32,
+    generation: u64,
 }
 
 impl Owner {
     /// The calling process.
     pub(crate) fn here() -> Owner {
+        AT_FORK.call_once(|| {
+            // SAFETY: registers a handler that only bumps an atomic
+            // (async-signal-safe, as a child handler must be); no prepare
+            // or parent handler.
+            let rc = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+            // It fails only with ENOMEM. Without the handler a child could
+            // not be told apart: refuse to open (a panic here is a Python
+            // exception) rather than let a child write into its parent's
+            // slots.
+            assert_eq!(rc, 0, "daxkv: pthread_atfork failed ({rc})");
+        });
         Owner {
             pid: std::process::id(),
+            // ORDERING: Relaxed — see `in_child`.
+            generation: GENERATION.load(Ordering::Relaxed),
         }
     }
 
     /// True in a process other than the one that opened it (a child).
     pub(crate) fn forked(self) -> bool {
-        std::process::id() != self.pid
+        // ORDERING: Relaxed — see `in_child`.
+        GENERATION.load(Ordering::Relaxed) != self.generation
     }
 
     /// `RuntimeError` in a forked child (module doc).

@@ -311,12 +311,15 @@ fn plugin_http_check(control: &crate::control::ControlParams) -> PyResult<()> {
     }
 }
 
-/// A collection ticket ([`known`]), per store `(task id, success, bytes,
-/// keys stored, their sizes)`, and the keys deleted since the last call
-/// ([`DaxL2Core::take_deleted`]).
+/// A collection ticket ([`known`]), per store `(task id, success,
+/// bytes)`, the keys those stores hold now (every task's, in order), their
+/// sizes (`None`: each is a first store, `slot_bytes`), and the keys
+/// deleted since the last call ([`DaxL2Core::take_deleted`]).
 type Collected = (
     u64,
-    Vec<(Id, bool, u64, Vec<Py<PyAny>>, Vec<usize>)>,
+    Vec<(Id, bool, u64)>,
+    Vec<Py<PyAny>>,
+    Option<Vec<usize>>,
     Vec<Py<PyAny>>,
 );
 
@@ -585,8 +588,9 @@ impl DaxL2Core {
 
     /// Record a collected store's keys that the engine holds now, under
     /// `ticket` ([`known`] module doc: `exists` and the record under one
-    /// lock); returns them with their sizes (0 for a key already
-    /// recorded). Keys not held go to `rel`.
+    /// lock); appends them to `out.0`, and to `out.1` whether each is a
+    /// first store (false: a key already recorded). Keys not held go to
+    /// `rel`.
     fn record_stored(
         &self,
         keys: Vec<Py<PyAny>>,
@@ -594,10 +598,10 @@ impl DaxL2Core {
         record: Vec<Py<PyAny>>,
         ticket: u64,
         rel: &mut Released,
-    ) -> (Vec<Py<PyAny>>, Vec<usize>) {
+        out: &mut (Vec<Py<PyAny>>, Vec<bool>),
+    ) {
         let mut known = self.known.lock();
         let held = self.engine.exists(digests);
-        let mut out = (Vec::new(), Vec::new());
         for (((k, r), d), h) in keys.into_iter().zip(record).zip(digests).zip(held) {
             if !h {
                 rel.objs.extend([k, r]);
@@ -606,9 +610,8 @@ impl DaxL2Core {
             let (first, back) = known.record(*d, r, ticket);
             rel.objs.extend(back);
             out.0.push(k);
-            out.1.push(if first { self.slot_bytes } else { 0 });
+            out.1.push(first);
         }
-        out
     }
 
     /// Take a finished lookup or load out of the table: `Some((bitmap
@@ -827,14 +830,16 @@ impl DaxL2Core {
 
     /// Every store finished since the last call, each once, with a ticket,
     /// and the keys deleted since the last call (as `take_deleted`):
-    /// `(ticket, [(task id, success, bytes, keys stored, sizes)], deleted)`. `keys
-    /// stored` are the task's keys the engine holds now, recorded for the
-    /// delete events ([`known`]); a key's size is `slot_bytes` the first
-    /// time it is stored and 0 for a store of a key already held, so
-    /// LMCache's byte counters count each slot once (upstream counts
-    /// re-stores twice, docs/lmcache-dax-behavior.md §9.4 item 3). Once
-    /// their "stored" events are told, call `stored_reported(ticket)`
-    /// (ticket 0: nothing to report).
+    /// `(ticket, [(task id, success, bytes)], keys stored, sizes,
+    /// deleted)`. `keys stored` are these tasks' keys the engine holds now
+    /// (in task order), recorded for the delete events ([`known`]); a
+    /// key's size is `slot_bytes` the first time it is stored and 0 for a
+    /// store of a key already held, so LMCache's byte counters count each
+    /// slot once (upstream counts re-stores twice,
+    /// docs/lmcache-dax-behavior.md §9.4 item 3); `sizes` is `None` when
+    /// every key is a first store (each `slot_bytes`: one list fewer, and
+    /// no integer object per key). Once their "stored" events are told,
+    /// call `stored_reported(ticket)` (ticket 0: nothing to report).
     fn pop_completed_stores(&self, py: Python<'_>) -> PyResult<Collected> {
         self.owner.check("DaxL2Adapter")?;
         let (out, rel) = crate::gil::release(py, || {
@@ -855,23 +860,33 @@ impl DaxL2Core {
             }
             let mut out = Vec::with_capacity(done.len());
             let mut ticket = 0;
+            let mut stored = (Vec::new(), Vec::new());
             for (id, ok, bytes, t) in done {
                 let (keys, digests, record) = t.map(|t| rel.task(t)).unwrap_or_default();
-                let (keys, sizes) = if bytes > 0 {
+                if bytes > 0 {
                     if ticket == 0 {
                         ticket = self.known.lock().ticket();
                     }
-                    self.record_stored(keys, &digests, record, ticket, &mut rel)
+                    self.record_stored(keys, &digests, record, ticket, &mut rel, &mut stored);
                 } else {
                     rel.objs.extend(keys.into_iter().chain(record));
-                    (Vec::new(), Vec::new())
-                };
-                out.push((id, ok, bytes, keys, sizes));
+                }
+                out.push((id, ok, bytes));
             }
+            // A size per key only when a key was stored again (size 0):
+            // else the adapter writes `slot_bytes` for each, without an
+            // integer object per key here.
+            let (keys, first) = stored;
+            let sizes = (!first.iter().all(|&f| f)).then(|| {
+                first
+                    .iter()
+                    .map(|&f| if f { self.slot_bytes } else { 0 })
+                    .collect()
+            });
             // The deletes due now (their "stored" was told before this
             // call), in the same call: one crossing fewer per collection.
             let deleted = self.known.lock().take_deleted();
-            ((ticket, out, deleted), rel)
+            ((ticket, out, keys, sizes, deleted), rel)
         });
         rel.release(py);
         Ok(out)

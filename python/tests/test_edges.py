@@ -226,11 +226,12 @@ def test_a_fork_child_does_not_inherit_threads_in_the_window() -> None:
 # -- fork after open -------------------------------------------------------------
 
 
-def in_child(fn: Callable[[], str], timeout_s: int = 30) -> tuple[int, str]:
+def in_child(fn: Callable[[], str], timeout_s: int = 30,
+             fork: Callable[[], int] = os.fork) -> tuple[int, str]:
     """Run `fn` in a forked child; returns (exit code, what it reported).
     The child exits 0 only if `fn` returned; a hang is ended by SIGALRM."""
     r, w = os.pipe()
-    pid = os.fork()
+    pid = fork()
     if pid == 0:  # the child: never returns into pytest
         code = 1
         try:
@@ -267,6 +268,33 @@ def refused_in_child(calls: dict[str, Callable[[], object]]) -> str:
         except BaseException as e:  # noqa: BLE001
             bad.append(f"{name}: {type(e).__name__}: {e}")
     return "\n".join(bad)
+
+
+def test_fork_by_the_c_library_is_seen() -> None:
+    """A child made by the C library's fork() called directly (as a C
+    extension would), which runs none of Python's at-fork hooks, is
+    refused too: the check reads a generation that a pthread_atfork
+    handler bumps (python/src/fork.rs), not state Python resets."""
+    import ctypes
+
+    c = daxkv.DaxConnector(slot_bytes=SLOT, device_path="memfd",
+                           max_dax_size_gb=64 * SLOT / 2**30, num_load_workers=1)
+    try:
+        # PyDLL: the call keeps the GIL, so the child starts holding it.
+        libc_fork = ctypes.PyDLL(None).fork
+        libc_fork.restype = ctypes.c_int
+
+        def child() -> str:
+            return refused_in_child({
+                "submit_batch_exists": lambda: c.submit_batch_exists(["k"]),
+                "submit_batch_set": lambda: c.submit_batch_set(["k"], [bytearray(b"c" * 100)]),
+            }) or "ok"
+
+        assert in_child(child, fork=libc_fork) == (0, "ok")
+        fid = c.submit_batch_exists(["k"])
+        assert drain_until(c, {fid})[fid][2] == [False], "the child reached the parent's slots"
+    finally:
+        c.close()
 
 
 def test_fork_after_open_connector() -> None:

@@ -296,6 +296,48 @@ def test_a_raising_deleted_listener_keeps_the_calls_stored_event(plugin) -> None
     assert lis.stored.count(key(2)) == 1
 
 
+def test_kept_stored_events_merge_with_the_next_calls(plugin) -> None:
+    """A "stored" event kept behind a raising "deleted" listener is told
+    with the next call's, as one event: each key with its own size — a
+    first store's `slot_bytes` (the core sends no sizes when all are first
+    stores) and a re-store's 0 — in the order stored, and the byte
+    counters count each slot once."""
+    a = plugin()
+    lis = Events()
+    a.register_listener(lis)
+    assert store(a, [key(1)], [obj(1000)]).is_successful()
+    assert a._core.delete([key(1)]) == [True]  # reported by the next pop
+
+    class RaisesOnDeleted(Events):
+        armed = True
+
+        def on_l2_keys_deleted(self, keys):
+            if self.armed:
+                self.armed = False
+                raise RuntimeError("listener failed (deleted)")
+            super().on_l2_keys_deleted(keys)
+
+    a.register_listener(RaisesOnDeleted())
+    fd = a.get_store_event_fd()
+    consume_fd(fd)
+    # The only task in flight: once the fd is written it is complete, and
+    # the pop that raises collects it (its event kept, untold).
+    first = a.submit_store_task([key(2), key(3)], [obj(1001), obj(1002)])
+    assert _readable(fd, 10_000), "the first store never completed"
+    consume_fd(fd)
+    with pytest.raises(RuntimeError, match="listener failed"):
+        a.pop_completed_store_tasks()
+    assert lis.stored == [key(1)]
+    consume_fd(fd)  # the adapter's resignal
+    again = a.submit_store_task([key(2), key(4)], [obj(1003), obj(1004)])
+    assert _readable(fd, 10_000), "the second store never completed"
+    got = a.pop_completed_store_tasks()
+    assert set(got) == {first, again}
+    assert lis.stored == [key(1), key(2), key(3), key(2), key(4)]
+    assert lis.sizes == [SLOT, SLOT, SLOT, 0, SLOT]
+    assert a.get_usage().total_bytes_used == 3 * SLOT
+
+
 def test_a_listener_collecting_stores_again_gets_each_result_once(plugin) -> None:
     """A listener that calls ``pop_completed_store_tasks`` from its
     "stored" event (re-entrant: the adapter's lock is an RLock) and the

@@ -280,14 +280,14 @@ class DaxL2Adapter(L2AdapterInterface):
         with self._store_lock:
             # One call into the core: the stores finished and the keys
             # deleted since the last call, each once.
-            ticket, done, deleted = self._core.pop_completed_stores()
+            ticket, done, keys, sizes, deleted = self._core.pop_completed_stores()
             if deleted:
                 self._deleted_untold += deleted
             if ticket:
                 self._tickets.append(ticket)
             kept = self._stores_kept
             results = self._results
-            for task_id, ok, nbytes, keys, sizes in done:
+            for task_id, ok, nbytes in done:
                 # L2StoreResult is an immutable int: one object per value.
                 value = nbytes if ok else -1
                 r = results.get(value)
@@ -296,11 +296,11 @@ class DaxL2Adapter(L2AdapterInterface):
                         results.clear()
                     r = results[value] = L2StoreResult(ok, nbytes)
                 kept[task_id] = r
-                # The task's keys the engine holds (those of a failed task
-                # that did go in too); a re-stored key has size 0, so the
-                # byte counters count each slot once.
-                if keys:
-                    self._stored_untold.append((keys, sizes))
+            # The tasks' keys the engine holds (those of a failed task that
+            # did go in too); a re-stored key has size 0, so the byte
+            # counters count each slot once (sizes None: all first stores).
+            if keys:
+                self._stored_untold.append((keys, sizes))
             if self._deleted_untold or self._stored_untold or self._tickets:
                 self._tell_stores()
             # Read again: a listener may have collected these (re-entrant;
@@ -331,13 +331,16 @@ class DaxL2Adapter(L2AdapterInterface):
             if self._stored_untold:
                 told, self._stored_untold = self._stored_untold, []
                 tickets, self._tickets = self._tickets, []
+                slot = self._slot_bytes
                 if len(told) == 1:
                     keys, sizes = told[0]
+                    if sizes is None:
+                        sizes = [slot] * len(keys)
                 else:
                     keys, sizes = [], []
                     for k, z in told:
                         keys += k
-                        sizes += z
+                        sizes += [slot] * len(k) if z is None else z
                 self._notify_keys_stored(keys, sizes)
         except BaseException:
             self._core.resignal("store")
