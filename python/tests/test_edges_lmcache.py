@@ -262,26 +262,36 @@ def test_deletes_wait_out_a_raising_stored_listener(plugin) -> None:
     assert lis.deleted.count(key(1)) == 1
 
 
-def test_a_raising_deleted_listener_keeps_the_calls_stored_event(plugin) -> None:
-    """Deletes are told first; a listener raising on them must not cost
-    the same call's "stored" event: it is told on the next call, once,
-    and its key's later delete is told after it."""
+class RaisesOnDeleted(Events):
+    """Raises on the first "deleted" event it is told, records the rest."""
+
+    armed = True
+
+    def on_l2_keys_deleted(self, keys):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("listener failed (deleted)")
+        super().on_l2_keys_deleted(keys)
+
+
+def _a_delete_due_and_a_listener_raising_on_it(plugin):
+    """An adapter whose next pop tells key 1's delete (stored, then deleted
+    in the core, not through the adapter's delete, which reports at once),
+    with a recording listener and, after it, one raising on that delete."""
     a = plugin()
     lis = Events()
     a.register_listener(lis)
     assert store(a, [key(1)], [obj(1000)]).is_successful()
-    assert a._core.delete([key(1)]) == [True]  # reported by the next pop
-
-    class RaisesOnDeleted(Events):
-        armed = True
-
-        def on_l2_keys_deleted(self, keys):
-            if self.armed:
-                self.armed = False
-                raise RuntimeError("listener failed (deleted)")
-            super().on_l2_keys_deleted(keys)
-
+    assert a._core.delete([key(1)]) == [True]
     a.register_listener(RaisesOnDeleted())
+    return a, lis
+
+
+def test_a_raising_deleted_listener_keeps_the_calls_stored_event(plugin) -> None:
+    """Deletes are told first; a listener raising on them must not cost
+    the same call's "stored" event: it is told on the next call, once,
+    and its key's later delete is told after it."""
+    a, lis = _a_delete_due_and_a_listener_raising_on_it(plugin)
     tid = a.submit_store_task([key(2)], [obj(1001)])
     got, raised = _pop_through_raises(
         a, lambda got: tid in got and lis.stored.count(key(2)), "listener failed (deleted)"
@@ -302,22 +312,7 @@ def test_kept_stored_events_merge_with_the_next_calls(plugin) -> None:
     first store's `slot_bytes` (the core sends no sizes when all are first
     stores) and a re-store's 0 — in the order stored, and the byte
     counters count each slot once."""
-    a = plugin()
-    lis = Events()
-    a.register_listener(lis)
-    assert store(a, [key(1)], [obj(1000)]).is_successful()
-    assert a._core.delete([key(1)]) == [True]  # reported by the next pop
-
-    class RaisesOnDeleted(Events):
-        armed = True
-
-        def on_l2_keys_deleted(self, keys):
-            if self.armed:
-                self.armed = False
-                raise RuntimeError("listener failed (deleted)")
-            super().on_l2_keys_deleted(keys)
-
-    a.register_listener(RaisesOnDeleted())
+    a, lis = _a_delete_due_and_a_listener_raising_on_it(plugin)
     fd = a.get_store_event_fd()
     consume_fd(fd)
     # The only task in flight: once the fd is written it is complete, and
