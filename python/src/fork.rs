@@ -14,17 +14,21 @@
 //! the child then goes on inside the parent's call, and a `put_batch`
 //! wrote its copy of the caller's buffer into the parent's slots.
 //!
-//! The check reads a process generation, not the pid: `getpid()` is a
-//! system call (about 90 ns on a VM, several per task on the plugin
-//! path's hot calls), while the generation is one atomic load. The
-//! generation is bumped in every child of `fork()` by a `pthread_atfork`
-//! child handler, registered before any face records its owner; it runs
-//! for every `fork()` through the C library (Python's `os.fork`,
-//! `multiprocessing`, a C extension's `fork()`), before the child's first
-//! instruction after the call. A child made by a raw `clone` system call
-//! that bypasses the C library's `fork()` would not be seen; nothing in a
-//! Python process does that and then goes on running Python code
-//! (`posix_spawn` / `vfork` children exec at once).
+//! The check compares the pid the face was opened in with a word the
+//! kernel clears in every child (a page marked `MADV_WIPEONFORK`), not
+//! with `getpid()`: that is a system call (about 90 ns on a VM, several
+//! per task on the plugin path's hot calls), the word one load. The word
+//! holds the pid of the process it is in once a face has been opened
+//! there, and the kernel zeroes the page in the child of every fork, by
+//! whatever route: the C library's `fork()` and `_Fork()` (which runs no
+//! `pthread_atfork` handler), a raw `fork` / `clone` system call without
+//! `CLONE_VM`. So in a child the word is 0 (or, once the child opened a
+//! face of its own, the child's pid): never the parent's. A
+//! `pthread_atfork` handler was tried first and missed `_Fork()`, raw
+//! system calls, and a handler registered while another thread was
+//! inside `fork()` (`test_edges.py`, the `fork_by` tests). On a kernel
+//! without `MADV_WIPEONFORK` (before Linux 4.14) the check calls
+//! `getpid()` as before.
 //!
 //! A child also inherits the sockets the parent's control planes listen
 //! on; it closes its copies at once ([`close_listeners_in_child`]), else
@@ -33,8 +37,8 @@
 //! backlog).
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, Once, PoisonError};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::{PyErr, Python};
@@ -77,51 +81,94 @@ pub(crate) fn close_listeners_in_child(_py: Python<'_>) {
     }
 }
 
-/// How many `fork()`s lie between the first process and this one (module
-/// doc): 0 in the process that loaded daxkv, bumped in each child.
-static GENERATION: AtomicU64 = AtomicU64::new(0);
-static AT_FORK: Once = Once::new();
+/// The word the kernel clears in a child (module doc), once mapped; null
+/// before, or where `MADV_WIPEONFORK` is refused.
+static MARK: AtomicPtr<AtomicU32> = AtomicPtr::new(std::ptr::null_mut());
 
-/// The `pthread_atfork` child handler: runs in the child, on its only
-/// thread, before `fork()` returns there.
-extern "C" fn in_child() {
-    // ORDERING: Relaxed — read later by this same thread (program order)
-    // or by threads it starts (spawning synchronizes).
-    GENERATION.fetch_add(1, Ordering::Relaxed);
+/// The word (mapping its page on the first call), or `None` where the
+/// kernel does not wipe pages on fork. Never blocks: a thread that forks
+/// while another maps the page leaves the child to map its own.
+pub(crate) fn mark() -> Option<&'static AtomicU32> {
+    // ORDERING: Acquire — pairs with the Release of the CAS below: the
+    // page is mapped and advised before its address is seen.
+    let p = MARK.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: a page mapped below and never unmapped once published.
+        return Some(unsafe { &*p });
+    }
+    let len = 4096;
+    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: `page` is the mapping just made, `len` long.
+    if unsafe { libc::madvise(page, len, libc::MADV_WIPEONFORK) } != 0 {
+        // SAFETY: unmapping the unpublished page just made.
+        unsafe { libc::munmap(page, len) };
+        return None;
+    }
+    let page = page.cast::<AtomicU32>();
+    // ORDERING: Release on success — publishes the advised page; Acquire
+    // on failure — the winner's page, as for the load above.
+    match MARK.compare_exchange(
+        std::ptr::null_mut(),
+        page,
+        Ordering::Release,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: zero-filled, page-aligned memory that stays mapped.
+        Ok(_) => Some(unsafe { &*page }),
+        Err(won) => {
+            // SAFETY: our page was never published.
+            unsafe { libc::munmap(page.cast(), len) };
+            // SAFETY: the winner's page, published and never unmapped.
+            Some(unsafe { &*won })
+        }
+    }
 }
 
 /// The process a face was opened in.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Owner {
     pid: u32,
-    generation: u64,
+    /// The wiped word, or `None`: compare with `getpid()`.
+    mark: Option<&'static AtomicU32>,
 }
 
 impl Owner {
     /// The calling process.
     pub(crate) fn here() -> Owner {
-        AT_FORK.call_once(|| {
-            // SAFETY: registers a handler that only bumps an atomic
-            // (async-signal-safe, as a child handler must be); no prepare
-            // or parent handler.
-            let rc = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
-            // It fails only with ENOMEM. Without the handler a child could
-            // not be told apart: refuse to open (a panic here is a Python
-            // exception) rather than let a child write into its parent's
-            // slots.
-            assert_eq!(rc, 0, "daxkv: pthread_atfork failed ({rc})");
-        });
-        Owner {
-            pid: std::process::id(),
-            // ORDERING: Relaxed — see `in_child`.
-            generation: GENERATION.load(Ordering::Relaxed),
+        let pid = std::process::id();
+        let mark = mark();
+        if let Some(m) = mark {
+            // 0 on a fresh page and in a child until it opens a face; else
+            // this process's pid already (only a process's own pid is ever
+            // written here, and a fork clears it).
+            // ORDERING: Release/Relaxed — the face reaches other threads
+            // through Python (the GIL), which orders this write before
+            // their checks anyway.
+            let _ = m.compare_exchange(0, pid, Ordering::Release, Ordering::Relaxed);
         }
+        Owner { pid, mark }
     }
 
     /// True in a process other than the one that opened it (a child).
     pub(crate) fn forked(self) -> bool {
-        // ORDERING: Relaxed — see `in_child`.
-        GENERATION.load(Ordering::Relaxed) != self.generation
+        match self.mark {
+            // ORDERING: Acquire — pairs with the write in `here`.
+            Some(m) => m.load(Ordering::Acquire) != self.pid,
+            None => std::process::id() != self.pid,
+        }
     }
 
     /// `RuntimeError` in a forked child (module doc).

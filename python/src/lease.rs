@@ -45,6 +45,10 @@ fn ended(what: &str) -> PyErr {
 #[pyclass(module = "daxkv._daxkv", frozen)]
 pub(crate) struct StoreLease {
     lease: Mutex<Option<EngineStoreLease>>,
+    /// In a forked child every call raises and abort / drop do nothing:
+    /// the slot, its state word and the parent's copy of this lease are
+    /// the parent's (`fork` module doc).
+    owner: crate::fork::Owner,
     key: Key,
     /// Where the payload goes (an address in this process).
     #[pyo3(get)]
@@ -66,6 +70,7 @@ pub(crate) struct StoreLease {
 impl StoreLease {
     fn new(l: EngineStoreLease) -> StoreLease {
         StoreLease {
+            owner: crate::fork::Owner::here(),
             key: l.key(),
             ptr: l.ptr() as usize,
             size: l.len(),
@@ -91,7 +96,10 @@ impl StoreLease {
     /// while the call runs.
     #[pyo3(signature = (buf, at = 0))]
     fn write(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, at: usize) -> PyResult<()> {
+        self.owner.check("StoreLease")?;
         let view = View::get(buf, false)?;
+        // Again: exporting `buf` may run Python code, which may fork.
+        self.owner.check("StoreLease")?;
         let (addr, len) = (view.addr(), view.len());
         let r = crate::gil::release(py, || {
             let mut g = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
@@ -112,14 +120,19 @@ impl StoreLease {
     /// `LeaseError` if it was canceled (a forced remove of its device),
     /// the connector is closing, or the lease already ended.
     fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        self.owner.check("StoreLease")?;
         crate::gil::release(py, || {
             let l = self.take().ok_or_else(|| ended("store lease"))?;
             l.commit().map_err(|e| lease_err(&e))
         })
     }
 
-    /// Free the slot without storing the key (nothing if already ended).
+    /// Free the slot without storing the key (nothing if already ended,
+    /// or in a forked child).
     fn abort(&self, py: Python<'_>) {
+        if self.owner.forked() {
+            return;
+        }
         crate::gil::release(py, || {
             if let Some(l) = self.take() {
                 l.abort();
@@ -166,6 +179,9 @@ impl StoreLease {
 #[pyclass(module = "daxkv._daxkv", frozen)]
 pub(crate) struct ReadLease {
     lease: Mutex<Option<EngineReadLease>>,
+    /// As for [`StoreLease`]: in a forked child every call raises and
+    /// release / drop do nothing (the pin is the parent's).
+    owner: crate::fork::Owner,
     /// Where the payload is.
     #[pyo3(get)]
     ptr: usize,
@@ -189,7 +205,10 @@ impl ReadLease {
     /// much as fits): the number of bytes copied.
     #[pyo3(signature = (buf, at = 0))]
     fn read(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, at: usize) -> PyResult<usize> {
+        self.owner.check("ReadLease")?;
         let view = View::get(buf, true)?;
+        // Again: exporting `buf` may run Python code, which may fork.
+        self.owner.check("ReadLease")?;
         let (addr, len) = (view.addr(), view.len());
         let r = crate::gil::release(py, || {
             let g = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
@@ -205,8 +224,11 @@ impl ReadLease {
         r
     }
 
-    /// End the lease (nothing if already ended).
+    /// End the lease (nothing if already ended, or in a forked child).
     fn release(&self, py: Python<'_>) {
+        if self.owner.forked() {
+            return;
+        }
         crate::gil::release(py, || {
             // Out of the mutex before it drops: the drop may end a removed
             // device's mapping, whose observer may be a Python callback
@@ -247,6 +269,40 @@ impl ReadLease {
             self.size,
             if self.is_open() { "open" } else { "ended" }
         )
+    }
+}
+
+impl Drop for StoreLease {
+    fn drop(&mut self) {
+        if self.owner.forked() {
+            // The parent's slot: ending the lease here would free it (or
+            // its device's mapping) under the parent.
+            if let Some(l) = self
+                .lease
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                std::mem::forget(l);
+            }
+        }
+    }
+}
+
+impl Drop for ReadLease {
+    fn drop(&mut self) {
+        if self.owner.forked() {
+            // The parent's pin: dropping it here would unpin the parent's
+            // slot (its state word is in the shared mapping).
+            if let Some(l) = self
+                .lease
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                std::mem::forget(l);
+            }
+        }
     }
 }
 
@@ -318,6 +374,7 @@ pub(crate) fn lease_load(
             Ok(Some(l)) => out.append(Py::new(
                 py,
                 ReadLease {
+                    owner: crate::fork::Owner::here(),
                     ptr: l.ptr() as usize,
                     size: l.len(),
                     offset: l.offset(),

@@ -1439,6 +1439,8 @@ fn _daxkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lease::ReadLease>()?;
     m.add("LeaseError", m.py().get_type::<lease::LeaseError>())?;
     gil::register(m)?;
+    // The fork mark's page, before any face records its owner.
+    let _ = fork::mark();
     m.add("DaxConfigError", config_error_type(m.py())?)?;
     l2::register(m)?;
     m.add_class::<store::PyDaxStore>()?;

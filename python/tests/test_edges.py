@@ -270,29 +270,143 @@ def refused_in_child(calls: dict[str, Callable[[], object]]) -> str:
     return "\n".join(bad)
 
 
-def test_fork_by_the_c_library_is_seen() -> None:
-    """A child made by the C library's fork() called directly (as a C
-    extension would), which runs none of Python's at-fork hooks, is
-    refused too: the check reads a generation that a pthread_atfork
-    handler bumps (python/src/fork.rs), not state Python resets."""
+def _small_connector() -> daxkv.DaxConnector:
+    return daxkv.DaxConnector(slot_bytes=SLOT, device_path="memfd",
+                              max_dax_size_gb=64 * SLOT / 2**30, num_load_workers=1)
+
+
+def _c_fork(how: str) -> Callable[[], int]:
+    """A fork that is not Python's `os.fork` (as a C extension makes one),
+    so none of Python's at-fork hooks run: the C library's `fork()`, its
+    `_Fork()` (glibc 2.34, POSIX.1-2024: no `pthread_atfork` handlers
+    either), or the raw system call. PyDLL: the GIL is kept over the
+    call, so the child starts holding it."""
     import ctypes
 
-    c = daxkv.DaxConnector(slot_bytes=SLOT, device_path="memfd",
-                           max_dax_size_gb=64 * SLOT / 2**30, num_load_workers=1)
-    try:
-        # PyDLL: the call keeps the GIL, so the child starts holding it.
-        libc_fork = ctypes.PyDLL(None).fork
-        libc_fork.restype = ctypes.c_int
+    libc = ctypes.PyDLL(None)
+    if how == "syscall":
+        libc.syscall.restype = ctypes.c_long
+        return lambda: libc.syscall(ctypes.c_long(57))  # SYS_fork, x86_64
+    f = getattr(libc, how)
+    f.restype = ctypes.c_int
+    return f
 
+
+@pytest.mark.parametrize("how", ["fork", "_Fork", "syscall"])
+def test_fork_by_the_c_library_is_seen(how: str) -> None:
+    """A child made without Python's `os.fork` is refused too, whichever
+    way it was made: the check reads a word the kernel clears in every
+    child (MADV_WIPEONFORK, python/src/fork.rs). A `pthread_atfork`
+    handler missed `_Fork()` and the raw system call."""
+    if how == "_Fork" and not hasattr(__import__("ctypes").CDLL(None), "_Fork"):
+        pytest.skip("no _Fork in this C library")
+    c = _small_connector()
+    try:
         def child() -> str:
             return refused_in_child({
                 "submit_batch_exists": lambda: c.submit_batch_exists(["k"]),
                 "submit_batch_set": lambda: c.submit_batch_set(["k"], [bytearray(b"c" * 100)]),
+                "status": c.status,
             }) or "ok"
 
-        assert in_child(child, fork=libc_fork) == (0, "ok")
+        assert in_child(child, fork=_c_fork(how)) == (0, "ok")
         fid = c.submit_batch_exists(["k"])
         assert drain_until(c, {fid})[fid][2] == [False], "the child reached the parent's slots"
+    finally:
+        c.close()
+
+
+def test_first_face_opened_while_another_thread_forks() -> None:
+    """The process's first face, opened by one thread while another is
+    inside a C-level `fork()` (held in its prepare stage by a slow
+    `pthread_atfork` handler): the child, which has the face in its
+    memory, is refused it. (A handler daxkv registered at that moment
+    would not have run in that child.) A fresh interpreter, so the face
+    is the first."""
+    script = textwrap.dedent(f"""
+        import ctypes, os, threading, daxkv
+        libc = ctypes.PyDLL(None)
+        libc.fork.restype = ctypes.c_int
+        go, opened, box = threading.Event(), threading.Event(), []
+        forker = threading.get_ident()
+        def prepare():
+            if threading.get_ident() == forker:
+                go.set(); opened.wait(30)
+        PREP = ctypes.CFUNCTYPE(None)(prepare)
+        # pthread_atfork is a libc_nonshared.a wrapper of this:
+        assert libc.__register_atfork(PREP, None, None, None) == 0
+        def opener():
+            go.wait(30)
+            box.append(daxkv.DaxConnector(slot_bytes={SLOT}, device_path="memfd",
+                                          max_dax_size_gb={64 * SLOT / 2**30}, num_load_workers=1))
+            opened.set()
+        threading.Thread(target=opener).start()
+        pid = libc.fork()
+        if pid == 0:
+            try:
+                box[0].submit_batch_exists(["k"])
+                os.write(1, b"the child used the parent's connector\\n")
+                os._exit(3)
+            except RuntimeError:
+                os._exit(0)
+        _, st = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(st), flush=True)
+        box[0].close()
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120, cwd="/")
+    assert "child exit 0" in r.stdout, r.stdout + r.stderr
+
+
+def test_leases_in_a_forked_child_are_refused_and_left_alone() -> None:
+    """Leases open at fork(): in the child every call raises, and abort,
+    release and drop do nothing (the slot and its pin are the parent's);
+    the parent commits, reads and releases them afterwards as if no child
+    had been. Before, a child's write landed in the parent's slot."""
+    c = _small_connector()
+    try:
+        fid = c.submit_batch_set(["r"], [bytearray(b"r" * 1000)])
+        assert drain_until(c, {fid})[fid][0]
+        (sl,) = c.lease_store(["s"], [1000])
+        sl.write(b"p" * 1000)
+        (rl,) = c.lease_load(["r"])
+        box = [sl, rl]
+
+        def child() -> str:
+            s, r = box
+            bad = refused_in_child({
+                "StoreLease.write": lambda: s.write(b"c" * 1000),
+                "StoreLease.commit": s.commit,
+                "ReadLease.read": lambda: r.read(bytearray(1000)),
+            })
+            s.abort()
+            r.release()
+            with s:
+                pass
+            box.clear()
+            del s, r
+            import gc
+
+            gc.collect()
+            return bad or "ok"
+
+        assert in_child(child) == (0, "ok")
+        assert sl.is_open and rl.is_open
+        # Both slots are still held for the parent: "r" deleted under its
+        # read lease and every free slot filled, neither is reused (a
+        # child's release or abort would have let one go).
+        fid = c.submit_batch_delete(["r"])
+        assert drain_until(c, {fid})[fid][0]
+        fill = [f"f{i}" for i in range(64)]
+        fid = c.submit_batch_set(fill, [bytearray(b"f" * 1000) for _ in fill])
+        drain_until(c, {fid})
+        got = bytearray(1000)
+        assert rl.read(got) == 1000 and bytes(got) == b"r" * 1000
+        rl.release()
+        assert c.commit_leases([sl]) == [True]
+        dst = bytearray(1000)
+        fid = c.submit_batch_get(["s"], [dst])
+        assert drain_until(c, {fid})[fid][0] and bytes(dst) == b"p" * 1000
     finally:
         c.close()
 

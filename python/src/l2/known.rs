@@ -58,9 +58,22 @@
 //!    commits after that check finds no entry and counts its slot.
 //! ```
 //!
-//! A key stored again (a new incarnation) while the deferred delete of the
-//! old one waits gets a new generation, so each report lands on the
-//! incarnation it was collected for.
+//! ```text
+//! 4. collect: record K (ticket t1) ; "stored" K not told yet (a listener
+//!    raised before it, or a listener is telling it right now)
+//!    delete:  delete K; listener: K pending → deferred
+//!    store:   store K again (new copy); collect: exists(K)=true
+//!    → recorded as a new incarnation (size slot), then t1 reported →
+//!      "deleted" K told after the new copy's "stored": LMCache's
+//!      books are right (slot + slot − slot) but its LRU drops a key the
+//!      engine holds, which LMCache then never evicts.
+//!    Closed: a key recorded while a delete of it is deferred (never
+//!    told) takes that incarnation back: the delete is canceled, the
+//!    entry stands for the new copy, size 0 (LMCache counted the old copy
+//!    once and never hears it deleted: one slot, as the engine holds).
+//!    (`test_l2_collect.py`: the two `restore_behind_a_deferred_delete`
+//!    tests.)
+//! ```
 
 use daxkv::plumbing::hash::Map;
 
@@ -82,6 +95,10 @@ pub(crate) struct Known<T> {
     /// Deleted while their "stored" was pending: `(key, generation) →
     /// (object, reports still pending)`.
     deferred: Map<(Key, u64), (T, u32)>,
+    /// The generation of a key's deferred delete, for [`Known::record`]
+    /// (interleaving 4): at most one per key (a record takes it back
+    /// before a key can be recorded, and so deferred, again).
+    deferred_generation: Map<Key, u64>,
     /// Per collection ticket, the incarnations it recorded.
     tickets: Map<u64, Vec<(Key, u64)>>,
     /// Deleted, "stored" told, "deleted" not yet.
@@ -95,6 +112,7 @@ impl<T> Default for Known<T> {
         Known {
             keys: Map::default(),
             deferred: Map::default(),
+            deferred_generation: Map::default(),
             tickets: Map::default(),
             deleted: Vec::new(),
             next_generation: 1,
@@ -115,7 +133,9 @@ impl<T> Known<T> {
     /// which the engine holds now (checked under the same lock). Returns
     /// `true` when the key was not recorded (a first store: count its
     /// slot), `false` for a key already recorded (a store of a key already
-    /// held: size 0; `obj` is handed back to drop).
+    /// held: size 0; `obj` is handed back to drop) or one whose delete is
+    /// deferred and not told (interleaving 4: the delete is canceled, size
+    /// 0, `obj` handed back).
     pub(crate) fn record(&mut self, key: Key, obj: T, ticket: u64) -> (bool, Option<T>) {
         use std::collections::hash_map::Entry as Slot;
         // One probe of `keys` either way (the entry API).
@@ -126,14 +146,32 @@ impl<T> Known<T> {
                 (false, e.generation, Some(obj))
             }
             Slot::Vacant(v) => {
-                let generation = self.next_generation;
-                self.next_generation += 1;
-                v.insert(Entry {
-                    obj,
-                    generation,
-                    pending: 1,
-                });
-                (true, generation, None)
+                // A delete of it deferred, never told (interleaving 4):
+                // this copy takes that incarnation back, size 0.
+                let back = self
+                    .deferred_generation
+                    .remove(&key)
+                    .and_then(|g| Some((g, self.deferred.remove(&(key, g))?)));
+                match back {
+                    Some((generation, (old, pending))) => {
+                        v.insert(Entry {
+                            obj: old,
+                            generation,
+                            pending: pending + 1,
+                        });
+                        (false, generation, Some(obj))
+                    }
+                    None => {
+                        let generation = self.next_generation;
+                        self.next_generation += 1;
+                        v.insert(Entry {
+                            obj,
+                            generation,
+                            pending: 1,
+                        });
+                        (true, generation, None)
+                    }
+                }
             }
         };
         self.tickets
@@ -159,6 +197,9 @@ impl<T> Known<T> {
                     if let Some((obj, _)) = self.deferred.remove(&(key, generation)) {
                         self.deleted.push(obj);
                     }
+                    if self.deferred_generation.get(&key) == Some(&generation) {
+                        self.deferred_generation.remove(&key);
+                    }
                 }
             }
         }
@@ -177,6 +218,7 @@ impl<T> Known<T> {
                     self.deleted.push(e.obj);
                 } else {
                     self.deferred.insert((*k, e.generation), (e.obj, e.pending));
+                    self.deferred_generation.insert(*k, e.generation);
                 }
             }
         }
@@ -190,6 +232,7 @@ impl<T> Known<T> {
     /// Forget everything (the adapter closed): every object, to drop.
     pub(crate) fn clear(&mut self) -> Vec<T> {
         self.tickets.clear();
+        self.deferred_generation.clear();
         self.keys
             .drain()
             .map(|(_, e)| e.obj)
