@@ -14,21 +14,26 @@
 //! the child then goes on inside the parent's call, and a `put_batch`
 //! wrote its copy of the caller's buffer into the parent's slots.
 //!
-//! The check compares the pid the face was opened in with a word the
-//! kernel clears in every child (a page marked `MADV_WIPEONFORK`), not
-//! with `getpid()`: that is a system call (about 90 ns on a VM, several
-//! per task on the plugin path's hot calls), the word one load. The word
-//! holds the pid of the process it is in once a face has been opened
-//! there, and the kernel zeroes the page in the child of every fork, by
-//! whatever route: the C library's `fork()` and `_Fork()` (which runs no
-//! `pthread_atfork` handler), a raw `fork` / `clone` system call without
-//! `CLONE_VM`. So in a child the word is 0 (or, once the child opened a
-//! face of its own, the child's pid): never the parent's. A
-//! `pthread_atfork` handler was tried first and missed `_Fork()`, raw
-//! system calls, and a handler registered while another thread was
-//! inside `fork()` (`test_edges.py`, the `fork_by` tests). On a kernel
-//! without `MADV_WIPEONFORK` (before Linux 4.14) the check calls
-//! `getpid()` as before.
+//! The check compares a token the face recorded when it was opened with a
+//! word the kernel clears in every child (a page marked
+//! `MADV_WIPEONFORK`), not the pid with `getpid()`: that is a system call
+//! (about 90 ns on a VM, several per task on the plugin path's hot calls),
+//! the word one load. The first face opened in a process writes a fresh
+//! random non-zero token into the word; the kernel zeroes the page in the
+//! child of every fork, by whatever route: the C library's `fork()` and
+//! `_Fork()` (which runs no `pthread_atfork` handler), a raw `fork` /
+//! `clone` system call without `CLONE_VM`. So in a child the word is 0,
+//! or, once the child opened a face of its own, a token of the child's:
+//! never the parent's. (A pid would not do: a child in a new pid
+//! namespace, or one that got a dead parent's pid number, can have its
+//! parent's pid.) A `pthread_atfork` handler was tried first and missed
+//! `_Fork()`, raw system calls, and a handler registered while another
+//! thread was inside `fork()`; the pid in the word missed the pid
+//! namespace child (`test_edges.py`: `test_fork_by_the_c_library_is_seen`,
+//! `test_first_face_opened_while_another_thread_forks`,
+//! `test_a_child_with_its_parents_pid_is_refused`). On a kernel
+//! without `MADV_WIPEONFORK` (before Linux 4.14) the check compares pids
+//! with `getpid()` as before.
 //!
 //! A child also inherits the sockets the parent's control planes listen
 //! on; it closes its copies at once ([`close_listeners_in_child`]), else
@@ -37,7 +42,7 @@
 //! backlog).
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use pyo3::exceptions::PyRuntimeError;
@@ -83,12 +88,12 @@ pub(crate) fn close_listeners_in_child(_py: Python<'_>) {
 
 /// The word the kernel clears in a child (module doc), once mapped; null
 /// before, or where `MADV_WIPEONFORK` is refused.
-static MARK: AtomicPtr<AtomicU32> = AtomicPtr::new(std::ptr::null_mut());
+static MARK: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
 
 /// The word (mapping its page on the first call), or `None` where the
 /// kernel does not wipe pages on fork. Never blocks: a thread that forks
 /// while another maps the page leaves the child to map its own.
-pub(crate) fn mark() -> Option<&'static AtomicU32> {
+pub(crate) fn mark() -> Option<&'static AtomicU64> {
     // ORDERING: Acquire — pairs with the Release of the CAS below: the
     // page is mapped and advised before its address is seen.
     let p = MARK.load(Ordering::Acquire);
@@ -117,7 +122,7 @@ pub(crate) fn mark() -> Option<&'static AtomicU32> {
         unsafe { libc::munmap(page, len) };
         return None;
     }
-    let page = page.cast::<AtomicU32>();
+    let page = page.cast::<AtomicU64>();
     // ORDERING: Release on success — publishes the advised page; Acquire
     // on failure — the winner's page, as for the load above.
     match MARK.compare_exchange(
@@ -137,28 +142,53 @@ pub(crate) fn mark() -> Option<&'static AtomicU32> {
     }
 }
 
+/// A fresh non-zero token for this process's mark: random (`getrandom`),
+/// else the pid, the clock and an address mixed.
+fn fresh_token() -> u64 {
+    let mut t = 0u64;
+    // SAFETY: writes at most 8 bytes into `t`.
+    let n = unsafe { libc::getrandom(std::ptr::addr_of_mut!(t).cast(), 8, 0) };
+    if n != 8 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let here = std::ptr::addr_of!(t) as u64;
+        t = (u64::from(std::process::id()) << 32) ^ nanos ^ here.rotate_left(17);
+        t = t.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    t.max(1)
+}
+
 /// The process a face was opened in.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Owner {
+    /// For the messages, and the check where there is no mark.
     pid: u32,
-    /// The wiped word, or `None`: compare with `getpid()`.
-    mark: Option<&'static AtomicU32>,
+    /// The wiped word and the token it held when the face was opened, or
+    /// `None`: compare pids with `getpid()`.
+    mark: Option<(&'static AtomicU64, u64)>,
 }
 
 impl Owner {
     /// The calling process.
     pub(crate) fn here() -> Owner {
         let pid = std::process::id();
-        let mark = mark();
-        if let Some(m) = mark {
-            // 0 on a fresh page and in a child until it opens a face; else
-            // this process's pid already (only a process's own pid is ever
-            // written here, and a fork clears it).
-            // ORDERING: Release/Relaxed — the face reaches other threads
+        let mark = mark().map(|m| {
+            // 0 on a fresh page and in a child until it opens a face: the
+            // first face writes a token of its own; the rest read it.
+            // ORDERING: AcqRel/Acquire — a face reaches other threads
             // through Python (the GIL), which orders this write before
             // their checks anyway.
-            let _ = m.compare_exchange(0, pid, Ordering::Release, Ordering::Relaxed);
-        }
+            let held = m.load(Ordering::Acquire);
+            if held != 0 {
+                return (m, held);
+            }
+            let token = fresh_token();
+            match m.compare_exchange(0, token, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => (m, token),
+                Err(held) => (m, held),
+            }
+        });
         Owner { pid, mark }
     }
 
@@ -166,7 +196,7 @@ impl Owner {
     pub(crate) fn forked(self) -> bool {
         match self.mark {
             // ORDERING: Acquire — pairs with the write in `here`.
-            Some(m) => m.load(Ordering::Acquire) != self.pid,
+            Some((m, token)) => m.load(Ordering::Acquire) != token,
             None => std::process::id() != self.pid,
         }
     }

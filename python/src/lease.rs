@@ -272,37 +272,30 @@ impl ReadLease {
     }
 }
 
+/// In a forked child, take the lease out and forget it: ending it there
+/// would free the parent's slot, or unpin it (its state word is in the
+/// shared mapping), under the parent.
+fn leave_in_child<L>(owner: crate::fork::Owner, lease: &mut Mutex<Option<L>>) {
+    if owner.forked() {
+        if let Some(l) = lease
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            std::mem::forget(l);
+        }
+    }
+}
+
 impl Drop for StoreLease {
     fn drop(&mut self) {
-        if self.owner.forked() {
-            // The parent's slot: ending the lease here would free it (or
-            // its device's mapping) under the parent.
-            if let Some(l) = self
-                .lease
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-            {
-                std::mem::forget(l);
-            }
-        }
+        leave_in_child(self.owner, &mut self.lease);
     }
 }
 
 impl Drop for ReadLease {
     fn drop(&mut self) {
-        if self.owner.forked() {
-            // The parent's pin: dropping it here would unpin the parent's
-            // slot (its state word is in the shared mapping).
-            if let Some(l) = self
-                .lease
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-            {
-                std::mem::forget(l);
-            }
-        }
+        leave_in_child(self.owner, &mut self.lease);
     }
 }
 
@@ -341,6 +334,11 @@ pub(crate) fn commit_leases(
             .map(|o| o.and_then(|o| o.extract::<Py<StoreLease>>()))
             .collect::<PyResult<_>>()?
     };
+    // A lease opened in another process (a parent, before a fork): refuse
+    // the batch before any lease is taken, whichever connector commits it.
+    for o in &objs {
+        o.get().owner.check("StoreLease")?;
+    }
     Ok(crate::gil::release(py, || {
         let mut open = Vec::with_capacity(objs.len());
         let mut at = Vec::with_capacity(objs.len());

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -409,6 +410,101 @@ def test_leases_in_a_forked_child_are_refused_and_left_alone() -> None:
         assert drain_until(c, {fid})[fid][0] and bytes(dst) == b"p" * 1000
     finally:
         c.close()
+
+
+def test_a_childs_own_connector_cannot_commit_a_parents_lease() -> None:
+    """A child opens a connector of its own (whose own check passes) and
+    hands it the parent's open StoreLease: `commit_leases` refuses it,
+    naming the fork, before taking any lease; the parent then commits it
+    as if there were no child. (Before, the child's connector committed
+    its copy of the lease, as another engine's, into the parent's slot.)"""
+    c = _small_connector()
+    try:
+        (sl,) = c.lease_store(["s"], [1000])
+        sl.write(b"p" * 1000)
+        box = [sl]
+
+        def child() -> str:
+            mine = _small_connector()
+            try:
+                r = mine.commit_leases(box)
+            except RuntimeError as e:
+                return "refused" if "fork" in str(e) else f"RuntimeError {e}"
+            return f"no error: commit_leases -> {r}, lease is_open={box[0].is_open}"
+
+        code, out = in_child(child)
+        assert sl.is_open, "the parent's lease object was emptied"
+        parent_commit = c.commit_leases([sl])
+        dst = bytearray(1000)
+        fid = c.submit_batch_get(["s"], [dst])
+        got = drain_until(c, {fid})[fid]
+        assert parent_commit == [True] and got[0] and bytes(dst) == b"p" * 1000
+        assert (code, out) == (0, "refused"), (
+            f"child: {out!r}; parent afterwards: commit_leases -> {parent_commit}, "
+            f"get ok={got[0]}, data ok={bytes(dst) == b'p' * 1000}")
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1)")
+def test_a_child_with_its_parents_pid_is_refused() -> None:
+    """A child in a new PID namespace has its parent's pid (both 1 here),
+    as can a child that got a dead parent's pid number. Once it opens a
+    face of its own, the parent's connector must still be refused there:
+    the fork word holds a random token per process, not the pid. (With
+    the pid in the word the child leased and committed into the parent's
+    slots.)"""
+    script = textwrap.dedent(f"""
+        import ctypes, os, sys, daxkv
+        assert os.getpid() == 1, os.getpid()
+        def conn():
+            return daxkv.DaxConnector(slot_bytes={SLOT}, device_path="memfd",
+                                      max_dax_size_gb={64 * SLOT / 2**30}, num_load_workers=1)
+        def drain(c, ids):
+            got = {{}}
+            while not ids <= set(got):
+                for t in c.drain_completions():
+                    got[t[0]] = t
+            return got
+        c = conn()
+        libc = ctypes.CDLL(None, use_errno=True)
+        CLONE_NEWPID = 0x20000000
+        # Children go into a new PID namespace (this process stays pid 1;
+        # after this it can start no thread, so the connector is opened first).
+        assert libc.unshare(CLONE_NEWPID) == 0, ctypes.get_errno()
+        fid = c.submit_batch_set(["a"], [bytearray(b"a" * 1000)])
+        drain(c, {{fid}})
+        pid = os.fork()
+        if pid == 0:
+            assert os.getpid() == 1
+            out = []
+            try:
+                c.submit_batch_exists(["a"])
+                out.append("before: accepted")
+            except RuntimeError:
+                out.append("before: refused")
+            mine = conn()
+            try:
+                c.submit_batch_exists(["a"])  # no worker of c's runs here: not drained
+                (sl,) = c.lease_store(["x"], [1000])  # synchronous: the parent's slots
+                sl.write(b"C" * 1000)
+                out.append(f"after own open: accepted (lease_store+write+commit -> {{c.commit_leases([sl])}})")
+            except RuntimeError:
+                out.append("after own open: refused")
+            os.write(1, (", ".join(out) + "\\n").encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        dst = bytearray(1000)
+        fid = c.submit_batch_get(["a"], [dst])
+        drain(c, {{fid}})
+        print("parent reads a:", bytes(dst[:4]), flush=True)
+        c.close()
+    """)
+    r = subprocess.run(["unshare", "-Urpf", sys.executable, "-c", script],
+                       capture_output=True, text=True, timeout=120, cwd="/")
+    if r.returncode != 0 and r.stderr.startswith("unshare:"):
+        pytest.skip(f"no user and pid namespaces here ({r.stderr.strip()})")
+    assert "after own open: refused" in r.stdout, r.stdout + r.stderr[-3000:]
 
 
 def test_fork_after_open_connector() -> None:

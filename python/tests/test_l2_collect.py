@@ -288,3 +288,115 @@ def test_restore_behind_a_deferred_delete_after_a_raising_listener(plugin) -> No
     events_k = [ev for ev, k, _ in log.log if k == repr(K)]
     assert events_k[-1] == "stored", f"K held by the engine, last event {events_k}"
     assert K in lru._order, "LMCache's LRU lost a key the engine holds"
+
+
+def test_delete_racing_a_restore_reaches_lmcaches_lru_in_order(plugin) -> None:
+    """LMCache's eviction controller calls `delete([K])` (K stored and told
+    long ago); the engine deletes K and `_report_deleted` takes K's
+    "deleted" out of the core. Before it reaches LMCache's LRU (a slow
+    listener ahead of it here; a thread switch after `take_deleted`
+    returns does the same) the store controller's thread stores K again
+    and collects it. The old copy's "deleted" must reach LMCache before
+    the new copy's "stored": the adapter takes and tells deletes under its
+    store lock, as a collection does. (Before, the "deleted" landed last:
+    the engine held K, LMCache's LRU did not, and never evicted that slot;
+    its books counted it only by luck, slot + slot - slot.)"""
+    a = plugin()
+    K = key(7, salt="s")
+    in_delete, restored = threading.Event(), threading.Event()
+
+    class Slow:
+        """A listener ahead of the LRU that takes its time over "deleted"
+        on the deleting thread (I/O, a lock another thread holds...)."""
+        tid = None
+
+        def on_l2_keys_stored(self, keys, sizes):
+            pass
+
+        def on_l2_keys_accessed(self, keys):
+            pass
+
+        def on_l2_keys_deleted(self, keys):
+            if threading.get_ident() == self.tid:
+                in_delete.set()
+                restored.wait(30)
+
+    slow = Slow()
+    lru = LRUEvictionPolicy()
+    log = Log()
+    a.register_listener(slow)
+    a.register_listener(L2EvictionPolicy(lru))
+    a.register_listener(log)
+    assert store(a, [K], [obj(100)]).is_successful()
+    a.pop_completed_store_tasks()
+    assert K in lru._order
+
+    def evict() -> None:
+        slow.tid = threading.get_ident()
+        a.delete([K])
+
+    t = threading.Thread(target=evict)
+    t.start()
+    assert in_delete.wait(30)
+    seen: dict = {}
+    tid = a.submit_store_task([K], [obj(200)])
+    _wait_pop(a, tid, seen)
+    restored.set()
+    t.join(30)
+    for _ in range(3):
+        a.pop_completed_store_tasks()
+    assert a._core.exists([K]) == [True]
+    events_k = [ev for ev, k, _ in log.log if k == repr(K)]
+    assert dict(a.get_usage().bytes_by_cache_salt) == {"s": SLOT}
+    assert _books(log) == {repr(K): SLOT}
+    assert events_k[-1] == "stored", f"K held by the engine, events {events_k}"
+    assert K in lru._order, "LMCache's LRU lost a key the engine holds"
+
+
+def test_delete_racing_restores_hunt(plugin) -> None:
+    """The same race with nothing but two threads (LMCache's eviction
+    controller deleting, its store controller storing and collecting) and
+    a short GIL switch interval: the first listener must never hear a
+    key "deleted" twice without a "stored" between (the second is the old
+    copy's "deleted" told after the new copy's "stored")."""
+    import sys
+    import time
+
+    a = plugin(num_store_workers=1)
+    log = Log()
+    a.register_listener(log)
+    K = key(9, salt="t")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def deleter() -> None:
+        try:
+            while not stop.is_set():
+                a.delete([K])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    t = threading.Thread(target=deleter)
+    t.start()
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            tid = a.submit_store_task([K], [obj(64)])
+            _wait_pop(a, tid)
+    finally:
+        stop.set()
+        t.join(30)
+        sys.setswitchinterval(old)
+    assert not errors, errors
+    live = False
+    bad = 0
+    where = []
+    for i, (ev, _, _) in enumerate(log.log):
+        if ev == "deleted" and not live:
+            bad += 1
+            where.append([(e, s) for e, _, s in log.log[max(0, i - 3):i + 1]])
+        live = ev == "stored"
+    n = sum(ev == "stored" for ev, _, _ in log.log)
+    assert bad == 0, f"{bad} 'deleted' without a live 'stored' before it, in {n} stores; e.g. {where[:2]}"

@@ -426,10 +426,18 @@ class DaxL2Adapter(L2AdapterInterface):
 
     def _report_deleted(self) -> None:
         # Keys the engine deleted (this adapter's delete, a hotplug evict, a
-        # forced shrink), each reported once, with the size it was counted at.
-        deleted = self._core.take_deleted()
-        if deleted:
-            self._notify_keys_deleted(deleted, [self._slot_bytes] * len(deleted))
+        # forced shrink), each reported once, with the size it was counted
+        # at. Taken and told under the store lock, as a collection tells
+        # its events: taken here but told after another thread's
+        # collection told the key's new copy "stored", the old copy's
+        # "deleted" would reach LMCache's LRU last, which would drop a key
+        # the engine holds (test_l2_collect.py, the `delete_racing` tests).
+        with self._store_lock:
+            deleted = self._core.take_deleted()
+            if deleted:
+                self._deleted_untold += deleted
+            if self._deleted_untold or self._stored_untold or self._tickets:
+                self._tell_stores()
 
     def get_usage(self) -> AdapterUsage:
         used, capacity = self._core.usage()
