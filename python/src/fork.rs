@@ -31,7 +31,8 @@
 //! thread was inside `fork()`; the pid in the word missed the pid
 //! namespace child (`test_edges.py`: `test_fork_by_the_c_library_is_seen`,
 //! `test_first_face_opened_while_another_thread_forks`,
-//! `test_a_child_with_its_parents_pid_is_refused`). On a kernel
+//! `test_a_child_with_its_parents_pid_is_refused`; where `getrandom` is
+//! refused, its `refused` case). On a kernel
 //! without `MADV_WIPEONFORK` (before Linux 4.14) the check compares pids
 //! with `getpid()` as before.
 //!
@@ -142,9 +143,19 @@ pub(crate) fn mark() -> Option<&'static AtomicU64> {
     }
 }
 
-/// A fresh non-zero token for this process's mark: random (`getrandom`),
-/// else the pid, the clock and an address mixed.
+/// The last token this process (or, in a child, its parent) wrote into
+/// the mark. Ordinary memory, so a child inherits it: a child's token is
+/// never its parent's, even where `getrandom` fails and the child has the
+/// parent's pid, stack address and (a frozen) clock.
+static LAST: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh token for this process's mark: non-zero and not the parent's.
+/// Random (`getrandom`), else the parent's token, the pid, the clock and
+/// an address mixed.
 fn fresh_token() -> u64 {
+    // ORDERING: Relaxed — written only with the GIL held (faces are opened
+    // from Python), read here under it too.
+    let last = LAST.load(Ordering::Relaxed);
     let mut t = 0u64;
     // SAFETY: writes at most 8 bytes into `t`.
     let n = unsafe { libc::getrandom(std::ptr::addr_of_mut!(t).cast(), 8, 0) };
@@ -153,10 +164,16 @@ fn fresh_token() -> u64 {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let here = std::ptr::addr_of!(t) as u64;
-        t = (u64::from(std::process::id()) << 32) ^ nanos ^ here.rotate_left(17);
-        t = t.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        t = last.rotate_left(29)
+            ^ (u64::from(std::process::id()) << 32)
+            ^ nanos
+            ^ here.rotate_left(17);
+        t = (t ^ (t >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
-    t.max(1)
+    while t == 0 || t == last {
+        t = t.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    }
+    t
 }
 
 /// The process a face was opened in.
@@ -185,7 +202,11 @@ impl Owner {
             }
             let token = fresh_token();
             match m.compare_exchange(0, token, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => (m, token),
+                Ok(_) => {
+                    // ORDERING: Relaxed — see `fresh_token`.
+                    LAST.store(token, Ordering::Relaxed);
+                    (m, token)
+                }
                 Err(held) => (m, held),
             }
         });

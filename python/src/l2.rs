@@ -893,13 +893,18 @@ impl DaxL2Core {
     }
 
     /// The "stored" events of a `pop_completed_stores` ticket are told:
-    /// deletes of those keys may be reported now.
-    fn stored_reported(&self, py: Python<'_>, ticket: u64) -> PyResult<()> {
+    /// deletes of those keys may be reported now. Returns the deletes due
+    /// now (as `take_deleted`), those this report released among them: the
+    /// caller tells them, else nothing would until some later call.
+    fn stored_reported(&self, py: Python<'_>, ticket: u64) -> PyResult<Vec<Py<PyAny>>> {
         self.owner.check("DaxL2Adapter")?;
-        if ticket != 0 {
-            crate::gil::release(py, || self.known.lock().reported(ticket));
-        }
-        Ok(())
+        Ok(crate::gil::release(py, || {
+            let mut known = self.known.lock();
+            if ticket != 0 {
+                known.reported(ticket);
+            }
+            known.take_deleted()
+        }))
     }
 
     /// Keys deleted since the last call (by `delete`, a hotplug evict or a

@@ -238,35 +238,33 @@ def test_concurrent_stores_deletes_raising_and_reentrant_listeners(plugin) -> No
     assert {k for k, v in live.items() if v} == {repr(k) for k, h in zip(ks, held) if h}
 
 
-def test_restore_behind_a_deferred_delete_after_a_raising_listener(plugin) -> None:
-    """No re-entrancy: a "deleted" listener raises once, so the call's
-    "stored" event for K (first copy) is kept, its ticket unreported. K is
-    then deleted (deferred: its "stored" is pending) and stored again. The
-    new copy takes the deferred delete back: LMCache hears K stored twice
-    (the second of size 0) and never deleted, counts one slot and keeps K
-    in its LRU, as the engine holds it."""
+class _RaisesOnDeletedOnce:
+    armed = True
+
+    def on_l2_keys_stored(self, keys, sizes):
+        pass
+
+    def on_l2_keys_accessed(self, keys):
+        pass
+
+    def on_l2_keys_deleted(self, keys):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("listener failed (deleted)")
+
+
+def _a_kept_stored_event(plugin):
+    """An adapter whose last pop collected K's store but kept its "stored"
+    event untold (its ticket unreported): a "deleted" listener, ahead of
+    LMCache's own LRU policy and a log, raised on that pop. Returns (the
+    adapter, K, K's task id, the LRU, the log)."""
     a = plugin()
     K = key(1, salt="s")
     assert store(a, [key(50)], [obj(10)]).is_successful()
     assert a._core.delete([key(50)]) == [True]  # a "deleted" due at the next pop
-
-    class RaisesOnce:
-        armed = True
-
-        def on_l2_keys_stored(self, keys, sizes):
-            pass
-
-        def on_l2_keys_accessed(self, keys):
-            pass
-
-        def on_l2_keys_deleted(self, keys):
-            if self.armed:
-                self.armed = False
-                raise RuntimeError("listener failed (deleted)")
-
     lru = LRUEvictionPolicy()
     log = Log()
-    a.register_listener(RaisesOnce())
+    a.register_listener(_RaisesOnDeletedOnce())
     a.register_listener(L2EvictionPolicy(lru))
     a.register_listener(log)
     fd = a.get_store_event_fd()
@@ -277,6 +275,18 @@ def test_restore_behind_a_deferred_delete_after_a_raising_listener(plugin) -> No
     with pytest.raises(RuntimeError, match="listener failed"):
         a.pop_completed_store_tasks()
     consume_fd(fd)  # the resignal
+    assert [ev for ev, k, _ in log.log if k == repr(K)] == []
+    return a, K, first, lru, log
+
+
+def test_restore_behind_a_deferred_delete_after_a_raising_listener(plugin) -> None:
+    """No re-entrancy: a "deleted" listener raises once, so the call's
+    "stored" event for K (first copy) is kept, its ticket unreported. K is
+    then deleted (deferred: its "stored" is pending) and stored again. The
+    new copy takes the deferred delete back: LMCache hears K stored twice
+    (the second of size 0) and never deleted, counts one slot and keeps K
+    in its LRU, as the engine holds it."""
+    a, K, first, lru, log = _a_kept_stored_event(plugin)
     a.delete([K])
     again = a.submit_store_task([K], [obj(200)])
     got = drain_stores(a, {first, again})
@@ -400,3 +410,21 @@ def test_delete_racing_restores_hunt(plugin) -> None:
         live = ev == "stored"
     n = sum(ev == "stored" for ev, _, _ in log.log)
     assert bad == 0, f"{bad} 'deleted' without a live 'stored' before it, in {n} stores; e.g. {where[:2]}"
+
+
+def test_a_delete_released_by_a_kept_stored_event_is_told_at_once(plugin) -> None:
+    """A "deleted" listener raised once, so K's "stored" is kept untold
+    (ticket held). LMCache's eviction thread then deletes K: the core defers
+    the delete (K's "stored" pending); delete() tells the kept "stored" K
+    and reports its ticket, which releases K's delete: delete() must tell
+    it too before it returns, so LMCache's books and LRU let K go with the
+    engine."""
+    a, K, _, lru, log = _a_kept_stored_event(plugin)
+    a.delete([K])  # LMCache's eviction thread, before the next pop
+    assert a._core.exists([K]) == [False]
+    events_k = [ev for ev, k, _ in log.log if k == repr(K)]
+    assert events_k == ["stored", "deleted"], (
+        f"after delete(): K events {events_k}, books {dict(a.get_usage().bytes_by_cache_salt)}, "
+        f"K in LMCache's LRU: {K in lru._order}")
+    assert dict(a.get_usage().bytes_by_cache_salt) == {}
+    assert K not in lru._order

@@ -319,6 +319,15 @@ class DaxL2Adapter(L2AdapterInterface):
         Event, the listener calls) once per call, not once per task (1.7 µs
         a 16-key task at 4 KiB: docs/performance.md, "The plugin path's
         submit"); it counts the bytes before it calls the listeners."""
+        while True:
+            self._tell_stores_once()
+            # Reporting the tickets may have released deletes waiting for
+            # those "stored" events: tell them now, not at some later call
+            # (nothing else would signal them).
+            if not self._deleted_untold:
+                return
+
+    def _tell_stores_once(self) -> None:
         # The tickets of the events this call tells, taken out with them:
         # a listener's re-entrant call must not report them before every
         # listener has heard them (then a delete of those keys could be
@@ -347,13 +356,18 @@ class DaxL2Adapter(L2AdapterInterface):
             raise
         finally:
             # Told (or lost to a raising listener): deletes of those keys
-            # may be handed out now (python/src/l2/known.rs). Tickets with
-            # no event waiting (their tasks held no key) go too; stored
-            # events kept back by a raising delete listener keep theirs.
+            # may be handed out now (python/src/l2/known.rs), and the core
+            # hands back those due. Tickets with no event waiting (their
+            # tasks held no key) go too; stored events kept back by a
+            # raising delete listener keep theirs. On a raise, deletes due
+            # wait in `_deleted_untold` for the next call (the store fd is
+            # written above).
             if not self._stored_untold:
                 tickets, self._tickets = tickets + self._tickets, []
             for t in tickets:
-                self._core.stored_reported(t)
+                due = self._core.stored_reported(t)
+                if due:
+                    self._deleted_untold += due
 
     # -- lookup and lock ------------------------------------------------------
 
@@ -432,6 +446,9 @@ class DaxL2Adapter(L2AdapterInterface):
         # collection told the key's new copy "stored", the old copy's
         # "deleted" would reach LMCache's LRU last, which would drop a key
         # the engine holds (test_l2_collect.py, the `delete_racing` tests).
+        # A forked child: raise (the core's error) before the lock, which a
+        # parent's thread may have held at fork().
+        self._not_forked()
         with self._store_lock:
             deleted = self._core.take_deleted()
             if deleted:
