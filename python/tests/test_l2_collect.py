@@ -412,19 +412,25 @@ def test_delete_racing_restores_hunt(plugin) -> None:
     assert bad == 0, f"{bad} 'deleted' without a live 'stored' before it, in {n} stores; e.g. {where[:2]}"
 
 
-def test_a_delete_released_by_a_kept_stored_event_is_told_at_once(plugin) -> None:
+def test_a_delete_released_by_a_kept_stored_event_is_told_with_it(plugin) -> None:
     """A "deleted" listener raised once, so K's "stored" is kept untold
-    (ticket held). LMCache's eviction thread then deletes K: the core defers
-    the delete (K's "stored" pending); delete() tells the kept "stored" K
-    and reports its ticket, which releases K's delete: delete() must tell
-    it too before it returns, so LMCache's books and LRU let K go with the
-    engine."""
-    a, K, _, lru, log = _a_kept_stored_event(plugin)
+    (its ticket held) and the store fd written for the next collection.
+    LMCache's eviction thread deletes K first: the core defers the delete
+    (K's "stored" pending), and `delete()` tells no "stored" event (no
+    "stored" listener runs on the eviction thread). The store controller's
+    collection then tells the kept "stored" K, reports its ticket, which
+    releases K's delete, and tells that delete in the same call, so
+    LMCache's books and LRU let K go with the engine. (Before, the
+    released delete waited, unsignalled, for some later call.)"""
+    a, K, first, lru, log = _a_kept_stored_event(plugin)
     a.delete([K])  # LMCache's eviction thread, before the next pop
     assert a._core.exists([K]) == [False]
+    assert [ev for ev, k, _ in log.log if k == repr(K)] == []
+    # The raising call's result, kept for this one.
+    assert set(a.pop_completed_store_tasks()) == {first}
     events_k = [ev for ev, k, _ in log.log if k == repr(K)]
     assert events_k == ["stored", "deleted"], (
-        f"after delete(): K events {events_k}, books {dict(a.get_usage().bytes_by_cache_salt)}, "
+        f"after the pop: K events {events_k}, books {dict(a.get_usage().bytes_by_cache_salt)}, "
         f"K in LMCache's LRU: {K in lru._order}")
     assert dict(a.get_usage().bytes_by_cache_salt) == {}
     assert K not in lru._order

@@ -439,13 +439,18 @@ class DaxL2Adapter(L2AdapterInterface):
         self._report_deleted()
 
     def _report_deleted(self) -> None:
-        # Keys the engine deleted (this adapter's delete, a hotplug evict, a
-        # forced shrink), each reported once, with the size it was counted
-        # at. Taken and told under the store lock, as a collection tells
-        # its events: taken here but told after another thread's
-        # collection told the key's new copy "stored", the old copy's
-        # "deleted" would reach LMCache's LRU last, which would drop a key
-        # the engine holds (test_l2_collect.py, the `delete_racing` tests).
+        """Tell the keys the engine deleted (this adapter's delete, a hotplug
+        evict, a forced shrink), each once, with the size it was counted
+        at: taken and told under the store lock, as a collection tells
+        its events. Taken here but told after another thread's collection
+        told the key's new copy "stored", the old copy's "deleted" would
+        reach LMCache's LRU last, which would drop a key the engine holds
+        (test_l2_collect.py, the `delete_racing` tests). Only "deleted"
+        events: "stored" events kept back by a raising listener wait for
+        the store controller's next collection (the store fd was written
+        for it), so no "stored" listener runs on the deleting thread
+        (LMCache's eviction thread, which does not survive an exception);
+        deletes that collection releases, it tells too."""
         # A forked child: raise (the core's error) before the lock, which a
         # parent's thread may have held at fork().
         self._not_forked()
@@ -453,8 +458,9 @@ class DaxL2Adapter(L2AdapterInterface):
             deleted = self._core.take_deleted()
             if deleted:
                 self._deleted_untold += deleted
-            if self._deleted_untold or self._stored_untold or self._tickets:
-                self._tell_stores()
+            if self._deleted_untold:
+                gone, self._deleted_untold = self._deleted_untold, []
+                self._notify_keys_deleted(gone, [self._slot_bytes] * len(gone))
 
     def get_usage(self) -> AdapterUsage:
         used, capacity = self._core.usage()
