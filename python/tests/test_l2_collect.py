@@ -434,3 +434,65 @@ def test_a_delete_released_by_a_kept_stored_event_is_told_with_it(plugin) -> Non
         f"K in LMCache's LRU: {K in lru._order}")
     assert dict(a.get_usage().bytes_by_cache_salt) == {}
     assert K not in lru._order
+
+
+# A "deleted" listener that stores the key again and collects it
+# (re-entrant): the new copy's "stored" must reach every listener after
+# the old copy's "deleted" (the collection inside the listener keeps its
+# events for the outer call). From a hostile review: LMCache's LRU heard
+# them the other way round and dropped a key the engine holds.
+
+
+def _a_deleted_listener_that_stores_again(plugin):
+    a = plugin()
+    K = key(3, salt="s")
+    seen: dict = {}
+
+    class ReenterOnDeleted:
+        armed = False
+
+        def on_l2_keys_stored(self, keys, sizes):
+            pass
+
+        def on_l2_keys_accessed(self, keys):
+            pass
+
+        def on_l2_keys_deleted(self, keys):
+            if self.armed and any(repr(k) == repr(K) for k in keys):
+                self.armed = False
+                tid = a.submit_store_task([K], [obj(200)])
+                _wait_pop(a, tid, seen)
+
+    r = ReenterOnDeleted()
+    lru = LRUEvictionPolicy()
+    log = Log()
+    a.register_listener(r)
+    a.register_listener(L2EvictionPolicy(lru))
+    a.register_listener(log)
+    assert store(a, [K], [obj(100)]).is_successful()
+    assert K in lru._order
+    r.armed = True
+    return a, K, lru, log
+
+
+def _check(a, K, lru, log):
+    for _ in range(3):
+        a.pop_completed_store_tasks()
+    assert a._core.exists([K]) == [True]
+    events_k = [ev for ev, k, _ in log.log if k == repr(K)]
+    assert dict(a.get_usage().bytes_by_cache_salt) == {"s": SLOT}
+    assert events_k[-1] == "stored", f"engine holds K; K events {events_k}, books {_books(log)}"
+    assert K in lru._order, "LMCache's LRU lost a key the engine holds"
+
+
+def test_a_deleted_listener_storing_the_key_again_via_delete(plugin) -> None:
+    a, K, lru, log = _a_deleted_listener_that_stores_again(plugin)
+    a.delete([K])  # _report_deleted tells "deleted" K; listener re-stores K
+    _check(a, K, lru, log)
+
+
+def test_a_deleted_listener_storing_the_key_again_via_pop(plugin) -> None:
+    a, K, lru, log = _a_deleted_listener_that_stores_again(plugin)
+    assert a._core.delete([K]) == [True]  # due at the next pop
+    a.pop_completed_store_tasks()  # _tell_stores_once tells "deleted" K
+    _check(a, K, lru, log)

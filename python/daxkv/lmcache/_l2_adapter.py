@@ -238,6 +238,9 @@ class DaxL2Adapter(L2AdapterInterface):
         #: listener raised first), and the tickets they hold back.
         self._stored_untold: list = []
         self._tickets: list[int] = []
+        #: Frames telling "deleted" events now (a listener's re-entrant
+        #: collection keeps its "stored" events for the outer frame).
+        self._telling_deleted = 0
         #: One ``L2StoreResult`` per value (immutable ints).
         self._results: dict[int, L2StoreResult] = {}
         self._load_lock = threading.RLock()
@@ -301,7 +304,11 @@ class DaxL2Adapter(L2AdapterInterface):
             # counters count each slot once (sizes None: all first stores).
             if keys:
                 self._stored_untold.append((keys, sizes))
-            if self._deleted_untold or self._stored_untold or self._tickets:
+            # Inside a "deleted" listener (re-entrant): the outer frame
+            # tells these, after its deletes.
+            if (self._deleted_untold or self._stored_untold or self._tickets) and (
+                not self._telling_deleted
+            ):
                 self._tell_stores()
             # Read again: a listener may have collected these (re-entrant;
             # the lock is an RLock), and each result is returned once.
@@ -327,6 +334,21 @@ class DaxL2Adapter(L2AdapterInterface):
             if not self._deleted_untold:
                 return
 
+    def _tell_deleted(self) -> None:
+        """Tell the "deleted" events due, until none is: a listener's
+        re-entrant call may add more. While they are told, a re-entrant
+        collection keeps its "stored" events (`_telling_deleted`): told
+        there, a new copy's "stored" would reach the listeners after this
+        one and before the rest, ahead of its old copy's "deleted"
+        (LMCache's LRU would then drop a key the engine holds)."""
+        while self._deleted_untold:
+            gone, self._deleted_untold = self._deleted_untold, []
+            self._telling_deleted += 1
+            try:
+                self._notify_keys_deleted(gone, [self._slot_bytes] * len(gone))
+            finally:
+                self._telling_deleted -= 1
+
     def _tell_stores_once(self) -> None:
         # The tickets of the events this call tells, taken out with them:
         # a listener's re-entrant call must not report them before every
@@ -334,9 +356,7 @@ class DaxL2Adapter(L2AdapterInterface):
         # told first).
         tickets: list[int] = []
         try:
-            if self._deleted_untold:
-                gone, self._deleted_untold = self._deleted_untold, []
-                self._notify_keys_deleted(gone, [self._slot_bytes] * len(gone))
+            self._tell_deleted()
             if self._stored_untold:
                 told, self._stored_untold = self._stored_untold, []
                 tickets, self._tickets = self._tickets, []
@@ -458,9 +478,13 @@ class DaxL2Adapter(L2AdapterInterface):
             deleted = self._core.take_deleted()
             if deleted:
                 self._deleted_untold += deleted
-            if self._deleted_untold:
-                gone, self._deleted_untold = self._deleted_untold, []
-                self._notify_keys_deleted(gone, [self._slot_bytes] * len(gone))
+            try:
+                self._tell_deleted()
+            finally:
+                # "stored" events a listener's re-entrant collection kept
+                # (above): the store controller's next call tells them.
+                if self._stored_untold and not self._telling_deleted:
+                    self._core.resignal("store")
 
     def get_usage(self) -> AdapterUsage:
         used, capacity = self._core.usage()
