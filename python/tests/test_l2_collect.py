@@ -24,7 +24,7 @@ from lmcache.v1.distributed.eviction import L2EvictionPolicy  # noqa: E402
 from lmcache.v1.distributed.eviction_policy.lru import LRUEvictionPolicy  # noqa: E402
 from lmcache.v1.platform import consume_fd  # noqa: E402
 
-from test_edges_lmcache import _readable  # noqa: E402
+from test_edges_lmcache import RaisesOnDeleted, _readable  # noqa: E402
 from test_l2_adapter import SLOT, Events, drain_stores, made, plugin, store  # noqa: E402,F401
 from test_lmcache import key, obj  # noqa: E402
 
@@ -238,21 +238,6 @@ def test_concurrent_stores_deletes_raising_and_reentrant_listeners(plugin) -> No
     assert {k for k, v in live.items() if v} == {repr(k) for k, h in zip(ks, held) if h}
 
 
-class _RaisesOnDeletedOnce:
-    armed = True
-
-    def on_l2_keys_stored(self, keys, sizes):
-        pass
-
-    def on_l2_keys_accessed(self, keys):
-        pass
-
-    def on_l2_keys_deleted(self, keys):
-        if self.armed:
-            self.armed = False
-            raise RuntimeError("listener failed (deleted)")
-
-
 def _a_kept_stored_event(plugin):
     """An adapter whose last pop collected K's store but kept its "stored"
     event untold (its ticket unreported): a "deleted" listener, ahead of
@@ -264,7 +249,7 @@ def _a_kept_stored_event(plugin):
     assert a._core.delete([key(50)]) == [True]  # a "deleted" due at the next pop
     lru = LRUEvictionPolicy()
     log = Log()
-    a.register_listener(_RaisesOnDeletedOnce())
+    a.register_listener(RaisesOnDeleted())
     a.register_listener(L2EvictionPolicy(lru))
     a.register_listener(log)
     fd = a.get_store_event_fd()
