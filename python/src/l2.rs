@@ -110,7 +110,7 @@ use daxkv::plumbing::hash::Map;
 use daxkv::Key;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use serde_json::Value;
 
 use crate::{json_to_py, notify_fd, open_engine, parse_config, View};
@@ -355,14 +355,26 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// `format!("{n:0width$x}")` appended to `out`, without `core::fmt` (two
 /// of these run per key on every submit; `fmt` was most of the key's
-/// conversion).
+/// conversion): the digits written into a stack buffer, then one copy.
 fn push_hex_u64(out: &mut Vec<u8>, n: u64, width: usize) {
     let digits = (64 - n.leading_zeros() as usize).div_ceil(4).max(1);
-    for _ in digits..width {
-        out.push(b'0');
+    if digits < width {
+        out.resize(out.len() + (width - digits), b'0');
     }
-    for i in (0..digits).rev() {
-        out.push(HEX[((n >> (4 * i)) & 15) as usize]);
+    let mut buf = [0u8; 16];
+    for (i, d) in buf[16 - digits..].iter_mut().rev().enumerate() {
+        *d = HEX[((n >> (4 * i)) & 15) as usize];
+    }
+    out.extend_from_slice(&buf[16 - digits..]);
+}
+
+/// `bytes.hex()` appended to `out`: two digits a byte, written in place.
+fn push_hex_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    let start = out.len();
+    out.resize(start + 2 * bytes.len(), 0);
+    for (pair, &b) in out[start..].chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 15)];
     }
 }
 
@@ -382,11 +394,7 @@ fn wire_string(out: &mut Vec<u8>, k: &Bound<'_, PyAny>) -> PyResult<()> {
     out.push(b'@');
     let hash = k.getattr(pyo3::intern!(py, "chunk_hash"))?;
     if let Ok(b) = hash.downcast::<PyBytes>() {
-        out.reserve(2 * b.as_bytes().len());
-        for &byte in b.as_bytes() {
-            out.push(HEX[usize::from(byte >> 4)]);
-            out.push(HEX[usize::from(byte & 15)]);
-        }
+        push_hex_bytes(out, b.as_bytes());
     } else {
         let h = hash.call_method0(pyo3::intern!(py, "hex"))?;
         out.extend_from_slice(h.downcast::<PyString>()?.to_str()?.as_bytes());
@@ -415,7 +423,12 @@ fn object_keys_kept(
     keys: &Bound<'_, PyAny>,
     mut kept: Option<&mut Vec<Py<PyAny>>>,
 ) -> PyResult<Vec<Key>> {
-    let mut out = Vec::new();
+    // Sized once for a list (LMCache's), grown as they come otherwise.
+    let n = keys.downcast::<PyList>().map_or(0, |l| l.len());
+    let mut out = Vec::with_capacity(n);
+    if let Some(v) = kept.as_deref_mut() {
+        v.reserve(n);
+    }
     let mut s = Vec::with_capacity(128);
     for (i, k) in keys.try_iter()?.enumerate() {
         let k = k?;
