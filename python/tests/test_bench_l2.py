@@ -132,3 +132,33 @@ def test_the_plugin_caller_driver_stores_and_collects_every_task() -> None:
         [sys.executable, here, "20"], capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_in_process_ab_compares_two_builds_and_ablations() -> None:
+    """python/bench/plugin_store_ab.py loads a second build of the package
+    beside this one (here a copy of this build, renamed) and the ablation
+    variants, runs their store rounds alternated, and prints one row per
+    variant with its ratio; an unknown piece is refused by name."""
+    import re
+    import subprocess
+
+    import daxkv
+
+    here = os.path.join(os.path.dirname(__file__), "..", "bench", "plugin_store_ab.py")
+    site = os.path.dirname(os.path.dirname(os.path.abspath(daxkv.__file__)))
+    r = subprocess.run(
+        [sys.executable, here, "--other", site, "--ablate", "spans,pop,marks", "--rounds", "2"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^  (this build|other build|spans free|pop free|marks free) +([0-9.]+) ", r.stdout, re.M)}
+    assert set(rows) == {"this build", "other build", "spans free", "pop free", "marks free"}, r.stdout
+    assert all(v > 0 for v in rows.values()), r.stdout
+    # The other build's extension was loaded from its own copy, not this
+    # build's module twice.
+    other = re.search(r"its extension loaded from (\S+)\)", r.stdout)
+    assert other and "daxkv_other" in other.group(1), r.stdout
+    assert os.path.abspath(other.group(1)) != os.path.abspath(daxkv._daxkv.__file__)
+    bad = subprocess.run([sys.executable, here, "--ablate", "keys"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "unknown piece 'keys'" in bad.stderr, bad.stderr[-2000:]
