@@ -109,6 +109,7 @@ use daxkv::plumbing::busy::{Busy, Clash, Held};
 use daxkv::plumbing::hash::Map;
 use daxkv::Key;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use serde_json::Value;
@@ -235,17 +236,35 @@ impl KnownKeys {
 impl Listener for KnownKeys {
     /// Called with no engine state held (a deleting thread, or the
     /// hotplug thread), never holding the GIL: it only moves references.
+    ///
+    /// Deletes made due here are announced on the store eventfd: LMCache's
+    /// store controller collects (`pop_completed_store_tasks`, which tells
+    /// them) only when that fd polls readable, and a delete the engine
+    /// makes on its own — a failed device's keys, reported by an idle
+    /// worker, a status call or a `/metrics` scrape; a hotplug evict —
+    /// has no store completion behind it: without the write LMCache's
+    /// eviction policy and byte counters would keep keys the engine no
+    /// longer holds until some unrelated store completed. (The adapter's
+    /// own `delete` tells its deletes at once; the write then wakes the
+    /// store controller for an empty collection, a few µs.)
     fn on_keys_deleted(&self, keys: &[Key]) {
         let mut map = self.lock();
+        let engine = self.engine.get().and_then(std::sync::Weak::upgrade);
         // Under `map`, as `record_stored` checks `exists` (known.rs,
         // interleaving 3): a key the engine holds again was re-stored
         // between the delete and this call; its entry stands for the
         // newer copy.
-        let held = match self.engine.get().and_then(std::sync::Weak::upgrade) {
+        let held = match &engine {
             Some(e) => e.exists(keys),
             None => vec![false; keys.len()],
         };
-        map.on_deleted(keys, &held);
+        if map.on_deleted(keys, &held) > 0 {
+            if let Some(e) = &engine {
+                // Holds the pool for the write: never another file's fd
+                // after a racing close (`Engine::signal`).
+                e.signal(TaskKind::Store);
+            }
+        }
     }
 }
 
@@ -327,28 +346,45 @@ fn closing_err() -> PyErr {
     PyRuntimeError::new_err(CLOSING)
 }
 
-/// Append `n` as lowercase hex, zero-padded to `width` (Python's
-/// `format(n, "08x")` for `width` 8, `"x"` for 0), negative values as
-/// Python writes them (`-` then the padded magnitude).
+/// Append `v` as LMCache's f-string writes it, `format(v, "08x")` for
+/// `width` 8 and `format(v, "x")` for 0: a plain `int` that fits a `u64`
+/// here, as lowercase hex zero-padded to `width`; anything else (negative,
+/// past `u64`, an `int` subclass with its own `__format__`, not an
+/// integer: a `TypeError`) by Python itself.
 fn push_hex(out: &mut Vec<u8>, v: &Bound<'_, PyAny>, width: usize) -> PyResult<()> {
-    if let Some(n) = crate::as_usize(v) {
-        push_hex_u64(out, n as u64, width);
-        return Ok(());
+    if v.is_exact_instance_of::<pyo3::types::PyInt>() {
+        if let Some(n) = crate::as_usize(v) {
+            push_hex_u64(out, n as u64, width);
+            return Ok(());
+        }
     }
-    // Negative or past u64: let Python format it, exactly as LMCache's
-    // `f"{kv_rank:08x}"` would (a TypeError for a non-integer).
-    let spec = if width == 0 {
-        "x".to_string()
-    } else {
-        format!("0{width}x")
-    };
-    let s = v
-        .py()
-        .import("builtins")?
-        .getattr("format")?
-        .call1((v, spec))?;
+    push_formatted(out, v, if width == 0 { "x" } else { "08x" })
+}
+
+/// Append `format(v, spec)` (what an f-string's `{v:spec}` writes: the
+/// value's own `__format__`).
+fn push_formatted(out: &mut Vec<u8>, v: &Bound<'_, PyAny>, spec: &str) -> PyResult<()> {
+    let py = v.py();
+    let spec = PyString::new(py, spec);
+    // SAFETY: both are live objects and we hold the GIL; the result is a
+    // new reference (or NULL with an exception set), owned below.
+    let s = unsafe { ffi::PyObject_Format(v.as_ptr(), spec.as_ptr()) };
+    // SAFETY: as above.
+    let s = unsafe { Bound::from_owned_ptr_or_err(py, s) }?;
     out.extend_from_slice(s.downcast::<PyString>()?.to_str()?.as_bytes());
     Ok(())
+}
+
+/// Append a `str` field as `f"{v}"` writes it: a plain `str` as it is,
+/// anything else (a `str` subclass such as a `(str, Enum)` member, which
+/// Python 3.11 formats as `Class.NAME`) through its `__format__`.
+fn push_str_field(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> PyResult<()> {
+    if v.is_exact_instance_of::<PyString>() {
+        out.extend_from_slice(v.downcast::<PyString>()?.to_str()?.as_bytes());
+        Ok(())
+    } else {
+        push_formatted(out, v, "")
+    }
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -385,25 +421,34 @@ fn wire_string(out: &mut Vec<u8>, k: &Bound<'_, PyAny>) -> PyResult<()> {
     // attribute per key.
     let py = k.py();
     out.clear();
-    let model = k.getattr(pyo3::intern!(py, "model_name"))?;
-    out.extend_from_slice(model.downcast::<PyString>()?.to_str()?.as_bytes());
+    // As LMCache's `_object_key_to_string` writes each field (its
+    // f-string: `__format__`, `chunk_hash.hex()`, the salt only when
+    // truthy), with a fast path for the plain types LMCache makes; a
+    // subclass goes through Python, so one ObjectKey is one string on the
+    // `plugin` and `native_plugin` paths alike.
+    push_str_field(out, &k.getattr(pyo3::intern!(py, "model_name"))?)?;
     out.push(b'@');
     push_hex(out, &k.getattr(pyo3::intern!(py, "kv_rank"))?, 8)?;
     out.push(b'@');
     push_hex(out, &k.getattr(pyo3::intern!(py, "object_group_id"))?, 0)?;
     out.push(b'@');
     let hash = k.getattr(pyo3::intern!(py, "chunk_hash"))?;
-    if let Ok(b) = hash.downcast::<PyBytes>() {
-        push_hex_bytes(out, b.as_bytes());
+    if hash.is_exact_instance_of::<PyBytes>() {
+        push_hex_bytes(out, hash.downcast::<PyBytes>()?.as_bytes());
     } else {
         let h = hash.call_method0(pyo3::intern!(py, "hex"))?;
         out.extend_from_slice(h.downcast::<PyString>()?.to_str()?.as_bytes());
     }
     let salt = k.getattr(pyo3::intern!(py, "cache_salt"))?;
-    let salt = salt.downcast::<PyString>()?.to_str()?;
-    if !salt.is_empty() {
+    if salt.is_exact_instance_of::<PyString>() {
+        let salt = salt.downcast::<PyString>()?.to_str()?;
+        if !salt.is_empty() {
+            out.push(b'@');
+            out.extend_from_slice(salt.as_bytes());
+        }
+    } else if salt.is_truthy()? {
         out.push(b'@');
-        out.extend_from_slice(salt.as_bytes());
+        push_formatted(out, &salt, "")?;
     }
     Ok(())
 }

@@ -604,6 +604,25 @@ impl Engine {
         pool.fd.as_raw_fd()
     }
 
+    /// Write `kind`'s completion eventfd, as a completion would, while the
+    /// engine is open; `false` (nothing written) once `close` has begun.
+    /// For a binding with results of its own to collect that no task
+    /// completion announces (the Python `plugin` adapter's "deleted"
+    /// events of a failed device's keys), so its caller's poll wakes.
+    ///
+    /// The pool is held for the write: `close` drops the pools (closing
+    /// their fds) only once no other reference is left, so the number
+    /// written is this engine's eventfd, never a file opened after a
+    /// racing close got the same number (which writing a raw fd read
+    /// earlier from [`Engine::event_fd`] could hit:
+    /// `signal_after_close_writes_nothing`).
+    pub fn signal(&self, kind: TaskKind) -> bool {
+        let Some(w) = self.inner.workers.load_full() else {
+            return false;
+        };
+        w[kind.idx()].fd.notify().is_ok()
+    }
+
     /// The store completion eventfd.
     pub fn store_event_fd(&self) -> i32 {
         self.event_fd(TaskKind::Store)

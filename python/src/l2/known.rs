@@ -207,8 +207,11 @@ impl<T> Known<T> {
 
     /// The engine deleted `keys` (the listener); `held[i]`: the engine
     /// holds `keys[i]` again now (a newer copy, stored after the delete:
-    /// the entry stands for it and stays; interleaving 3).
-    pub(crate) fn on_deleted(&mut self, keys: &[Key], held: &[bool]) {
+    /// the entry stands for it and stays; interleaving 3). Returns how
+    /// many deletes this made due now (their "stored" was told), for
+    /// `take_deleted`.
+    pub(crate) fn on_deleted(&mut self, keys: &[Key], held: &[bool]) -> usize {
+        let before = self.deleted.len();
         for (i, k) in keys.iter().enumerate() {
             if held.get(i).copied().unwrap_or(false) {
                 continue;
@@ -222,6 +225,7 @@ impl<T> Known<T> {
                 }
             }
         }
+        self.deleted.len() - before
     }
 
     /// Deleted keys whose "deleted" event is due, each once.
