@@ -436,8 +436,8 @@ fn wire_string(out: &mut Vec<u8>, k: &Bound<'_, PyAny>) -> PyResult<()> {
     if hash.is_exact_instance_of::<PyBytes>() {
         push_hex_bytes(out, hash.downcast::<PyBytes>()?.as_bytes());
     } else {
-        let h = hash.call_method0(pyo3::intern!(py, "hex"))?;
-        out.extend_from_slice(h.downcast::<PyString>()?.to_str()?.as_bytes());
+        // `{key.chunk_hash.hex()}`: the result formatted too.
+        push_str_field(out, &hash.call_method0(pyo3::intern!(py, "hex"))?)?;
     }
     let salt = k.getattr(pyo3::intern!(py, "cache_salt"))?;
     if salt.is_exact_instance_of::<PyString>() {
@@ -496,12 +496,23 @@ fn object_keys_kept(
                 type_name()
             )));
         }
+        // An `Exception` from a field (a missing attribute, a value that
+        // does not format) names the key, the original as its cause;
+        // anything else (a `KeyboardInterrupt` arriving in a field's
+        // `__format__`, `SystemExit`) goes through as it was raised, as it
+        // would from LMCache's own `_object_key_to_string`.
         wire_string(&mut s, &k).map_err(|e| {
-            PyTypeError::new_err(format!(
+            let py = k.py();
+            if !e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+                return e;
+            }
+            let named = PyTypeError::new_err(format!(
                 "daxkv: key {i}: not an ObjectKey ({}: {})",
                 type_name(),
-                e.value(k.py())
-            ))
+                e.value(py)
+            ));
+            named.set_cause(py, Some(e));
+            named
         })?;
         out.push(Key::digest(&s));
     }
