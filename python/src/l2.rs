@@ -79,18 +79,15 @@
 //! ids are never negative, so the two can never meet, however long the
 //! engine runs), and writes the kind's eventfd, so every task the caller
 //! got an id for completes. A lookup is completed here the same way, with
-//! its answer: it is done on the calling thread (`submit_lookup`). The write happens under `state` while
-//! it is not closed; `close` marks it closed under `state` *before* the
-//! engine closes its fds, so a write can never land on a closed (and
-//! perhaps reused) fd number:
-//!
-//! ```text
-//! submit: lock(state); !closed; engine refuses; write efd; unlock
-//! close:  lock(state); closed = true; unlock; engine.close() (fds closed)
-//! ```
-//!
-//! Either the submit's critical section comes first (the fd is open), or
-//! it sees `closed` and raises.
+//! its answer: it is done on the calling thread (`submit_lookup`). The
+//! write goes through [`Engine::signal`], which holds the engine's worker
+//! pools (and so their fds) for the write: it lands on this engine's
+//! eventfd or, once the engine closed, nowhere — never on a closed and
+//! reused fd number. (The same call re-signals a kind whose result a
+//! raising listener left behind, `resignal`, and announces deletes the
+//! engine made on its own, `KnownKeys::on_keys_deleted`.) The submit
+//! itself runs under `state` while it is not closed, so a task is never
+//! recorded after `close` has collected the table.
 //!
 //! ## Worker panics
 //!
@@ -114,7 +111,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use serde_json::Value;
 
-use crate::{json_to_py, notify_fd, open_engine, parse_config, View};
+use crate::{json_to_py, open_engine, parse_config, View};
 
 mod known;
 use known::Known;
@@ -563,7 +560,8 @@ impl DaxL2Core {
 
     /// Complete a task here, under a negative id (module doc): a refused
     /// submit, or a lookup done on the caller. The caller holds `state`,
-    /// which is not closed, so the engine's fds are open.
+    /// which is not closed; the kind's eventfd is written through
+    /// [`Engine::signal`].
     fn complete_here(&self, st: &mut State, t: Task) -> Id {
         // ORDERING: Relaxed — a unique number; nothing is published
         // through it (the task is published under `state`).
@@ -573,7 +571,7 @@ impl DaxL2Core {
         if kind == TaskKind::Store {
             st.refused_stores.push(id);
         }
-        notify_fd(self.engine.event_fd(kind));
+        self.engine.signal(kind);
         id
     }
 
@@ -1048,10 +1046,10 @@ impl DaxL2Core {
 
     /// Write the eventfd of `kind` (`"store"`, `"lookup"` or `"load"`)
     /// again: a result the caller could not take (a listener raised) is
-    /// kept for the next call, and a poller must come back for it. Under
-    /// `state` while not closed, so the fd is open (module doc,
-    /// "Completions that never reach the engine"); a no-op after close.
-    fn resignal(&self, py: Python<'_>, kind: &str) -> PyResult<()> {
+    /// kept for the next call, and a poller must come back for it.
+    /// [`Engine::signal`] (module doc, "Completions that never reach the
+    /// engine"): a no-op once the engine closed.
+    fn resignal(&self, kind: &str) -> PyResult<()> {
         self.owner.check("DaxL2Adapter")?;
         let kind = match kind {
             "store" => TaskKind::Store,
@@ -1063,12 +1061,8 @@ impl DaxL2Core {
                 )))
             }
         };
-        crate::gil::release(py, || {
-            let st = self.lock();
-            if !st.closed {
-                notify_fd(self.engine.event_fd(kind));
-            }
-        });
+        // One non-blocking eventfd write: no lock, no GIL release.
+        self.engine.signal(kind);
         Ok(())
     }
 

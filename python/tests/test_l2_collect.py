@@ -300,16 +300,10 @@ def test_delete_racing_a_restore_reaches_lmcaches_lru_in_order(plugin) -> None:
     K = key(7, salt="s")
     in_delete, restored = threading.Event(), threading.Event()
 
-    class Slow:
+    class Slow(Events):
         """A listener ahead of the LRU that takes its time over "deleted"
         on the deleting thread (I/O, a lock another thread holds...)."""
         tid = None
-
-        def on_l2_keys_stored(self, keys, sizes):
-            pass
-
-        def on_l2_keys_accessed(self, keys):
-            pass
 
         def on_l2_keys_deleted(self, keys):
             if threading.get_ident() == self.tid:
@@ -433,14 +427,8 @@ def _a_deleted_listener_that_stores_again(plugin):
     K = key(3, salt="s")
     seen: dict = {}
 
-    class ReenterOnDeleted:
+    class ReenterOnDeleted(Events):
         armed = False
-
-        def on_l2_keys_stored(self, keys, sizes):
-            pass
-
-        def on_l2_keys_accessed(self, keys):
-            pass
 
         def on_l2_keys_deleted(self, keys):
             if self.armed and any(repr(k) == repr(K) for k in keys):
